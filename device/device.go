@@ -1,0 +1,189 @@
+// Package device is the boundary between gpumem and a GPU: the small set of
+// driver operations the allocator needs, stated once with their
+// preconditions, so that every backend (the simulated device in device/sim,
+// the CUDA driver in device/cuda) implements exactly the same contract.
+//
+// The interfaces mirror the CUDA driver API directly:
+//
+//	Device.Alloc/Free            cuMemAlloc / cuMemFree
+//	Device.MemInfo               cuMemGetInfo
+//	VirtualMemory.Reserve/...    cuMemAddressReserve / cuMemAddressFree
+//	VirtualMemory.Create/Release cuMemCreate / cuMemRelease
+//	VirtualMemory.Map/Unmap      cuMemMap / cuMemUnmap
+//	VirtualMemory.SetAccess      cuMemSetAccess (read-write, this device)
+//	Events.*                     cuEventCreate / cuEventRecord / cuEventQuery /
+//	                             cuEventSynchronize / cuStreamWaitEvent
+//
+// Only Device is required. Optional capabilities are discovered by type
+// assertion (see AsVirtualMemory, AsEvents, AsStreams); the allocator works
+// without them, with fewer tricks:
+//
+//	without VirtualMemory: plain segments only (no chunk-granular growth);
+//	without Events:        a block freed on one stream is never handed to
+//	                       another stream without a full Synchronize.
+//
+// Preconditions common to every backend (a backend may check them and return
+// ErrInvalid, but callers must not rely on it):
+//
+//   - sizes are > 0; VirtualMemory sizes and addresses are multiples of
+//     Granularity();
+//   - Free, Release, Unmap, ReleaseAddress and DestroyEvent receive only
+//     values returned by the same device and not yet given back;
+//   - Map maps a whole physical handle at offset 0 into reserved, unmapped
+//     address space; Unmap unmaps exactly one earlier Map;
+//   - every method is safe for concurrent use.
+//
+// Errors: a backend reports an exhausted device as an error matching
+// ErrOutOfMemory with errors.Is, and any other failure with an error that
+// names the operation (an *OpError).
+package device
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Ptr is a device address. 0 is never a valid allocation.
+type Ptr uint64
+
+// Stream identifies a stream of device work. 0 is the default stream. Only
+// identity matters to the allocator; a backend gives it meaning.
+type Stream uint64
+
+// Event is a marker recorded into a stream's work; it completes when all work
+// enqueued on that stream before the record has finished.
+type Event uint64
+
+// Handle names a physical memory chunk created by VirtualMemory.Create.
+type Handle uint64
+
+// Info describes a device.
+type Info struct {
+	Name    string // e.g. "NVIDIA H100 80GB HBM3" or "sim"
+	Ordinal int    // device index
+	Total   uint64 // total device memory in bytes
+}
+
+// Device is the required capability: plain allocations and memory info.
+type Device interface {
+	// Info describes the device.
+	Info() Info
+	// MemInfo reports free and total device memory, as cuMemGetInfo does:
+	// free counts memory any process could still allocate.
+	MemInfo() (free, total uint64, err error)
+	// Alloc allocates size bytes of device memory (cuMemAlloc). The
+	// address is aligned to at least 512 bytes.
+	Alloc(size uint64) (Ptr, error)
+	// Free releases an allocation made by Alloc (cuMemFree). It may
+	// synchronize with the device.
+	Free(p Ptr) error
+	// Synchronize waits until all work on all streams has completed.
+	Synchronize() error
+}
+
+// VirtualMemory is the optional virtual-memory capability: address space
+// reserved without backing, physical chunks created apart and mapped into it.
+type VirtualMemory interface {
+	// Granularity is the size and alignment of physical chunks and of
+	// every address and size passed to the methods below (2 MiB on
+	// current NVIDIA GPUs).
+	Granularity() uint64
+	// Reserve reserves size bytes of address space, aligned to align
+	// (0 means Granularity()), with no physical memory behind it.
+	Reserve(size, align uint64) (Ptr, error)
+	// ReleaseAddress gives back a whole reservation; nothing may be
+	// mapped in it.
+	ReleaseAddress(p Ptr, size uint64) error
+	// Create creates a physical chunk of size bytes (cuMemCreate). It
+	// fails with ErrOutOfMemory when the device has no room.
+	Create(size uint64) (Handle, error)
+	// Release gives back a physical chunk. The device frees it once it is
+	// no longer mapped anywhere.
+	Release(h Handle) error
+	// Map maps the whole chunk h at p, which must be reserved and unmapped.
+	Map(p Ptr, size uint64, h Handle) error
+	// SetAccess makes [p, p+size) readable and writable from this device.
+	// The range may span several mappings; one call per range is the
+	// cheap way.
+	SetAccess(p Ptr, size uint64) error
+	// Unmap unmaps [p, p+size), which must be exactly one earlier Map.
+	// Work still using the range must have completed.
+	Unmap(p Ptr, size uint64) error
+}
+
+// Events is the optional stream-ordering capability.
+type Events interface {
+	// NewEvent creates an event (timing disabled).
+	NewEvent() (Event, error)
+	// DestroyEvent destroys an event.
+	DestroyEvent(e Event) error
+	// Record records e at the current end of stream s.
+	Record(e Event, s Stream) error
+	// Query reports whether the work before e's last record has completed.
+	// An event never recorded is complete.
+	Query(e Event) (bool, error)
+	// Wait blocks the host until e has completed (cuEventSynchronize).
+	Wait(e Event) error
+	// StreamWait makes all future work on s wait for e (cuStreamWaitEvent);
+	// it does not block the host.
+	StreamWait(s Stream, e Event) error
+}
+
+// Streams is the optional capability of creating streams (for tests, replay
+// and programs that let gpumem own their streams).
+type Streams interface {
+	NewStream() (Stream, error)
+	DestroyStream(s Stream) error
+	// SynchronizeStream waits until all work on s has completed.
+	SynchronizeStream(s Stream) error
+}
+
+// AsVirtualMemory returns d's virtual-memory capability, if it has one.
+func AsVirtualMemory(d Device) (VirtualMemory, bool) {
+	vm, ok := d.(VirtualMemory)
+	return vm, ok
+}
+
+// AsEvents returns d's event capability, if it has one.
+func AsEvents(d Device) (Events, bool) {
+	ev, ok := d.(Events)
+	return ev, ok
+}
+
+// AsStreams returns d's stream capability, if it has one.
+func AsStreams(d Device) (Streams, bool) {
+	st, ok := d.(Streams)
+	return st, ok
+}
+
+// Sentinel errors. Match them with errors.Is.
+var (
+	// ErrOutOfMemory: the device has no room for the request.
+	ErrOutOfMemory = errors.New("device out of memory")
+	// ErrInvalid: a precondition was violated (a bad size, an address or
+	// handle the device never gave out, a double release).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrUnsupported: the device lacks the capability.
+	ErrUnsupported = errors.New("not supported by this device")
+	// ErrNoDriver: the driver library could not be loaded.
+	ErrNoDriver = errors.New("GPU driver not available")
+	// ErrInjected: a fault injected by a test hook.
+	ErrInjected = errors.New("injected fault")
+)
+
+// OpError reports a failed device operation: which operation, with which
+// arguments, and the underlying error (a sentinel above or a driver code).
+type OpError struct {
+	Op   string // e.g. "cuMemCreate" or "sim.Map"
+	Args string // e.g. "size=2097152"
+	Err  error
+}
+
+func (e *OpError) Error() string {
+	if e.Args == "" {
+		return fmt.Sprintf("%s: %v", e.Op, e.Err)
+	}
+	return fmt.Sprintf("%s(%s): %v", e.Op, e.Args, e.Err)
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
