@@ -1,0 +1,425 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/internal/invariants"
+)
+
+// Allocator is a stream-ordered caching allocator over one device. It is
+// safe for concurrent use; goroutines working on different streams contend
+// only on the shared statistics.
+type Allocator struct {
+	dev   device.Device
+	vm    device.VirtualMemory // nil in ModePlain
+	ev    device.Events        // nil when the device has no events
+	mode  Mode
+	cfg   Config
+	gran  uint64 // physical chunk size (ModeVirtual) or segmentRound
+	limit uint64 // cap on reserved bytes
+	total uint64 // device capacity
+	small uint64 // SmallSize
+	check bool   // run the checker after every operation
+
+	pools atomic.Pointer[[]*pool] // copy on write; append under mu
+	mu    sync.Mutex              // guards pool creation, closing, idle
+
+	// handles holds physical chunks created but not mapped anywhere
+	// (preallocation), guarded by handlesMu.
+	handlesMu sync.Mutex
+	handles   []device.Handle
+
+	// gauges and their peaks; see Stats.
+	allocated, active, reserved             atomic.Uint64
+	peakAllocated, peakActive, peakReserved atomic.Uint64
+	// counters of device work; see Stats.
+	c counters
+
+	ops      atomic.Uint64 // allocs+frees, for idle detection
+	closed   atomic.Bool
+	stopIdle chan struct{}
+	idleDone chan struct{}
+}
+
+// counters are the allocator's event counts, all atomics.
+type counters struct {
+	deviceAllocs, deviceFrees       atomic.Uint64
+	creates, releases, maps, unmaps atomic.Uint64
+	setAccess, reserves, fences     atomic.Uint64
+	handoffs, ooms, retries, trims  atomic.Uint64
+}
+
+// New makes an allocator over dev.
+func New(dev device.Device, cfg Config) (*Allocator, error) {
+	if dev == nil {
+		return nil, errors.New("gpumem: New: nil device")
+	}
+	a := &Allocator{dev: dev, cfg: cfg, check: cfg.CheckInvariants || invariants.Enabled}
+	a.total = dev.Info().Total
+	if a.total == 0 {
+		_, t, err := dev.MemInfo()
+		if err != nil {
+			return nil, fmt.Errorf("gpumem: New: reading device memory: %w", err)
+		}
+		a.total = t
+	}
+	a.limit = cfg.Limit
+	if a.limit == 0 || a.limit > a.total {
+		a.limit = a.total
+	}
+	a.small = cfg.SmallSize
+	if a.small == 0 {
+		a.small = defaultSmallSize
+	}
+	vm, hasVM := device.AsVirtualMemory(dev)
+	switch cfg.Mode {
+	case ModeAuto:
+		a.mode = ModePlain
+		if hasVM {
+			a.mode = ModeVirtual
+		}
+	case ModePlain:
+		a.mode = ModePlain
+	case ModeVirtual:
+		if !hasVM {
+			return nil, fmt.Errorf("gpumem: New: mode virtual: %w", device.ErrUnsupported)
+		}
+		a.mode = ModeVirtual
+	default:
+		return nil, fmt.Errorf("gpumem: New: unknown mode %d", cfg.Mode)
+	}
+	a.gran = segmentRound
+	if a.mode == ModeVirtual {
+		a.vm = vm
+		a.gran = vm.Granularity()
+		if a.gran == 0 || a.gran&(a.gran-1) != 0 || a.gran < minBlock {
+			return nil, fmt.Errorf("gpumem: New: device granularity %d is not a power of two ≥ %d", a.gran, minBlock)
+		}
+	}
+	if ev, ok := device.AsEvents(dev); ok {
+		a.ev = ev
+	}
+	empty := []*pool{}
+	a.pools.Store(&empty)
+	if err := a.preallocate(); err != nil {
+		a.Close()
+		return nil, err
+	}
+	if cfg.IdleRelease > 0 {
+		a.stopIdle = make(chan struct{})
+		a.idleDone = make(chan struct{})
+		go a.idleLoop(cfg.IdleRelease)
+	}
+	return a, nil
+}
+
+// Mode reports the mode in use (never ModeAuto).
+func (a *Allocator) Mode() Mode { return a.mode }
+
+// Device returns the device the allocator manages.
+func (a *Allocator) Device() device.Device { return a.dev }
+
+// Buffer is device memory handed out by Alloc. It is a small value; copy it
+// freely. Free it exactly once, through the allocator or scope it came
+// from.
+type Buffer struct {
+	ptr  device.Ptr
+	size uint64
+	b    *block
+	gen  uint32
+}
+
+// Ptr is the buffer's device address.
+func (b Buffer) Ptr() device.Ptr { return b.ptr }
+
+// Size is the size that was asked for.
+func (b Buffer) Size() uint64 { return b.size }
+
+// IsZero reports whether b is the zero Buffer.
+func (b Buffer) IsZero() bool { return b.b == nil }
+
+// Alloc returns size bytes of device memory, valid for work on stream s.
+// See doc.go for the stream contract.
+func (a *Allocator) Alloc(size uint64, s device.Stream) (Buffer, error) {
+	return a.alloc(size, s, nil)
+}
+
+func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, error) {
+	if size == 0 || size > maxRequest {
+		return Buffer{}, fmt.Errorf("%w: Alloc(%d): want 1 to %d bytes", ErrInvalidSize, size, uint64(maxRequest))
+	}
+	if a.closed.Load() {
+		return Buffer{}, fmt.Errorf("%w: Alloc(%d) on a closed allocator", ErrClosed, size)
+	}
+	p := a.poolFor(s)
+	rounded := (size + minBlock - 1) &^ (minBlock - 1)
+	p.mu.Lock()
+	b := p.allocFast(rounded)
+	if b == nil {
+		var err error
+		if b, err = p.allocSlow(rounded, size); err != nil {
+			p.mu.Unlock()
+			return Buffer{}, err
+		}
+	}
+	b.req = size
+	b.scope = sc
+	b.gen++
+	p.nallocs++
+	b.id = p.nallocs
+	if a.cfg.RecordSites {
+		b.site = callers()
+		b.created = time.Now().UnixNano()
+	}
+	buf := Buffer{ptr: device.Ptr(b.addr), size: size, b: b, gen: b.gen}
+	if a.check {
+		a.mustCheckPool(p)
+	}
+	p.mu.Unlock()
+	a.noteAlloc(b.size, size)
+	return buf, nil
+}
+
+// Free returns a buffer. Memory freed on the buffer's stream is reusable on
+// that stream at once; if RecordStream named other streams, it is reusable
+// only after their work up to now has completed.
+func (a *Allocator) Free(buf Buffer) error {
+	return a.free(buf, "Free", nil)
+}
+
+func (a *Allocator) free(buf Buffer, op string, closing *Scope) error {
+	b := buf.b
+	if b == nil || b.pool == nil || b.pool.a != a {
+		return &BufferError{Op: op, Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrForeign, Why: "not allocated by this allocator"}
+	}
+	p := b.pool
+	p.mu.Lock()
+	if b.gen != buf.gen || b.state != blockAllocated || b.addr != uint64(buf.ptr) {
+		p.mu.Unlock()
+		return &BufferError{Op: op, Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrDoubleFree, Why: "already freed"}
+	}
+	if sc := b.scope; sc != nil {
+		sc.unlink(b, closing)
+		b.scope = nil
+	}
+	size, req := b.size, b.req
+	p.nfrees++
+	p.freeBlock(b)
+	if a.check {
+		a.mustCheckPool(p)
+	}
+	p.mu.Unlock()
+	a.noteFree(size, req)
+	if t := a.cfg.ReleaseThreshold; t > 0 && a.cached() > t {
+		a.releaseTo(t)
+	}
+	return nil
+}
+
+// RecordStream tells the allocator that buf is also used by work on stream
+// s. When buf is freed, its memory is not reused until the work enqueued on
+// s up to the free has completed (as torch.Tensor.record_stream).
+func (a *Allocator) RecordStream(buf Buffer, s device.Stream) error {
+	b := buf.b
+	if b == nil || b.pool == nil || b.pool.a != a {
+		return &BufferError{Op: "RecordStream", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrForeign, Why: "not allocated by this allocator"}
+	}
+	p := b.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b.gen != buf.gen || b.state != blockAllocated {
+		return &BufferError{Op: "RecordStream", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrDoubleFree, Why: "buffer was freed"}
+	}
+	if s == p.stream {
+		return nil
+	}
+	for _, u := range b.uses {
+		if u == s {
+			return nil
+		}
+	}
+	b.uses = append(b.uses, s)
+	return nil
+}
+
+// poolFor returns the pool of stream s, making it on first use. The lookup
+// is a scan of a short immutable slice: no map, no lock, no allocation.
+func (a *Allocator) poolFor(s device.Stream) *pool {
+	for _, p := range *a.pools.Load() {
+		if p.stream == s {
+			return p
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := *a.pools.Load()
+	for _, p := range old {
+		if p.stream == s {
+			return p
+		}
+	}
+	p := newPool(a, s)
+	next := make([]*pool, len(old), len(old)+1)
+	copy(next, old)
+	next = append(next, p)
+	a.pools.Store(&next)
+	return p
+}
+
+func (a *Allocator) allPools() []*pool { return *a.pools.Load() }
+
+func (a *Allocator) noteAlloc(size, req uint64) {
+	a.ops.Add(1)
+	maxTo(&a.peakAllocated, a.allocated.Add(req))
+	maxTo(&a.peakActive, a.active.Add(size))
+}
+
+func (a *Allocator) noteFree(size, req uint64) {
+	a.ops.Add(1)
+	a.allocated.Add(-req)
+	a.active.Add(-size)
+}
+
+// cached is Reserved - Active, read without locks (approximate under
+// concurrency, exact when quiescent).
+func (a *Allocator) cached() uint64 {
+	r, act := a.reserved.Load(), a.active.Load()
+	if act > r {
+		return 0
+	}
+	return r - act
+}
+
+func maxTo(peak *atomic.Uint64, v uint64) {
+	for {
+		p := peak.Load()
+		if v <= p || peak.CompareAndSwap(p, v) {
+			return
+		}
+	}
+}
+
+// takeBudget reserves n bytes of the limit for memory about to be taken from
+// the device; false if that would pass the limit.
+func (a *Allocator) takeBudget(n uint64) bool {
+	for {
+		r := a.reserved.Load()
+		if r+n > a.limit {
+			return false
+		}
+		if a.reserved.CompareAndSwap(r, r+n) {
+			maxTo(&a.peakReserved, r+n)
+			return true
+		}
+	}
+}
+
+func (a *Allocator) giveBudget(n uint64) { a.reserved.Add(-n) }
+
+// Trim returns every cached byte to the device now: pending frees are
+// waited for, empty chunks unmapped and released, free segments freed.
+func (a *Allocator) Trim() error {
+	a.c.trims.Add(1)
+	var errs []error
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		if err := p.trim(true); err != nil {
+			errs = append(errs, err)
+		}
+		if a.check {
+			a.mustCheckPool(p)
+		}
+		p.mu.Unlock()
+	}
+	if err := a.releaseHandles(0); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// releaseTo releases cached memory until at most target bytes are cached,
+// taking from each pool's oldest empty memory. Preallocated memory is kept.
+func (a *Allocator) releaseTo(target uint64) {
+	for _, p := range a.allPools() {
+		if a.cached() <= target {
+			return
+		}
+		if !p.mu.TryLock() {
+			continue
+		}
+		p.releaseExcess(target)
+		p.mu.Unlock()
+	}
+}
+
+// Close frees every buffer still allocated, returns all memory and address
+// space to the device and makes further calls fail with ErrClosed. If
+// buffers were still allocated it returns a *LeakError describing them.
+func (a *Allocator) Close() error {
+	a.mu.Lock()
+	if a.closed.Swap(true) {
+		a.mu.Unlock()
+		return nil
+	}
+	if a.stopIdle != nil {
+		close(a.stopIdle)
+		<-a.idleDone
+	}
+	a.mu.Unlock()
+	var leaks []LeakedBuffer
+	var errs []error
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		leaks = append(leaks, p.leaks()...)
+		p.mu.Unlock()
+	}
+	for _, l := range leaks {
+		_ = a.free(l.buf, "Close", nil)
+	}
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		if err := p.trim(true); err != nil {
+			errs = append(errs, err)
+		}
+		if err := p.teardown(); err != nil {
+			errs = append(errs, err)
+		}
+		p.mu.Unlock()
+	}
+	if err := a.releaseHandles(0); err != nil {
+		errs = append(errs, err)
+	}
+	if len(leaks) > 0 {
+		errs = append([]error{&LeakError{Owner: "allocator", Buffers: leaks}}, errs...)
+	}
+	return errors.Join(errs...)
+}
+
+func (a *Allocator) idleLoop(d time.Duration) {
+	defer close(a.idleDone)
+	tick := time.NewTicker(d / 4)
+	defer tick.Stop()
+	last, since := a.ops.Load(), time.Now()
+	for {
+		select {
+		case <-a.stopIdle:
+			return
+		case now := <-tick.C:
+			if n := a.ops.Load(); n != last {
+				last, since = n, now
+				continue
+			}
+			if now.Sub(since) >= d && a.cached() > 0 {
+				a.reclaim() // keeps preallocated memory; Trim does not
+				since = now
+			}
+		}
+	}
+}

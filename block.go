@@ -1,0 +1,69 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import "github.com/gpumem/gpumem/device"
+
+// blockState is the life cycle of a block:
+//
+//	free ──Alloc──▶ allocated ──Free──▶ free
+//	                     │
+//	                     └─Free with uses on other streams──▶ pending ──events done──▶ free
+type blockState uint8
+
+const (
+	blockFree      blockState = iota // in the heap's free index
+	blockAllocated                   // owned by a caller through a Buffer
+	blockPending                     // freed, waiting for events on other streams
+)
+
+func (s blockState) String() string {
+	switch s {
+	case blockFree:
+		return "free"
+	case blockAllocated:
+		return "allocated"
+	case blockPending:
+		return "pending"
+	}
+	return "invalid"
+}
+
+// A block is a contiguous range of a segment. Blocks tile their segment in
+// address order (prev/next). A block node belongs to one pool for its whole
+// life (pool never changes), so a stale Buffer can always find the lock that
+// guards it; nodes are recycled through the pool's spare list.
+//
+// Invariants (checked by checkPool):
+//
+//	b.prev.addr + b.prev.size == b.addr, and the blocks of a segment cover it exactly
+//	no two free blocks are neighbours (free blocks coalesce at once)
+//	b.state == blockFree  ⇔  b is linked in heap.free under bin(b.size)
+//	b.req <= b.size; b.req == 0 ⇔ b.state == blockFree
+//
+// All fields but pool are guarded by pool.mu.
+type block struct {
+	pool *pool // owner; immutable
+	seg  *segment
+	addr uint64
+	size uint64 // multiple of minBlock
+	req  uint64 // bytes the caller asked for (0 when free)
+
+	prev, next   *block // address order within seg
+	fprev, fnext *block // free-bin list, or the pool's spare/pending list
+	bin          int32
+
+	state blockState
+	gen   uint32 // bumped at every allocation; a Buffer carries the gen it saw
+
+	id      uint64          // allocation sequence number (snapshots, traces)
+	uses    []device.Stream // other streams that used this buffer (RecordStream)
+	events  []device.Event  // pending: events to wait for before reuse
+	scope   *Scope          // owning scope, or nil
+	sprev   *block          // scope list, guarded by scope.mu
+	snext   *block
+	site    []uintptr // allocation call stack, when recorded
+	created int64     // allocation time, UnixNano, when sites are recorded
+}
+
+func (b *block) end() uint64 { return b.addr + b.size }

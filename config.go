@@ -1,0 +1,96 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import (
+	"fmt"
+	"time"
+)
+
+// Mode selects how the allocator takes memory from the device.
+type Mode int
+
+const (
+	// ModeAuto uses virtual memory where the device supports it, plain
+	// segments otherwise.
+	ModeAuto Mode = iota
+	// ModePlain takes whole segments with Device.Alloc, as PyTorch's
+	// caching allocator does: a 2 MiB segment for small requests, 20 MiB
+	// for requests under 10 MiB, the request rounded up to 2 MiB above.
+	ModePlain
+	// ModeVirtual reserves address space per stream and backs it with
+	// physical chunks of the device's granularity, mapped only where live
+	// blocks lie. Holes in the address space hold no physical memory.
+	ModeVirtual
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeAuto:
+		return "auto"
+	case ModePlain:
+		return "plain"
+	case ModeVirtual:
+		return "virtual"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ParseMode parses "auto", "plain" or "virtual".
+func ParseMode(s string) (Mode, error) {
+	for _, m := range []Mode{ModeAuto, ModePlain, ModeVirtual} {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("gpumem: unknown mode %q (want auto, plain or virtual)", s)
+}
+
+// Config is an allocator's configuration. The zero value is the default:
+// virtual memory where available, growth on demand, no limit, cache kept
+// until Trim, memory pressure or Close.
+type Config struct {
+	// Mode: see Mode.
+	Mode Mode
+	// Limit caps the bytes held from the device (Stats.Reserved); 0 means
+	// the device's capacity. A request that would need more fails with an
+	// *OutOfMemoryError whose Cause is CauseLimit (or CauseFragmentation).
+	Limit uint64
+	// Preallocate takes this many bytes from the device at New and keeps
+	// them until Trim or Close (TensorFlow's default behaviour, made
+	// explicit). PreallocateFraction does the same with a fraction of the
+	// device's total memory; the larger of the two wins.
+	Preallocate         uint64
+	PreallocateFraction float64
+	// ReleaseThreshold bounds the cached bytes (Stats.Cached): after a free
+	// leaves more cached than this, the allocator returns the excess to the
+	// device at once. 0 keeps the cache (no release on free).
+	ReleaseThreshold uint64
+	// IdleRelease returns all cached memory to the device once the
+	// allocator has seen no Alloc or Free for this long. 0 disables it.
+	IdleRelease time.Duration
+	// SmallSize: requests of at most this many bytes are served from the
+	// small pool, whose segments (or address ranges) are kept apart from
+	// large blocks so that small long-lived buffers do not split large free
+	// ranges. Default 1 MiB.
+	SmallSize uint64
+	// RecordSites captures the call stack of every allocation, so leak
+	// reports from Scope.Close and Close say where each leaked buffer was
+	// allocated. It costs an allocation per Alloc.
+	RecordSites bool
+	// CheckInvariants runs the whole-structure checker after every
+	// operation and panics on a violation (slow; for tests). Building with
+	// the gpumem_invariants tag turns it on everywhere.
+	CheckInvariants bool
+}
+
+const (
+	defaultSmallSize = 1 << 20
+	smallSegment     = 2 << 20  // plain mode: segment for small requests
+	midSegment       = 20 << 20 // plain mode: segment for requests under midLimit
+	midLimit         = 10 << 20
+	segmentRound     = 2 << 20 // plain mode: large segments round to this
+	// maxRequest is the largest request considered at all: anything above
+	// is a programming error (an absurd size), not memory pressure.
+	maxRequest = 1 << 50
+)

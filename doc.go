@@ -1,0 +1,96 @@
+// Package gpumem is a stream-ordered caching allocator for GPU memory: it
+// grows only as needed, holds hard limits, returns memory promptly and
+// predictably, keeps fragmentation near zero, is fast on a cache hit, and
+// accounts for every byte.
+//
+// # Structures
+//
+//	Allocator   one per device: configuration, the pools, the gauges and
+//	            counters (atomics), spare physical handles.
+//	pool        one per stream (pool.go): two heaps, the stream's empty
+//	            chunks, its pending frees, a mutex. Goroutines on different
+//	            streams take different locks.
+//	heap        small (requests ≤ Config.SmallSize) or large: segments and a
+//	            freeIndex of their free blocks (index.go).
+//	segment     a contiguous address range: a plain allocation from the
+//	            device, or a virtual arena backed chunk by chunk (vm.go).
+//	block       a piece of a segment, free, allocated or pending (block.go).
+//	            Blocks tile their segment; free neighbours coalesce at once.
+//	chunk       one granule (2 MiB on NVIDIA) of a virtual arena: unmapped,
+//	            occupied, or empty but still mapped (vm.go).
+//	Scope       owns buffers, charges a quota, frees all it owns on Close.
+//
+// # Modes
+//
+// ModeVirtual (the default where the device has virtual memory) reserves an
+// arena of address space per stream and heap, as large as the device, and
+// maps physical chunks only under live blocks. When a block is freed, chunks
+// left without live blocks stay mapped on the pool's empty list: reused in
+// place they cost nothing. When a block needs backing, physical memory comes
+// from spare handles, then the oldest empty chunks of this stream, then of
+// other streams (unmapped and mapped again where needed), and only then from
+// the device. So the device is asked for memory only when every chunk held
+// carries live bytes, and a hole in the address space costs nothing: peak
+// reserved memory is the peak of chunks touched by live blocks.
+//
+// ModePlain takes segments with Device.Alloc, as PyTorch's caching
+// allocator does (plainSegmentSize), for devices without virtual memory.
+//
+// # Rounding
+//
+// Every request is rounded up to 512 bytes (minBlock): the alignment CUDA
+// kernels assume, and small enough that rounding costs under 0.1% on real
+// traces. A block is split whenever the rest is at least 512 bytes: in a
+// virtual arena a split-off rest is still usable memory, never waste. A
+// free block is found by the freeIndex in O(1), best fit to within 1/64 of
+// the size.
+//
+// # The alloc path
+//
+//  1. Find the stream's pool (a scan of a short immutable slice) and lock it.
+//  2. Cache hit (allocFast): the freeIndex gives the best-fitting free
+//     block of the heap; if its chunks are mapped (always, for plain
+//     segments), carve the request off it, count it in its chunks, done: no
+//     device call, no map, no Go allocation.
+//  3. Otherwise (allocSlow): free the pending blocks whose events have
+//     completed and look again.
+//  4. Grow: a virtual heap reserves another arena if its address space is
+//     exhausted; a plain heap adopts a wholly free segment of another stream
+//     behind an event wait (adoptSegment), or allocates a segment.
+//  5. Back the block (virtual): map physical chunks under it (back).
+//  6. If the limit or the device refused (a shortage), unlock, return every
+//     pool's cache to the device (reclaim), lock and retry once.
+//  7. Still short: fail with an *OutOfMemoryError that says which limit
+//     bit and what would have fit.
+//
+// # The free path
+//
+//  1. Check the Buffer against its block (generation, state, address):
+//     a double free or a foreign buffer is an error, and nothing changes.
+//  2. Detach it from its scope.
+//  3. If RecordStream named other streams, record an event on each and park
+//     the block as pending; it is freed when they complete (step 3 above).
+//  4. Otherwise uncount it from its chunks (chunks left empty join the empty
+//     list), coalesce it with free neighbours, and index it.
+//  5. If Config.ReleaseThreshold is set and more is cached, release the
+//     oldest empty memory down to it.
+//
+// # The stream contract
+//
+// Memory returned by Alloc(n, s) is valid for work on stream s. Freeing it
+// makes it reusable on s at once: later work on s is ordered after earlier
+// work, so a block freed while kernels on s still use it can be handed to
+// the next Alloc on s. Memory is never given to another stream before the
+// work that used it has completed, or the other stream has been made to wait
+// for it: plain segments move between streams only with an event recorded on
+// the old stream and waited on by the new (adoptSegment); physical chunks
+// are unmapped only after a fence (an event waited on by the host) on the
+// stream that emptied them, because unmapping is not stream-ordered; buffers
+// used on several streams are reused only after RecordStream's events.
+//
+// # Invariants
+//
+// Each structure states its invariants beside its type. Allocator.Check
+// verifies them all; Config.CheckInvariants (or the gpumem_invariants build
+// tag) runs the per-pool part after every operation.
+package gpumem

@@ -1,0 +1,152 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import "math/bits"
+
+// freeIndex finds a free block for a size in O(1): a two-level segregated
+// fit in the manner of TLSF. Sizes are in units of minBlock (512 B). Units
+// below 64 each have their own exact bin; above, each power of two is split
+// into 64 bins, so the blocks of one bin differ by less than 1/64 of their
+// size. A lookup scans the request's own bin for the best fit (bounded), and
+// otherwise takes the best of the first non-empty larger bin, all of whose
+// blocks fit. The result is best fit up to 1/64 of the size, found without a
+// tree and without allocation.
+//
+// Invariants: heads[i] != nil ⇔ bit i of the bitmap is set; every block
+// linked under bin i has bin(b.size) == i and state free.
+type freeIndex struct {
+	top   uint64           // bit w set ⇔ words[w] != 0
+	words [numWords]uint64 // bit i%64 of words[i/64] set ⇔ heads[i] != nil
+	heads [numBins]*block  // doubly linked through fprev/fnext
+	count int              // blocks in the index
+	bytes uint64           // sum of their sizes
+}
+
+const (
+	minBlock   = 512
+	minShift   = 9
+	subBits    = 6
+	subBins    = 1 << subBits
+	maxLevel   = 47 // units up to 2^47 (64 PiB): more than any device
+	numBins    = (maxLevel - subBits + 1) * subBins
+	numWords   = numBins / 64
+	scanBudget = 32 // blocks examined for a best fit within one bin
+)
+
+// binOf maps a block size (a multiple of minBlock) to its bin.
+func binOf(size uint64) int {
+	u := size >> minShift
+	if u < subBins {
+		return int(u)
+	}
+	fl := bits.Len64(u) - 1
+	sl := (u >> (fl - subBits)) & (subBins - 1)
+	return (fl-subBits+1)*subBins + int(sl)
+}
+
+func (x *freeIndex) insert(b *block) {
+	i := binOf(b.size)
+	b.bin = int32(i)
+	b.fprev = nil
+	b.fnext = x.heads[i]
+	if b.fnext != nil {
+		b.fnext.fprev = b
+	} else {
+		x.words[i/64] |= 1 << (i % 64)
+		x.top |= 1 << (i / 64)
+	}
+	x.heads[i] = b
+	x.count++
+	x.bytes += b.size
+}
+
+func (x *freeIndex) remove(b *block) {
+	i := int(b.bin)
+	if b.fprev != nil {
+		b.fprev.fnext = b.fnext
+	} else {
+		x.heads[i] = b.fnext
+		if b.fnext == nil {
+			x.words[i/64] &^= 1 << (i % 64)
+			if x.words[i/64] == 0 {
+				x.top &^= 1 << (i / 64)
+			}
+		}
+	}
+	if b.fnext != nil {
+		b.fnext.fprev = b.fprev
+	}
+	b.fprev, b.fnext, b.bin = nil, nil, -1
+	x.count--
+	x.bytes -= b.size
+}
+
+// find returns the free block that fits size best (see freeIndex), or nil.
+func (x *freeIndex) find(size uint64) *block {
+	i := binOf(size)
+	if b := x.heads[i]; b != nil {
+		if b.size == size {
+			return b
+		}
+		if best := bestIn(b, size); best != nil {
+			return best
+		}
+	}
+	j := x.nextBin(i + 1)
+	if j < 0 {
+		return nil
+	}
+	return bestIn(x.heads[j], size)
+}
+
+// bestIn returns the smallest block ≥ size among the first scanBudget blocks
+// of a bin list (lowest address on ties), or nil.
+func bestIn(b *block, size uint64) *block {
+	var best *block
+	for n := 0; b != nil && n < scanBudget; b, n = b.fnext, n+1 {
+		if b.size < size {
+			continue
+		}
+		if best == nil || b.size < best.size || (b.size == best.size && b.addr < best.addr) {
+			best = b
+			if b.size == size {
+				break
+			}
+		}
+	}
+	return best
+}
+
+// nextBin returns the first non-empty bin ≥ i, or -1.
+func (x *freeIndex) nextBin(i int) int {
+	if i >= numBins {
+		return -1
+	}
+	w := i / 64
+	if m := x.words[w] &^ (1<<(i%64) - 1); m != 0 {
+		return w*64 + bits.TrailingZeros64(m)
+	}
+	t := x.top &^ (1<<(w+1) - 1)
+	if w+1 >= 64 || t == 0 {
+		return -1
+	}
+	w = bits.TrailingZeros64(t)
+	return w*64 + bits.TrailingZeros64(x.words[w])
+}
+
+// largest returns the size of the largest free block, or 0.
+func (x *freeIndex) largest() uint64 {
+	if x.top == 0 {
+		return 0
+	}
+	w := 63 - bits.LeadingZeros64(x.top)
+	i := w*64 + 63 - bits.LeadingZeros64(x.words[w])
+	var m uint64
+	for b := x.heads[i]; b != nil; b = b.fnext {
+		if b.size > m {
+			m = b.size
+		}
+	}
+	return m
+}

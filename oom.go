@@ -1,0 +1,27 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import "github.com/gpumem/gpumem/device"
+
+// oomError builds the error of a request that still had no memory after the
+// reclaim and retry, and decides its cause from the numbers. Called with no
+// pool locked.
+func (a *Allocator) oomError(size uint64, s device.Stream, sh *shortage) *OutOfMemoryError {
+	st := a.Stats()
+	free, _, err := a.dev.MemInfo()
+	if err != nil {
+		free = 0
+	}
+	e := &OutOfMemoryError{Requested: size, Stream: uint64(s), Limit: a.limit, DeviceFree: free,
+		Reserved: st.Reserved, Allocated: st.Allocated, Cached: st.Cached, LargestFree: st.LargestFree, Err: sh.err}
+	switch {
+	case sh.cause == CauseLimit && st.Allocated+size > a.limit:
+		e.Cause = CauseLimit
+	case sh.cause == CauseDevice && size > free+st.Cached:
+		e.Cause = CauseDevice
+	default:
+		e.Cause = CauseFragmentation
+	}
+	return e
+}

@@ -1,0 +1,649 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/gpumem/gpumem/device"
+)
+
+// Heap kinds: requests up to Config.SmallSize are served from the small
+// heap, the rest from the large heap. Each pool has one of each.
+const (
+	heapSmall = iota
+	heapLarge
+	numHeaps
+)
+
+// A pool is everything one stream owns: its heaps, its cached empty chunks,
+// its pending frees. All fields are guarded by mu unless noted. Locks are
+// taken pool by pool; a pool that needs another pool's memory while holding
+// its own lock only ever TryLocks the other, so pools never deadlock.
+type pool struct {
+	a      *Allocator // immutable
+	stream device.Stream
+	mu     sync.Mutex
+
+	heaps [numHeaps]heap
+
+	spare    *block // recycled block nodes, linked through fnext
+	pending  *block // freed blocks waiting for events, linked through fnext
+	npending int
+
+	// empty lists this pool's chunks that are mapped but hold no live
+	// block, oldest first (ModeVirtual). They still count as reserved; a
+	// pool that needs physical memory takes them (see physical).
+	empty               chunkList
+	emptySeq, fencedSeq uint64 // chunk emptyings so far / covered by the last fence
+	fenceEv             device.Event
+	haveFenceEv         bool
+	spareEvents         []device.Event
+	scratch             []device.Handle // handles being mapped by back
+	nmapped             int             // mapped chunks of this pool's virtual segments
+
+	nallocs, nfrees uint64
+}
+
+// A heap is one size class of a pool: its segments and their free blocks.
+type heap struct {
+	pool *pool
+	kind int
+	free freeIndex
+	segs []*segment
+}
+
+// A segment is a contiguous address range of the device: a plain
+// allocation (fully backed) or a virtual reservation (backed chunk by
+// chunk). Its blocks tile it in address order starting at first.
+type segment struct {
+	heap     *heap
+	base     uint64
+	size     uint64
+	virtual  bool
+	prealloc bool // plain preallocation: kept until Trim or Close
+	first    *block
+	chunks   []chunk // virtual: one per granule
+}
+
+func newPool(a *Allocator, s device.Stream) *pool {
+	p := &pool{a: a, stream: s}
+	for k := range p.heaps {
+		p.heaps[k] = heap{pool: p, kind: k}
+	}
+	return p
+}
+
+func (p *pool) heapFor(rounded uint64) *heap {
+	if rounded <= p.a.small {
+		return &p.heaps[heapSmall]
+	}
+	return &p.heaps[heapLarge]
+}
+
+// shortage is the internal error of a request that needs more memory than
+// the limit or the device allows; Alloc turns it into an OutOfMemoryError
+// after one reclaim and retry.
+type shortage struct {
+	cause Cause // CauseLimit or CauseDevice
+	err   error // the device's error for CauseDevice
+}
+
+func (s *shortage) Error() string {
+	if s.err != nil {
+		return fmt.Sprintf("shortage (%s): %v", s.cause, s.err)
+	}
+	return fmt.Sprintf("shortage (%s)", s.cause)
+}
+
+// allocFast is the cache-hit path: a free block that fits, in memory that is
+// already backed. It returns nil when anything more is needed.
+func (p *pool) allocFast(rounded uint64) *block {
+	h := p.heapFor(rounded)
+	b := h.free.find(rounded)
+	if b == nil {
+		return nil
+	}
+	if b.seg.virtual && !p.backedFor(b, rounded) {
+		return nil
+	}
+	b = p.carve(h, b, rounded)
+	if b.seg.virtual {
+		p.occupy(b) // all mapped: no device call
+	}
+	b.state = blockAllocated
+	return b
+}
+
+// allocSlow is the rest of the ladder (see doc.go): pending frees whose
+// events are done, growth, and on a shortage one reclaim of every pool's
+// cache and a retry.
+func (p *pool) allocSlow(rounded, size uint64) (*block, error) {
+	b, err := p.allocate(rounded)
+	if err == nil {
+		return b, nil
+	}
+	var sh *shortage
+	if !errors.As(err, &sh) {
+		return nil, err
+	}
+	a := p.a
+	a.c.retries.Add(1)
+	p.mu.Unlock()
+	a.reclaim()
+	p.mu.Lock()
+	if b, err = p.allocate(rounded); err == nil {
+		return b, nil
+	}
+	if !errors.As(err, &sh) {
+		return nil, err
+	}
+	a.c.ooms.Add(1)
+	p.mu.Unlock()
+	oom := a.oomError(size, p.stream, sh)
+	p.mu.Lock()
+	return nil, oom
+}
+
+func (p *pool) allocate(rounded uint64) (*block, error) {
+	h := p.heapFor(rounded)
+	b := h.free.find(rounded)
+	if b == nil && p.npending > 0 {
+		if err := p.processPending(false); err != nil {
+			return nil, err
+		}
+		b = h.free.find(rounded)
+	}
+	if b == nil {
+		if err := h.grow(rounded); err != nil {
+			return nil, err
+		}
+		if b = h.free.find(rounded); b == nil {
+			panic("gpumem: grown heap has no block that fits")
+		}
+	}
+	b = p.carve(h, b, rounded)
+	if b.seg.virtual {
+		if err := p.back(b); err != nil {
+			p.release(b, false)
+			return nil, err
+		}
+	}
+	b.state = blockAllocated
+	return b, nil
+}
+
+// carve takes b out of the free index and splits off what rounded does not
+// need as a new free block. The remainder's neighbour is never free (free
+// blocks are never neighbours), so it needs no coalescing.
+func (p *pool) carve(h *heap, b *block, rounded uint64) *block {
+	h.free.remove(b)
+	if rest := b.size - rounded; rest >= minBlock {
+		n := p.newBlock()
+		n.seg, n.addr, n.size = b.seg, b.addr+rounded, rest
+		n.prev, n.next = b, b.next
+		if b.next != nil {
+			b.next.prev = n
+		}
+		b.next = n
+		b.size = rounded
+		h.free.insert(n)
+	}
+	return b
+}
+
+// freeBlock returns an allocated block: at once if only its own stream used
+// it, else after events recorded now on the other streams complete.
+func (p *pool) freeBlock(b *block) {
+	if len(b.uses) > 0 {
+		if err := p.deferFree(b); err == nil {
+			return
+		}
+		// Without events (or if recording failed) fall back to waiting
+		// for the whole device now: slower, never unsafe.
+		_ = p.a.syncDevice()
+		b.uses = b.uses[:0]
+	}
+	b.req = 0
+	p.release(b, true)
+}
+
+// release makes b free: it unbacks its chunks (if occupied), coalesces it
+// with free neighbours and indexes it.
+func (p *pool) release(b *block, occupied bool) {
+	h := &b.seg.heap.free
+	if b.seg.virtual && occupied {
+		p.vacate(b)
+	}
+	b.state, b.req, b.scope, b.site = blockFree, 0, nil, nil
+	if n := b.next; n != nil && n.state == blockFree {
+		h.remove(n)
+		b.size += n.size
+		b.next = n.next
+		if n.next != nil {
+			n.next.prev = b
+		}
+		p.putBlock(n)
+	}
+	if pr := b.prev; pr != nil && pr.state == blockFree {
+		h.remove(pr)
+		pr.size += b.size
+		pr.next = b.next
+		if b.next != nil {
+			b.next.prev = pr
+		}
+		p.putBlock(b)
+		b = pr
+	}
+	h.insert(b)
+}
+
+// deferFree records an event on every other stream that used b and parks b
+// on the pending list until they complete.
+func (p *pool) deferFree(b *block) error {
+	ev := p.a.ev
+	if ev == nil {
+		return device.ErrUnsupported
+	}
+	for _, s := range b.uses {
+		e, err := p.event()
+		if err == nil {
+			err = ev.Record(e, s)
+		}
+		if err != nil {
+			for _, e := range b.events {
+				p.spareEvents = append(p.spareEvents, e)
+			}
+			b.events = b.events[:0]
+			return err
+		}
+		b.events = append(b.events, e)
+	}
+	b.state = blockPending
+	b.req = 0
+	b.fnext = p.pending
+	p.pending = b
+	p.npending++
+	return nil
+}
+
+// processPending frees the pending blocks whose events have completed (all
+// of them, waiting, when wait is set).
+func (p *pool) processPending(wait bool) error {
+	ev := p.a.ev
+	var errs []error
+	link := &p.pending
+	for b := p.pending; b != nil; {
+		next := b.fnext
+		done := true
+		for _, e := range b.events {
+			var ok bool
+			var err error
+			if wait {
+				err = ev.Wait(e)
+				ok = err == nil
+			} else {
+				ok, err = ev.Query(e)
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if !ok {
+				done = false
+				break
+			}
+		}
+		if !done {
+			link = &b.fnext
+			b = next
+			continue
+		}
+		*link = next
+		p.npending--
+		p.spareEvents = append(p.spareEvents, b.events...)
+		b.events, b.uses = b.events[:0], b.uses[:0]
+		b.fnext = nil
+		p.release(b, true)
+		b = next
+	}
+	return errors.Join(errs...)
+}
+
+// event returns a spare event of this pool, creating one if needed.
+func (p *pool) event() (device.Event, error) {
+	if n := len(p.spareEvents); n > 0 {
+		e := p.spareEvents[n-1]
+		p.spareEvents = p.spareEvents[:n-1]
+		return e, nil
+	}
+	return p.a.ev.NewEvent()
+}
+
+// fence makes sure all work enqueued on this pool's stream so far has
+// completed, so that memory it emptied can be unmapped or freed: a host
+// wait on an event, or a device synchronize without events.
+func (p *pool) fence() error {
+	a := p.a
+	a.c.fences.Add(1)
+	if a.ev == nil {
+		if err := a.syncDevice(); err != nil {
+			return err
+		}
+		p.fencedSeq = p.emptySeq
+		return nil
+	}
+	if !p.haveFenceEv {
+		e, err := a.ev.NewEvent()
+		if err != nil {
+			return err
+		}
+		p.fenceEv, p.haveFenceEv = e, true
+	}
+	if err := a.ev.Record(p.fenceEv, p.stream); err != nil {
+		return err
+	}
+	if err := a.ev.Wait(p.fenceEv); err != nil {
+		return err
+	}
+	p.fencedSeq = p.emptySeq
+	return nil
+}
+
+func (a *Allocator) syncDevice() error {
+	a.c.fences.Add(1)
+	return a.dev.Synchronize()
+}
+
+func (p *pool) newBlock() *block {
+	if b := p.spare; b != nil {
+		p.spare = b.fnext
+		b.fnext = nil
+		return b
+	}
+	// Allocate nodes in slabs: one Go allocation for 64 splits.
+	slab := make([]block, 64)
+	for i := range slab[1:] {
+		n := &slab[i+1]
+		n.pool, n.bin = p, -1
+		n.fnext = p.spare
+		p.spare = n
+	}
+	b := &slab[0]
+	b.pool, b.bin = p, -1
+	return b
+}
+
+func (p *pool) putBlock(b *block) {
+	gen := b.gen
+	*b = block{pool: p, bin: -1, gen: gen + 1, uses: b.uses[:0], events: b.events[:0]}
+	b.fnext = p.spare
+	p.spare = b
+}
+
+// grow adds room for a request of rounded bytes to the heap: address space
+// (virtual) or a segment (plain).
+func (h *heap) grow(rounded uint64) error {
+	p := h.pool
+	a := p.a
+	if a.mode == ModeVirtual {
+		return h.reserve(rounded)
+	}
+	if p.adoptSegment(h.kind, rounded) {
+		return nil
+	}
+	size := plainSegmentSize(h.kind, rounded, a.small)
+	if !a.takeBudget(size) {
+		exact := (rounded + segmentRound - 1) &^ (segmentRound - 1)
+		if exact >= size || !a.takeBudget(exact) {
+			return &shortage{cause: CauseLimit}
+		}
+		size = exact
+	}
+	ptr, err := a.dev.Alloc(size)
+	if err != nil {
+		a.giveBudget(size)
+		if errors.Is(err, device.ErrOutOfMemory) {
+			return &shortage{cause: CauseDevice, err: err}
+		}
+		return fmt.Errorf("gpumem: growing the %s heap of stream %d by %d bytes: %w", heapName(h.kind), p.stream, size, err)
+	}
+	a.c.deviceAllocs.Add(1)
+	h.addSegment(uint64(ptr), size, false)
+	return nil
+}
+
+// plainSegmentSize is PyTorch's proven rule: small requests share 2 MiB
+// segments; requests under 10 MiB share 20 MiB segments, so that mid-sized
+// tensors do not each pay for rounding; larger requests get their own
+// segment rounded up to 2 MiB.
+func plainSegmentSize(kind int, rounded, small uint64) uint64 {
+	if kind == heapSmall {
+		if rounded <= smallSegment && small <= smallSegment {
+			return smallSegment
+		}
+		return (rounded + smallSegment - 1) &^ (smallSegment - 1)
+	}
+	if rounded < midLimit {
+		return midSegment
+	}
+	return (rounded + segmentRound - 1) &^ (segmentRound - 1)
+}
+
+func heapName(kind int) string {
+	if kind == heapSmall {
+		return "small"
+	}
+	return "large"
+}
+
+// addSegment makes a segment of [base, base+size) with one free block.
+func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
+	p := h.pool
+	seg := &segment{heap: h, base: base, size: size, virtual: virtual}
+	if virtual {
+		n := size / p.a.gran
+		seg.chunks = make([]chunk, n)
+		for i := range seg.chunks {
+			seg.chunks[i] = chunk{seg: seg, idx: uint32(i)}
+		}
+	}
+	b := p.newBlock()
+	b.seg, b.addr, b.size, b.state = seg, base, size, blockFree
+	seg.first = b
+	h.segs = append(h.segs, seg)
+	h.free.insert(b)
+	return seg
+}
+
+func (h *heap) removeSegment(seg *segment) {
+	for i, s := range h.segs {
+		if s == seg {
+			h.segs = append(h.segs[:i], h.segs[i+1:]...)
+			return
+		}
+	}
+}
+
+func (seg *segment) isFree() bool {
+	return seg.first.state == blockFree && seg.first.size == seg.size
+}
+
+// adoptSegment takes a wholly free plain segment from another stream's pool
+// (the second rung of the ladder): the other stream records an event and
+// this stream waits on it, so work already enqueued there finishes before
+// this stream's next work touches the memory. Other pools are only
+// TryLocked, so this never blocks or deadlocks.
+func (p *pool) adoptSegment(kind int, rounded uint64) bool {
+	a := p.a
+	for _, q := range a.allPools() {
+		if q == p || !q.mu.TryLock() {
+			continue
+		}
+		var best *segment
+		for _, seg := range q.heaps[kind].segs {
+			if seg.isFree() && !seg.prealloc && seg.size >= rounded && (best == nil || seg.size < best.size) {
+				best = seg
+			}
+		}
+		if best == nil {
+			q.mu.Unlock()
+			continue
+		}
+		if err := q.handOff(p.stream); err != nil {
+			q.mu.Unlock()
+			continue
+		}
+		qh := &q.heaps[kind]
+		qh.free.remove(best.first)
+		q.putBlock(best.first)
+		qh.removeSegment(best)
+		q.mu.Unlock()
+		h := &p.heaps[kind]
+		seg := h.addSegment(best.base, best.size, false)
+		seg.prealloc = best.prealloc
+		a.c.handoffs.Add(1)
+		return true
+	}
+	return false
+}
+
+// handOff orders the future work of stream to after all work enqueued on
+// q's stream so far.
+func (q *pool) handOff(stream device.Stream) error {
+	a := q.a
+	if a.ev == nil {
+		return a.syncDevice()
+	}
+	e, err := q.event()
+	if err != nil {
+		return err
+	}
+	defer func() { q.spareEvents = append(q.spareEvents, e) }()
+	if err := a.ev.Record(e, q.stream); err != nil {
+		return err
+	}
+	return a.ev.StreamWait(stream, e)
+}
+
+// trim returns this pool's cache to the device: waits for pending frees,
+// releases empty chunks and wholly free segments (preallocated ones only
+// when all is set).
+func (p *pool) trim(all bool) error {
+	var errs []error
+	if p.npending > 0 {
+		if err := p.processPending(true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := p.releaseEmpty(0); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.releaseSegments(0, all); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// releaseExcess returns cached memory until the allocator caches at most
+// target bytes.
+func (p *pool) releaseExcess(target uint64) {
+	_ = p.releaseEmpty(target)
+	_ = p.releaseSegments(target, false)
+}
+
+// releaseSegments frees wholly free plain segments while more than target
+// bytes are cached.
+func (p *pool) releaseSegments(target uint64, all bool) error {
+	a := p.a
+	fenced := false
+	var errs []error
+	for k := range p.heaps {
+		h := &p.heaps[k]
+		for i := 0; i < len(h.segs); i++ {
+			seg := h.segs[i]
+			if seg.virtual || !seg.isFree() || (seg.prealloc && !all) || a.cached() <= target {
+				continue
+			}
+			if !fenced {
+				if err := p.fence(); err != nil {
+					return err
+				}
+				fenced = true
+			}
+			if err := a.dev.Free(device.Ptr(seg.base)); err != nil {
+				errs = append(errs, fmt.Errorf("gpumem: freeing segment 0x%x of %d bytes: %w", seg.base, seg.size, err))
+				continue
+			}
+			a.c.deviceFrees.Add(1)
+			a.giveBudget(seg.size)
+			h.free.remove(seg.first)
+			p.putBlock(seg.first)
+			h.removeSegment(seg)
+			i--
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// teardown releases the address space and events of a fully trimmed pool
+// (Close).
+func (p *pool) teardown() error {
+	a := p.a
+	var errs []error
+	for k := range p.heaps {
+		h := &p.heaps[k]
+		for _, seg := range h.segs {
+			if !seg.isFree() {
+				errs = append(errs, fmt.Errorf("gpumem: Close: segment 0x%x still has blocks in use", seg.base))
+				continue
+			}
+			if seg.virtual {
+				if err := a.vm.ReleaseAddress(device.Ptr(seg.base), seg.size); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			h.free.remove(seg.first)
+			p.putBlock(seg.first)
+		}
+		h.segs = nil
+	}
+	if a.ev != nil {
+		if p.haveFenceEv {
+			errs = append(errs, a.ev.DestroyEvent(p.fenceEv))
+			p.haveFenceEv = false
+		}
+		for _, e := range p.spareEvents {
+			errs = append(errs, a.ev.DestroyEvent(e))
+		}
+		p.spareEvents = nil
+	}
+	return errors.Join(errs...)
+}
+
+// reclaim returns every pool's cache to the device (keeping preallocation),
+// after waiting for pending frees. Called with no pool lock held, before an
+// allocation's one retry.
+func (a *Allocator) reclaim() {
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		_ = p.trim(false)
+		p.mu.Unlock()
+	}
+}
+
+// leaks lists the buffers still allocated in this pool.
+func (p *pool) leaks() []LeakedBuffer {
+	var out []LeakedBuffer
+	for k := range p.heaps {
+		for _, seg := range p.heaps[k].segs {
+			for b := seg.first; b != nil; b = b.next {
+				if b.state == blockAllocated {
+					out = append(out, p.leakOf(b))
+				}
+			}
+		}
+	}
+	return out
+}

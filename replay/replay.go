@@ -1,0 +1,157 @@
+// Package replay runs an allocation trace against a device and an allocator
+// configuration and reports what the allocator held: the figure that
+// matters for fragmentation (peak reserved / peak live), the OOMs, the
+// device work and the time per event.
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/trace"
+)
+
+// Options tune a replay.
+type Options struct {
+	// Touch, if set, is called with every allocation (its stream and
+	// buffer) before the replay goes on; the CUDA replay writes the memory
+	// so that it is truly backed.
+	Touch func(s device.Stream, b gpumem.Buffer) error
+	// Check runs Allocator.Check after the replay and fails on a violation.
+	Check bool
+}
+
+// Result is one trace's replay. JSON keys are part of the CLI's contract.
+type Result struct {
+	Trace             string  `json:"trace"`
+	Device            string  `json:"device"`
+	Mode              string  `json:"mode"`
+	Events            int     `json:"events"`
+	PeakLiveBytes     uint64  `json:"peak_live_bytes"`
+	PeakReservedBytes uint64  `json:"peak_reserved_bytes"`
+	Ratio             float64 `json:"ratio"`
+	OOMs              int     `json:"ooms"`
+	NsPerOp           float64 `json:"ns_per_op"`
+	Maps              uint64  `json:"maps"`
+	Unmaps            uint64  `json:"unmaps"`
+	DeviceCalls       uint64  `json:"device_calls"`
+	Creates           uint64  `json:"creates"`
+	Fences            uint64  `json:"fences"`
+	PeakActiveBytes   uint64  `json:"peak_active_bytes"`
+	// EndReservedBytes is what the allocator still held after the last
+	// event, before Close.
+	EndReservedBytes uint64 `json:"end_reserved_bytes"`
+}
+
+// Run replays tr on dev with a new allocator configured by cfg, and closes
+// the allocator. Requests still live at the end of the trace are freed by
+// Close (traces end with live requests; that is not a leak of the replay).
+func Run(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Result, error) {
+	a, err := gpumem.New(dev, cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := RunOn(tr, a, opt)
+	if cerr := a.Close(); cerr != nil && !errors.Is(cerr, gpumem.ErrLeak) && err == nil {
+		err = cerr
+	}
+	return res, err
+}
+
+// RunOn replays tr on an existing allocator, which it leaves open with the
+// trace's still-live requests allocated.
+func RunOn(tr *trace.Trace, a *gpumem.Allocator, opt Options) (Result, error) {
+	streams, err := mapStreams(tr, a.Device())
+	if err != nil {
+		return Result{}, err
+	}
+	bufs := make([]gpumem.Buffer, tr.Requests)
+	ooms := 0
+	before := a.Stats()
+	start := time.Now()
+	for i, ev := range tr.Events {
+		slot := tr.Slot[i]
+		if ev.Kind == trace.Alloc {
+			s := streams[ev.Stream]
+			b, err := a.Alloc(ev.Size, s)
+			if err != nil {
+				if errors.Is(err, gpumem.ErrOutOfMemory) {
+					ooms++
+					continue
+				}
+				return Result{}, fmt.Errorf("replay %s: event %d (a %d %d): %w", tr.Name, i, ev.ID, ev.Size, err)
+			}
+			bufs[slot] = b
+			if opt.Touch != nil {
+				if err := opt.Touch(s, b); err != nil {
+					return Result{}, fmt.Errorf("replay %s: touching request %d: %w", tr.Name, ev.ID, err)
+				}
+			}
+			continue
+		}
+		b := bufs[slot]
+		if b.IsZero() {
+			continue // its allocation failed
+		}
+		if err := a.Free(b); err != nil {
+			return Result{}, fmt.Errorf("replay %s: event %d (f %d): %w", tr.Name, i, ev.ID, err)
+		}
+		bufs[slot] = gpumem.Buffer{}
+	}
+	elapsed := time.Since(start)
+	st := a.Stats()
+	if opt.Check {
+		if err := a.Check(); err != nil {
+			return Result{}, fmt.Errorf("replay %s: invariants: %w", tr.Name, err)
+		}
+	}
+	r := Result{
+		Trace:             tr.Name,
+		Device:            a.Device().Info().Name,
+		Mode:              a.Mode().String(),
+		Events:            len(tr.Events),
+		PeakLiveBytes:     tr.PeakLiveBytes,
+		PeakReservedBytes: st.PeakReserved,
+		OOMs:              ooms,
+		Maps:              st.Maps - before.Maps,
+		Unmaps:            st.Unmaps - before.Unmaps,
+		DeviceCalls:       st.DeviceCalls() - before.DeviceCalls(),
+		Creates:           st.Creates - before.Creates,
+		Fences:            st.Fences - before.Fences,
+		PeakActiveBytes:   st.PeakActive,
+		EndReservedBytes:  st.Reserved,
+	}
+	if len(tr.Events) > 0 {
+		r.NsPerOp = float64(elapsed.Nanoseconds()) / float64(len(tr.Events))
+	}
+	if r.PeakLiveBytes > 0 {
+		r.Ratio = float64(r.PeakReservedBytes) / float64(r.PeakLiveBytes)
+	}
+	return r, nil
+}
+
+// mapStreams gives each stream of the trace a stream of the device: 0 stays
+// the default stream; others are created when the device can, else they
+// keep their identity (the allocator only needs identity).
+func mapStreams(tr *trace.Trace, dev device.Device) (map[uint64]device.Stream, error) {
+	m := map[uint64]device.Stream{0: 0}
+	st, ok := device.AsStreams(dev)
+	for _, s := range tr.Streams {
+		if s == 0 {
+			continue
+		}
+		if !ok {
+			m[s] = device.Stream(s)
+			continue
+		}
+		ds, err := st.NewStream()
+		if err != nil {
+			return nil, fmt.Errorf("replay %s: creating a stream for trace stream %d: %w", tr.Name, s, err)
+		}
+		m[s] = ds
+	}
+	return m, nil
+}

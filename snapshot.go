@@ -1,0 +1,100 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import (
+	"encoding/json"
+	"io"
+	"sort"
+)
+
+// Snapshot is every segment and block of the allocator at one moment, for
+// humans and tools. It marshals to JSON as written here.
+type Snapshot struct {
+	Mode        string            `json:"mode"`
+	Granularity uint64            `json:"granularity"`
+	Limit       uint64            `json:"limit"`
+	Stats       Stats             `json:"stats"`
+	Segments    []SegmentSnapshot `json:"segments"`
+}
+
+// SegmentSnapshot is one segment: a plain allocation or a virtual arena.
+type SegmentSnapshot struct {
+	Address     uint64          `json:"address"`
+	Size        uint64          `json:"size"`
+	Stream      uint64          `json:"stream"`
+	Pool        string          `json:"pool"` // "small" or "large"
+	Kind        string          `json:"kind"` // "plain" or "virtual"
+	Preallocate bool            `json:"preallocated,omitempty"`
+	MappedBytes uint64          `json:"mapped_bytes"`     // plain: Size
+	Mapped      [][2]uint64     `json:"mapped,omitempty"` // virtual: mapped [start, end) runs
+	Blocks      []BlockSnapshot `json:"blocks"`
+}
+
+// BlockSnapshot is one block of a segment.
+type BlockSnapshot struct {
+	Address   uint64 `json:"address"`
+	Size      uint64 `json:"size"`
+	Requested uint64 `json:"requested,omitempty"`
+	State     string `json:"state"` // "free", "allocated", "pending"
+	Stream    uint64 `json:"stream"`
+	Scope     string `json:"scope,omitempty"`
+	Seq       uint64 `json:"seq,omitempty"` // allocation number on its stream
+	Site      string `json:"site,omitempty"`
+}
+
+// Snapshot captures every segment and block. Free blocks of a virtual arena
+// are included: the tail block of an arena is its unused address space.
+func (a *Allocator) Snapshot() Snapshot {
+	s := Snapshot{Mode: a.mode.String(), Granularity: a.gran, Limit: a.limit}
+	s.Stats = a.Stats()
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		for k := range p.heaps {
+			for _, seg := range p.heaps[k].segs {
+				ss := SegmentSnapshot{Address: seg.base, Size: seg.size, Stream: uint64(p.stream),
+					Pool: heapName(k), Kind: "plain", Preallocate: seg.prealloc, MappedBytes: seg.size}
+				if seg.virtual {
+					ss.Kind, ss.MappedBytes = "virtual", 0
+					for i := range seg.chunks {
+						c := &seg.chunks[i]
+						if !c.mapped {
+							continue
+						}
+						ss.MappedBytes += a.gran
+						lo := c.addr(a.gran)
+						if n := len(ss.Mapped); n > 0 && ss.Mapped[n-1][1] == lo {
+							ss.Mapped[n-1][1] = lo + a.gran
+						} else {
+							ss.Mapped = append(ss.Mapped, [2]uint64{lo, lo + a.gran})
+						}
+					}
+				}
+				for b := seg.first; b != nil; b = b.next {
+					bs := BlockSnapshot{Address: b.addr, Size: b.size, Requested: b.req, State: b.state.String(), Stream: uint64(p.stream)}
+					if b.state != blockFree {
+						bs.Seq = b.id
+					}
+					if b.scope != nil {
+						bs.Scope = b.scope.Name()
+					}
+					if b.site != nil {
+						bs.Site = formatSite(b.site)
+					}
+					ss.Blocks = append(ss.Blocks, bs)
+				}
+				s.Segments = append(s.Segments, ss)
+			}
+		}
+		p.mu.Unlock()
+	}
+	sort.Slice(s.Segments, func(i, j int) bool { return s.Segments[i].Address < s.Segments[j].Address })
+	return s
+}
+
+// WriteJSON writes the snapshot as indented JSON.
+func (s Snapshot) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(s)
+}

@@ -1,0 +1,158 @@
+package gpumem
+
+// See doc.go for the overview.
+
+// Stats is a snapshot of the allocator's numbers, returned by value. Gauges
+// are bytes now with their peaks; counters only grow. Identities (tested;
+// exact when no operation is in flight):
+//
+//	Reserved == Active + Cached
+//	Allocated <= Active <= Reserved
+//	Allocs - Frees == LiveBuffers
+//	Reserved == PlainBytes + MappedBytes + SpareBytes
+//	every Peak* >= its gauge
+type Stats struct {
+	// Gauges.
+	Allocated     uint64 // bytes requested by live buffers
+	PeakAllocated uint64
+	Active        uint64 // bytes of the blocks behind live buffers (requests rounded to 512 B)
+	PeakActive    uint64
+	Reserved      uint64 // bytes held from the device: segments, mapped and spare physical chunks
+	PeakReserved  uint64
+	Cached        uint64 // Reserved - Active: held but not in use (includes frees pending on events)
+	PlainBytes    uint64 // bytes of plain segments
+	MappedBytes   uint64 // bytes of physical chunks mapped into address space
+	SpareBytes    uint64 // bytes of physical chunks held unmapped (preallocation)
+	AddressSpace  uint64 // bytes of virtual address space reserved
+	LiveBuffers   uint64
+	Segments      int // plain segments and virtual arenas
+	PendingFrees  int // freed buffers waiting for other streams' events
+	Streams       int // streams that have pools
+	// LargestFree is the largest request that would be served now with no
+	// device call.
+	LargestFree uint64
+	// Fragmentation is 1 - LargestFree/Cached: 0 when the cache is one
+	// usable piece (or empty), near 1 when it is dust.
+	Fragmentation float64
+
+	// Counters.
+	Allocs, Frees uint64 // successful Alloc and Free calls
+	DeviceAllocs  uint64 // plain segments taken (cuMemAlloc)
+	DeviceFrees   uint64 // plain segments given back (cuMemFree)
+	Creates       uint64 // physical chunks created (cuMemCreate)
+	Releases      uint64 // physical chunks released (cuMemRelease)
+	Maps, Unmaps  uint64 // chunk mappings made and undone (cuMemMap, cuMemUnmap)
+	SetAccess     uint64 // access grants, one per contiguous run (cuMemSetAccess)
+	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
+	Fences        uint64 // host waits for a stream or the device before unmapping or freeing
+	Handoffs      uint64 // free segments moved to another stream behind an event
+	OOMs          uint64 // requests that failed for want of memory (quota included)
+	Retries       uint64 // allocations retried after releasing the cache
+	Trims         uint64 // Trim calls
+}
+
+// DeviceCalls is the number of memory-management calls made to the driver.
+func (s Stats) DeviceCalls() uint64 {
+	return s.DeviceAllocs + s.DeviceFrees + s.Creates + s.Releases + s.Maps + s.Unmaps + s.SetAccess + s.Reserves
+}
+
+// Stats returns the allocator's numbers. It locks each pool in turn; the
+// result is exact when no operation runs concurrently.
+func (a *Allocator) Stats() Stats {
+	var s Stats
+	var largest uint64
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		s.Allocs += p.nallocs
+		s.Frees += p.nfrees
+		s.PendingFrees += p.npending
+		s.Streams++
+		s.MappedBytes += uint64(p.nmapped) * a.gran
+		for k := range p.heaps {
+			h := &p.heaps[k]
+			s.Segments += len(h.segs)
+			for _, seg := range h.segs {
+				if seg.virtual {
+					s.AddressSpace += seg.size
+				} else {
+					s.PlainBytes += seg.size
+				}
+			}
+			if l := h.largestFree(); l > largest {
+				largest = l
+			}
+		}
+		p.mu.Unlock()
+	}
+	a.handlesMu.Lock()
+	s.SpareBytes = uint64(len(a.handles)) * a.gran
+	a.handlesMu.Unlock()
+	if largest < s.SpareBytes {
+		largest = s.SpareBytes
+	}
+	s.Allocated, s.PeakAllocated = a.allocated.Load(), a.peakAllocated.Load()
+	s.Active, s.PeakActive = a.active.Load(), a.peakActive.Load()
+	s.Reserved, s.PeakReserved = a.reserved.Load(), a.peakReserved.Load()
+	if s.Reserved > s.Active {
+		s.Cached = s.Reserved - s.Active
+	}
+	s.LiveBuffers = s.Allocs - s.Frees
+	s.LargestFree = largest
+	if s.LargestFree > s.Cached {
+		s.LargestFree = s.Cached
+	}
+	if s.Cached > 0 {
+		s.Fragmentation = 1 - float64(s.LargestFree)/float64(s.Cached)
+	}
+	c := &a.c
+	s.DeviceAllocs, s.DeviceFrees = c.deviceAllocs.Load(), c.deviceFrees.Load()
+	s.Creates, s.Releases = c.creates.Load(), c.releases.Load()
+	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
+	s.Reserves, s.Fences, s.Handoffs = c.reserves.Load(), c.fences.Load(), c.handoffs.Load()
+	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
+	return s
+}
+
+// largestFree is the largest free range of the heap that is backed by
+// memory: a whole free block of a plain segment, or the longest mapped run
+// inside a free block of a virtual one. Called with the pool locked.
+func (h *heap) largestFree() uint64 {
+	var best uint64
+	gran := h.pool.a.gran
+	for _, seg := range h.segs {
+		if !seg.virtual {
+			continue
+		}
+		for b := seg.first; b != nil; b = b.next {
+			if b.state != blockFree {
+				continue
+			}
+			c0, c1 := seg.chunkSpan(b.addr, b.size, gran)
+			var run uint64
+			for i := c0; i <= c1; i++ {
+				c := &seg.chunks[i]
+				if !c.mapped {
+					run = 0
+					continue
+				}
+				lo, hi := c.addr(gran), c.addr(gran)+gran
+				lo, hi = max(lo, b.addr), min(hi, b.end())
+				run += hi - lo
+				best = max(best, run)
+			}
+		}
+	}
+	if l := h.free.largest(); l > best && !h.anyVirtual() {
+		best = l
+	}
+	return best
+}
+
+func (h *heap) anyVirtual() bool {
+	for _, seg := range h.segs {
+		if seg.virtual {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,417 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/gpumem/gpumem/device"
+)
+
+// A chunk is one granule of a virtual segment, the unit of physical backing.
+// Its state machine (each arrow names the function that performs it):
+//
+//	unmapped ──mapMissing──▶ occupied (live > 0) ──vacate──▶ empty (live == 0, mapped, on pool.empty)
+//	    ▲                       ▲                               │
+//	    │                       └────────────occupy─────────────┤
+//	    └──────────────steal (unmap; handle reused) / releaseEmpty (unmap, release)
+//
+// Invariants (checked by checkPool):
+//
+//	live == number of non-free blocks that overlap the chunk
+//	live > 0 ⇒ mapped
+//	mapped && live == 0 ⇔ the chunk is on its pool's empty list
+//	Reserved == Σ plain segment sizes + (mapped chunks + spare handles) × granularity
+//
+// Guarded by the owning pool's mu.
+type chunk struct {
+	seg        *segment
+	idx        uint32
+	live       int32
+	mapped     bool
+	h          device.Handle
+	seq        uint64 // pool.emptySeq when it last became empty
+	prev, next *chunk // pool.empty
+}
+
+func (c *chunk) addr(gran uint64) uint64 { return c.seg.base + uint64(c.idx)*gran }
+
+// chunkList is an intrusive doubly linked list, oldest first.
+type chunkList struct {
+	head, tail *chunk
+	n          int
+}
+
+func (l *chunkList) pushBack(c *chunk) {
+	c.prev, c.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = c
+	} else {
+		l.head = c
+	}
+	l.tail = c
+	l.n++
+}
+
+func (l *chunkList) remove(c *chunk) {
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		l.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		l.tail = c.prev
+	}
+	c.prev, c.next = nil, nil
+	l.n--
+}
+
+// chunkSpan returns the chunk indices [c0, c1] that [addr, addr+size) touches.
+func (seg *segment) chunkSpan(addr, size, gran uint64) (int, int) {
+	return int((addr - seg.base) / gran), int((addr + size - 1 - seg.base) / gran)
+}
+
+// backedFor reports whether the first rounded bytes of free block b lie in
+// mapped chunks only.
+func (p *pool) backedFor(b *block, rounded uint64) bool {
+	c0, c1 := b.seg.chunkSpan(b.addr, rounded, p.a.gran)
+	ch := b.seg.chunks
+	for i := c0; i <= c1; i++ {
+		if !ch[i].mapped {
+			return false
+		}
+	}
+	return true
+}
+
+// occupy counts b as live in its chunks; every chunk must be mapped.
+func (p *pool) occupy(b *block) {
+	c0, c1 := b.seg.chunkSpan(b.addr, b.size, p.a.gran)
+	ch := b.seg.chunks
+	for i := c0; i <= c1; i++ {
+		c := &ch[i]
+		if c.live == 0 {
+			p.empty.remove(c)
+		}
+		c.live++
+	}
+}
+
+// vacate uncounts b from its chunks; chunks left with no live block join the
+// pool's empty list, still mapped: reusing them in place costs nothing, and
+// a pool that needs physical memory elsewhere takes them (steal).
+func (p *pool) vacate(b *block) {
+	c0, c1 := b.seg.chunkSpan(b.addr, b.size, p.a.gran)
+	ch := b.seg.chunks
+	for i := c0; i <= c1; i++ {
+		c := &ch[i]
+		c.live--
+		if c.live == 0 {
+			p.emptySeq++
+			c.seq = p.emptySeq
+			p.empty.pushBack(c)
+		}
+	}
+}
+
+// back occupies b's chunks and maps those that have no physical memory
+// (the growth step of ModeVirtual). Physical chunks come, in order, from
+// spare handles, this pool's oldest empty chunks, other pools' empty chunks,
+// and finally the device. On failure nothing changes but where spare
+// handles are kept.
+func (p *pool) back(b *block) error {
+	a := p.a
+	gran := a.gran
+	c0, c1 := b.seg.chunkSpan(b.addr, b.size, gran)
+	ch := b.seg.chunks
+	missing := 0
+	for i := c0; i <= c1; i++ {
+		c := &ch[i]
+		if c.live == 0 {
+			if c.mapped {
+				p.empty.remove(c)
+			} else {
+				missing++
+			}
+		}
+		c.live++
+	}
+	if missing == 0 {
+		return nil
+	}
+	undo := func() {
+		for i := c0; i <= c1; i++ {
+			c := &ch[i]
+			c.live--
+			if c.live == 0 && c.mapped {
+				p.emptySeq++
+				c.seq = p.emptySeq
+				p.empty.pushBack(c)
+			}
+		}
+	}
+	// 1. Acquire every handle first, so that a shortage maps nothing.
+	hs := p.scratch[:0]
+	for n := 0; n < missing; n++ {
+		h, err := p.physical()
+		if err != nil {
+			a.keepHandles(hs)
+			p.scratch = hs[:0]
+			undo()
+			return err
+		}
+		hs = append(hs, h)
+	}
+	p.scratch = hs[:0]
+	// 2. Map them, then 3. enable access once per contiguous run.
+	next := 0
+	runStart := -1
+	var err error
+	for i := c0; i <= c1 && err == nil; i++ {
+		c := &ch[i]
+		if c.mapped {
+			if runStart >= 0 {
+				err = a.setAccess(b.seg, runStart, i)
+				runStart = -1
+			}
+			continue
+		}
+		h := hs[next]
+		if err = a.vm.Map(device.Ptr(c.addr(gran)), gran, h); err != nil {
+			break
+		}
+		a.c.maps.Add(1)
+		next++
+		p.nmapped++
+		c.mapped, c.h = true, h
+		if runStart < 0 {
+			runStart = i
+		}
+	}
+	if err == nil && runStart >= 0 {
+		err = a.setAccess(b.seg, runStart, c1+1)
+	}
+	if err != nil {
+		// Unmap what this call mapped (access may not be enabled) and keep
+		// every acquired handle as a spare.
+		for i := c0; i <= c1; i++ {
+			c := &ch[i]
+			if c.mapped && c.live == 1 && containsHandle(hs[:next], c.h) {
+				if uerr := a.vm.Unmap(device.Ptr(c.addr(gran)), gran); uerr == nil {
+					a.c.unmaps.Add(1)
+					p.nmapped--
+					c.mapped = false
+				}
+			}
+		}
+		a.keepHandles(hs)
+		undo()
+		return fmt.Errorf("gpumem: backing %d bytes at 0x%x: %w", b.size, b.addr, err)
+	}
+	return nil
+}
+
+func containsHandle(hs []device.Handle, h device.Handle) bool {
+	for _, x := range hs {
+		if x == h {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Allocator) setAccess(seg *segment, from, to int) error {
+	a.c.setAccess.Add(1)
+	return a.vm.SetAccess(device.Ptr(seg.base+uint64(from)*a.gran), uint64(to-from)*a.gran)
+}
+
+// physical returns an unmapped physical chunk for this pool to map.
+func (p *pool) physical() (device.Handle, error) {
+	a := p.a
+	if h, ok := a.spareHandle(); ok {
+		return h, nil
+	}
+	if p.empty.n > 0 {
+		return p.steal()
+	}
+	for _, q := range a.allPools() {
+		if q == p || !q.mu.TryLock() {
+			continue
+		}
+		if q.empty.n > 0 {
+			h, err := q.steal()
+			q.mu.Unlock()
+			return h, err
+		}
+		q.mu.Unlock()
+	}
+	if !a.takeBudget(a.gran) {
+		return 0, &shortage{cause: CauseLimit}
+	}
+	h, err := a.vm.Create(a.gran)
+	if err != nil {
+		a.giveBudget(a.gran)
+		if errors.Is(err, device.ErrOutOfMemory) {
+			return 0, &shortage{cause: CauseDevice, err: err}
+		}
+		return 0, err
+	}
+	a.c.creates.Add(1)
+	return h, nil
+}
+
+// steal unmaps this pool's oldest empty chunk and returns its physical
+// memory. The pool's stream is fenced first if the chunk emptied after the
+// last fence: unmapping is not stream-ordered.
+func (p *pool) steal() (device.Handle, error) {
+	a := p.a
+	c := p.empty.head
+	if c.seq > p.fencedSeq {
+		if err := p.fence(); err != nil {
+			return 0, err
+		}
+	}
+	if err := a.vm.Unmap(device.Ptr(c.addr(a.gran)), a.gran); err != nil {
+		return 0, err
+	}
+	a.c.unmaps.Add(1)
+	p.empty.remove(c)
+	p.nmapped--
+	c.mapped = false
+	h := c.h
+	c.h = 0
+	return h, nil
+}
+
+// releaseEmpty unmaps and releases this pool's empty chunks, oldest first,
+// while more than target bytes are cached.
+func (p *pool) releaseEmpty(target uint64) error {
+	a := p.a
+	for p.empty.n > 0 && a.cached() > target {
+		h, err := p.steal()
+		if err != nil {
+			return err
+		}
+		if err := a.vm.Release(h); err != nil {
+			a.keepHandles([]device.Handle{h})
+			return err
+		}
+		a.c.releases.Add(1)
+		a.giveBudget(a.gran)
+	}
+	return nil
+}
+
+// reserve adds address space to a virtual heap: an arena as large as the
+// device (a quarter for the small heap), or the request if larger. Address
+// space costs no memory; holes in it cost nothing either.
+func (h *heap) reserve(rounded uint64) error {
+	a := h.pool.a
+	size := a.total
+	if h.kind == heapSmall {
+		size /= 4
+	}
+	if rounded > size {
+		size = rounded
+	}
+	size = (size + a.gran - 1) &^ (a.gran - 1)
+	ptr, err := a.vm.Reserve(size, 0)
+	if err != nil {
+		return fmt.Errorf("gpumem: reserving %d bytes of address space for stream %d: %w", size, h.pool.stream, err)
+	}
+	a.c.reserves.Add(1)
+	h.addSegment(uint64(ptr), size, true)
+	return nil
+}
+
+func (a *Allocator) spareHandle() (device.Handle, bool) {
+	a.handlesMu.Lock()
+	defer a.handlesMu.Unlock()
+	if n := len(a.handles); n > 0 {
+		h := a.handles[n-1]
+		a.handles = a.handles[:n-1]
+		return h, true
+	}
+	return 0, false
+}
+
+func (a *Allocator) keepHandles(hs []device.Handle) {
+	if len(hs) == 0 {
+		return
+	}
+	a.handlesMu.Lock()
+	a.handles = append(a.handles, hs...)
+	a.handlesMu.Unlock()
+}
+
+// releaseHandles releases spare handles beyond keep.
+func (a *Allocator) releaseHandles(keep int) error {
+	a.handlesMu.Lock()
+	defer a.handlesMu.Unlock()
+	var errs []error
+	for len(a.handles) > keep {
+		h := a.handles[len(a.handles)-1]
+		if err := a.vm.Release(h); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		a.handles = a.handles[:len(a.handles)-1]
+		a.c.releases.Add(1)
+		a.giveBudget(a.gran)
+	}
+	return errors.Join(errs...)
+}
+
+// preallocate takes Config.Preallocate(Fraction) bytes at New: spare
+// physical chunks (virtual) or one segment of the default stream's large
+// heap (plain).
+func (a *Allocator) preallocate() error {
+	n := a.cfg.Preallocate
+	if f := a.cfg.PreallocateFraction; f > 0 {
+		if f > 1 {
+			return fmt.Errorf("gpumem: PreallocateFraction %.3f is more than 1", f)
+		}
+		if m := uint64(f * float64(a.total)); m > n {
+			n = m
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	n = (n + a.gran - 1) &^ (a.gran - 1)
+	if n > a.limit {
+		return fmt.Errorf("gpumem: preallocating %d bytes: more than the limit of %d", n, a.limit)
+	}
+	if a.mode == ModePlain {
+		if !a.takeBudget(n) {
+			return fmt.Errorf("gpumem: preallocating %d bytes: over the limit", n)
+		}
+		ptr, err := a.dev.Alloc(n)
+		if err != nil {
+			a.giveBudget(n)
+			return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
+		}
+		a.c.deviceAllocs.Add(1)
+		p := a.poolFor(0)
+		p.mu.Lock()
+		p.heaps[heapLarge].addSegment(uint64(ptr), n, false).prealloc = true
+		p.mu.Unlock()
+		return nil
+	}
+	for done := uint64(0); done < n; done += a.gran {
+		if !a.takeBudget(a.gran) {
+			return fmt.Errorf("gpumem: preallocating %d bytes: over the limit", n)
+		}
+		h, err := a.vm.Create(a.gran)
+		if err != nil {
+			a.giveBudget(a.gran)
+			return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
+		}
+		a.c.creates.Add(1)
+		a.keepHandles([]device.Handle{h})
+	}
+	return nil
+}
