@@ -1,0 +1,63 @@
+// Package trace reads and writes gpumem-trace v1, the text format in which
+// gpumem stores the device-memory requests of a program: the traces shipped
+// in testdata/traces, and the traces the allocator records of its own use.
+//
+// # Format
+//
+// A trace is text, one event per line, optionally gzip-compressed (readers
+// detect gzip by its magic bytes, not by the file name). The first line is
+// the header:
+//
+//	# gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US
+//	a 0 154389504 0 4
+//	a 1 3145728 0 31442
+//	f 1 31502
+//
+// Only the "# gpumem-trace v1" prefix of the header is significant. Each
+// later line is one of
+//
+//	a ID SIZE STREAM T_US   request ID asked for SIZE bytes on STREAM
+//	f ID T_US               request ID was freed
+//
+// where every field is an unsigned decimal number that fits in 64 bits.
+// STREAM 0 is the default stream; any other value is a stream handle of which
+// only the identity matters. T_US is microseconds since the first event. IDs
+// are unique within a file (recorders number them up from 0, but readers only
+// require uniqueness). A request that is never freed was live when recording
+// stopped. Fields are separated by spaces or tabs; a trailing "\r" is
+// ignored, as are blank lines and comment lines starting with "#" after the
+// header.
+//
+// # Checks
+//
+// [Reader], [Read] and [Load] reject malformed input with a [*SyntaxError]
+// that matches [ErrSyntax] under errors.Is and names the file (when known),
+// the line number and the fault, for example
+//
+//	trace gpt2.trace.gz:1234: f 77: request 77 was never allocated
+//
+// The faults are: a missing or wrong header line (including another format
+// version); an unknown event kind; the wrong number of fields; a field that
+// is not a decimal number, is negative or overflows 64 bits; a SIZE of 0 or
+// above [MaxSize] (1 PiB, far beyond any device); an ID allocated twice; a
+// free of an ID never allocated; a second free of the same ID; a T_US smaller
+// than the previous event's (all six shipped traces are monotone in time, so
+// a trace that goes backwards is taken to be corrupt); a line longer than 64
+// KiB; and gzip data that is corrupt or truncated (the error then also wraps
+// the gzip error, e.g. io.ErrUnexpectedEOF). Errors from the underlying
+// io.Reader itself are returned wrapped, not as syntax errors.
+//
+// # Replay
+//
+// [Trace] holds a whole trace in memory. Besides the events it numbers the
+// requests densely: Trace.Slot[i] is the request number (0 to Requests-1, in
+// order of allocation) that event i allocates or frees, so a replay can keep
+// its per-request state in a plain slice instead of a map keyed by ID.
+//
+// # Writing
+//
+// [Writer] writes the format; [Create] writes a file, gzip-compressed when
+// its name ends in ".gz". A Writer checks what it can without remembering
+// requests (SIZE in range, time not going backwards); the reader checks the
+// rest.
+package trace

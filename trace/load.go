@@ -1,0 +1,151 @@
+package trace
+
+import (
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Trace is a whole trace in memory, checked and ready to replay.
+type Trace struct {
+	// Name is the file name without directory and without the extensions
+	// ".gz", then ".trace" or ".txt": "gpt2_generate" for
+	// "testdata/traces/gpt2_generate.trace.gz".
+	Name string
+
+	// Events are the trace's events in file order.
+	Events []Event
+
+	// Slot[i] is the request number that Events[i] allocates or frees:
+	// requests are numbered 0, 1, ... Requests-1 in the order of their
+	// Alloc events, so a replay can index per-request state by Slot[i]
+	// instead of looking up IDs.
+	Slot []int32
+
+	// Requests is the number of Alloc events.
+	Requests int
+
+	// PeakLiveBytes is the largest sum of Size over requests allocated and
+	// not yet freed at the same moment (after any event): the least memory
+	// any allocator must hold to replay the trace.
+	PeakLiveBytes uint64
+
+	// Streams are the distinct streams of the Alloc events, in order of
+	// first use.
+	Streams []uint64
+}
+
+// Read reads and checks a whole trace, gzip-compressed or plain, from r. The
+// name is the file name used in error messages; Trace.Name is name without
+// directory and extensions.
+func Read(r io.Reader, name string) (*Trace, error) {
+	rd, err := newReader(r, name)
+	if err != nil {
+		return nil, err
+	}
+	t := &Trace{Name: baseName(name)}
+	var (
+		events     chunked[Event]
+		slots      chunked[int32]
+		sizes      []uint64 // by slot
+		live       uint64
+		seen       map[uint64]bool
+		lastStream uint64
+	)
+	for {
+		ev, slot, err := rd.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if ev.Kind == Alloc {
+			if live > math.MaxUint64-ev.Size {
+				return nil, rd.syntaxError("a %d: the live requests add up to more than 2^64 bytes", ev.ID)
+			}
+			live += ev.Size
+			t.PeakLiveBytes = max(t.PeakLiveBytes, live)
+			sizes = append(grow(sizes), ev.Size)
+			if len(t.Streams) == 0 || ev.Stream != lastStream && !seen[ev.Stream] {
+				if seen == nil {
+					seen = make(map[uint64]bool)
+				}
+				seen[ev.Stream] = true
+				t.Streams = append(t.Streams, ev.Stream)
+			}
+			lastStream = ev.Stream
+		} else {
+			live -= sizes[slot]
+		}
+		events.add(ev)
+		slots.add(slot)
+	}
+	t.Events = events.slice()
+	t.Slot = slots.slice()
+	t.Requests = len(sizes)
+	return t, nil
+}
+
+// Load reads and checks the trace in the file at path.
+func Load(path string) (*Trace, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return Read(f, filepath.Base(path))
+}
+
+// baseName returns name without directory and without the extensions ".gz",
+// then ".trace" or ".txt".
+func baseName(name string) string {
+	name = filepath.Base(name)
+	if name == "." || name == string(filepath.Separator) {
+		return ""
+	}
+	name = strings.TrimSuffix(name, ".gz")
+	if s, ok := strings.CutSuffix(name, ".trace"); ok {
+		return s
+	}
+	return strings.TrimSuffix(name, ".txt")
+}
+
+// chunked collects values in chunks and then copies them into one slice of
+// the exact length: for long traces this is much faster than growing a slice
+// by append, which copies everything again at every growth.
+type chunked[T any] struct {
+	full [][]T
+	cur  []T
+	n    int
+}
+
+func (c *chunked[T]) add(v T) {
+	if len(c.cur) == cap(c.cur) {
+		size := 1024
+		if c.cur != nil {
+			c.full = append(c.full, c.cur)
+			size = min(2*cap(c.cur), 1<<16)
+		}
+		c.cur = make([]T, 0, size)
+	}
+	c.cur = append(c.cur, v)
+	c.n++
+}
+
+// slice returns all values added, in order; nil if none.
+func (c *chunked[T]) slice() []T {
+	if c.n == 0 {
+		return nil
+	}
+	if len(c.full) == 0 {
+		return c.cur[:len(c.cur):len(c.cur)]
+	}
+	s := make([]T, 0, c.n)
+	for _, ch := range c.full {
+		s = append(s, ch...)
+	}
+	return append(s, c.cur...)
+}

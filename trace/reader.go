@@ -1,0 +1,360 @@
+package trace
+
+import (
+	"bufio"
+	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+)
+
+// header is the significant prefix of the first line of every v1 trace.
+const header = "# gpumem-trace v1"
+
+// headerLine is the full first line that Writer writes.
+const headerLine = header + ": a ID SIZE STREAM T_US | f ID T_US\n"
+
+// maxLine is the longest line a Reader accepts, comments included.
+const maxLine = 64 << 10
+
+// Reader reads the events of a trace one at a time, checking them as it goes
+// (see the package documentation for the checks). It remembers, per request,
+// only the lines of its Alloc and Free events.
+type Reader struct {
+	br    *bufio.Reader
+	gz    bool   // input is gzip-compressed
+	name  string // for error messages; set by Read
+	line  int    // number of the last line read
+	lastT uint64 // time of the last event
+	err   error  // sticky: returned by every Next after the first error
+
+	ids  idTable
+	reqs []request // by slot
+}
+
+// request is what a Reader remembers of one request.
+type request struct {
+	allocLine int
+	freeLine  int // 0 while live
+}
+
+// NewReader returns a Reader of the trace in r, gzip-compressed or plain. It
+// reads and checks the header line.
+func NewReader(r io.Reader) (*Reader, error) {
+	return newReader(r, "")
+}
+
+func newReader(r io.Reader, name string) (*Reader, error) {
+	rd := &Reader{name: name}
+	br := bufio.NewReaderSize(r, maxLine)
+	magic, err := br.Peek(2)
+	if err != nil && err != io.EOF {
+		return nil, rd.readError(err)
+	}
+	if len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		rd.gz = true
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, rd.readError(err)
+		}
+		br = bufio.NewReaderSize(zr, maxLine)
+	}
+	rd.br = br
+
+	line, err := rd.readLine()
+	switch {
+	case err == io.EOF:
+		rd.line = 1
+		return nil, rd.syntaxError("missing header line %q: the input is empty", header)
+	case err != nil:
+		return nil, err
+	}
+	if !bytes.HasPrefix(line, []byte(header)) || len(line) > len(header) && !isHeaderEnd(line[len(header)]) {
+		if bytes.HasPrefix(line, []byte("# gpumem-trace ")) {
+			return nil, rd.syntaxError("unsupported format %s; this package reads %q", quote(line), header)
+		}
+		return nil, rd.syntaxError("missing header line %q; got %s", header, quote(line))
+	}
+	return rd, nil
+}
+
+func isHeaderEnd(c byte) bool { return c == ':' || c == ' ' || c == '\t' }
+
+// Next returns the next event, or io.EOF after the last one. After an error,
+// Next returns the same error again.
+func (r *Reader) Next() (Event, error) {
+	ev, _, err := r.next()
+	return ev, err
+}
+
+// next returns the next event and its request's slot: the number of Alloc
+// events before the request's own Alloc event.
+func (r *Reader) next() (Event, int32, error) {
+	if r.err != nil {
+		return Event{}, -1, r.err
+	}
+	for {
+		line, err := r.readLine()
+		if err != nil {
+			r.err = err
+			return Event{}, -1, err
+		}
+		ev, slot, skip, err := r.parse(line)
+		if err != nil {
+			r.err = err
+			return Event{}, -1, err
+		}
+		if !skip {
+			return ev, slot, nil
+		}
+	}
+}
+
+// readLine returns the next line without its line ending, and counts it.
+// The line is valid until the next read.
+func (r *Reader) readLine() ([]byte, error) {
+	b, err := r.br.ReadSlice('\n')
+	if err != nil {
+		switch {
+		case err == bufio.ErrBufferFull:
+			r.line++
+			return nil, r.syntaxError("line longer than %d bytes", maxLine)
+		case err != io.EOF:
+			return nil, r.readError(err)
+		case len(b) == 0:
+			return nil, io.EOF
+		}
+		// A last line without a newline.
+	}
+	r.line++
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+	}
+	if n := len(b); n > 0 && b[n-1] == '\r' {
+		b = b[:n-1]
+	}
+	return b, nil
+}
+
+// readError turns an error from reading the input into the error to return:
+// a SyntaxError for corrupt or truncated gzip data, otherwise the error
+// wrapped with the place where it happened.
+func (r *Reader) readError(err error) error {
+	line := r.line + 1
+	if r.gz {
+		var corrupt flate.CorruptInputError
+		switch {
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return &SyntaxError{Name: r.name, Line: line, Msg: "truncated gzip stream", Err: err}
+		case errors.Is(err, gzip.ErrChecksum), errors.Is(err, gzip.ErrHeader), errors.As(err, &corrupt):
+			return &SyntaxError{Name: r.name, Line: line, Msg: "corrupt gzip data", Err: err}
+		}
+	}
+	return fmt.Errorf("%s: %w", where(r.name, line), err)
+}
+
+// syntaxError returns a SyntaxError at the current line.
+func (r *Reader) syntaxError(format string, args ...any) error {
+	return &SyntaxError{Name: r.name, Line: r.line, Msg: fmt.Sprintf(format, args...)}
+}
+
+// parse parses and checks one line after the header. skip reports a blank
+// or comment line.
+func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error) {
+	// Split into fields by hand: strings.Fields would allocate per line.
+	var f [5][]byte
+	n := 0
+	for i := 0; ; {
+		for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
+			i++
+		}
+		if i == len(line) {
+			break
+		}
+		j := i
+		for j < len(line) && line[j] != ' ' && line[j] != '\t' {
+			j++
+		}
+		if n < len(f) {
+			f[n] = line[i:j]
+		}
+		n++
+		i = j
+	}
+	if n == 0 || f[0][0] == '#' {
+		return Event{}, -1, true, nil
+	}
+
+	var want int
+	switch {
+	case len(f[0]) == 1 && f[0][0] == byte(Alloc):
+		want = 5
+	case len(f[0]) == 1 && f[0][0] == byte(Free):
+		want = 3
+	default:
+		return Event{}, -1, false, r.syntaxError("unknown event kind %s; want \"a\" (a ID SIZE STREAM T_US) or \"f\" (f ID T_US)", quote(f[0]))
+	}
+	kind := Kind(f[0][0])
+	if n != want {
+		form := "a ID SIZE STREAM T_US"
+		if kind == Free {
+			form = "f ID T_US"
+		}
+		return Event{}, -1, false, r.syntaxError("%s event with %d fields; want %d: %s", kind, n, want, form)
+	}
+
+	ev.Kind = kind
+	if ev.ID, err = r.number(kind, nil, "ID", f[1]); err != nil {
+		return Event{}, -1, false, err
+	}
+	tf := f[2]
+	if kind == Alloc {
+		if ev.Size, err = r.number(kind, f[1], "SIZE", f[2]); err != nil {
+			return Event{}, -1, false, err
+		}
+		if ev.Stream, err = r.number(kind, f[1], "STREAM", f[3]); err != nil {
+			return Event{}, -1, false, err
+		}
+		tf = f[4]
+	}
+	if ev.TimeUS, err = r.number(kind, f[1], "T_US", tf); err != nil {
+		return Event{}, -1, false, err
+	}
+
+	if ev.TimeUS < r.lastT {
+		return Event{}, -1, false, r.syntaxError("%s %d: time %d us is before the previous event's %d us; time must not go backwards",
+			kind, ev.ID, ev.TimeUS, r.lastT)
+	}
+
+	s, known := r.ids.get(ev.ID)
+	if kind == Alloc {
+		switch {
+		case ev.Size == 0:
+			return Event{}, -1, false, r.syntaxError("a %d: SIZE is 0", ev.ID)
+		case ev.Size > MaxSize:
+			return Event{}, -1, false, r.syntaxError("a %d: SIZE %d is larger than 1 PiB, not a plausible request", ev.ID, ev.Size)
+		case known:
+			return Event{}, -1, false, r.syntaxError("a %d: request %d was already allocated at line %d", ev.ID, ev.ID, r.reqs[s].allocLine)
+		case len(r.reqs) >= math.MaxInt32:
+			return Event{}, -1, false, r.syntaxError("a %d: more than %d requests", ev.ID, math.MaxInt32)
+		}
+		s = int32(len(r.reqs))
+		r.reqs = append(grow(r.reqs), request{allocLine: r.line})
+		r.ids.put(ev.ID, s)
+	} else {
+		switch {
+		case !known:
+			return Event{}, -1, false, r.syntaxError("f %d: request %d was never allocated", ev.ID, ev.ID)
+		case r.reqs[s].freeLine != 0:
+			return Event{}, -1, false, r.syntaxError("f %d: request %d was already freed at line %d", ev.ID, ev.ID, r.reqs[s].freeLine)
+		}
+		r.reqs[s].freeLine = r.line
+	}
+	r.lastT = ev.TimeUS
+	return ev, s, false, nil
+}
+
+// number parses field b, named field, of an event of the given kind whose ID
+// field is id (nil while parsing the ID itself).
+func (r *Reader) number(kind Kind, id []byte, field string, b []byte) (uint64, error) {
+	var v uint64
+	for i, c := range b {
+		d := uint64(c - '0')
+		if d > 9 {
+			return 0, r.numberError(kind, id, field, b)
+		}
+		if i >= 19 && (v > (math.MaxUint64-d)/10) {
+			return 0, r.syntaxError("%s%s %s overflows 64 bits", eventPrefix(kind, id), field, quote(b))
+		}
+		v = v*10 + d
+	}
+	return v, nil
+}
+
+func (r *Reader) numberError(kind Kind, id []byte, field string, b []byte) error {
+	what := "is not a decimal number"
+	if b[0] == '-' && len(b) > 1 {
+		what = "is negative"
+		for _, c := range b[1:] {
+			if c < '0' || c > '9' {
+				what = "is not a decimal number"
+				break
+			}
+		}
+	}
+	return r.syntaxError("%s%s %s %s", eventPrefix(kind, id), field, quote(b), what)
+}
+
+// eventPrefix returns "a 12: " for an event whose ID field is known.
+func eventPrefix(kind Kind, id []byte) string {
+	if id == nil {
+		return kind.String() + ": "
+	}
+	return kind.String() + " " + string(id) + ": "
+}
+
+// quote quotes b for an error message, shortened if long.
+func quote(b []byte) string {
+	const max = 40
+	if len(b) > max {
+		return fmt.Sprintf("%q...", b[:max])
+	}
+	return fmt.Sprintf("%q", b)
+}
+
+// idTable maps request IDs to slots. IDs that count up from 0, as in every
+// recorded trace, live in a slice indexed by ID; IDs far beyond the number of
+// requests seen go to a map, so that memory stays proportional to the number
+// of requests whatever the IDs.
+type idTable struct {
+	dense  []int32 // by ID: slot+1, or 0 for none
+	sparse map[uint64]int32
+	n      int // entries
+}
+
+func (t *idTable) get(id uint64) (int32, bool) {
+	if id < uint64(len(t.dense)) {
+		if s := t.dense[id]; s != 0 {
+			return s - 1, true
+		}
+	}
+	if t.sparse != nil {
+		s, ok := t.sparse[id]
+		return s, ok
+	}
+	return 0, false
+}
+
+// put records id, which must not be present, at slot s.
+func (t *idTable) put(id uint64, s int32) {
+	t.n++
+	l := uint64(len(t.dense))
+	switch {
+	case id == l:
+		t.dense = append(grow(t.dense), s+1)
+	case id < l:
+		t.dense[id] = s + 1
+	case id < 2*uint64(t.n)+1024:
+		t.dense = append(t.dense, make([]int32, id-l+1)...)
+		t.dense[id] = s + 1
+	default:
+		if t.sparse == nil {
+			t.sparse = make(map[uint64]int32)
+		}
+		t.sparse[id] = s
+	}
+}
+
+// grow returns s with room for at least one more element, doubling its
+// capacity when full. Plain append grows large slices by only 1.25x, which
+// for the per-request tables of a long trace costs several copies of each.
+func grow[T any](s []T) []T {
+	if len(s) < cap(s) {
+		return s
+	}
+	return slices.Grow(s, max(len(s), 256))
+}

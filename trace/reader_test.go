@@ -1,0 +1,391 @@
+package trace
+
+import (
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const hdr = "# gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US\n"
+
+func gzipBytes(t testing.TB, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	if _, err := zw.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestReadBadInput(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		line int
+		msg  string // substring of the message
+	}{
+		{"empty", "", 1, "missing header"},
+		{"no header", "a 0 1 0 0\n", 1, `missing header line "# gpumem-trace v1"; got "a 0 1 0 0"`},
+		{"blank before header", "\n" + hdr, 1, "missing header"},
+		{"wrong version", "# gpumem-trace v2: a ID SIZE STREAM T_US\n", 1, "unsupported format"},
+		{"version prefix", "# gpumem-trace v10\n", 1, "unsupported format"},
+		{"unknown kind", hdr + "a 0 1 0 0\nx 1 2\n", 3, `unknown event kind "x"`},
+		{"long kind", hdr + "alloc 0 1 0 0\n", 2, `unknown event kind "alloc"`},
+		{"upper kind", hdr + "A 0 1 0 0\n", 2, `unknown event kind "A"`},
+		{"alloc 4 fields", hdr + "a 0 1 0\n", 2, "a event with 4 fields; want 5"},
+		{"alloc 6 fields", hdr + "a 0 1 0 0 0\n", 2, "a event with 6 fields; want 5"},
+		{"alloc 1 field", hdr + "a\n", 2, "a event with 1 fields; want 5"},
+		{"free 2 fields", hdr + "a 0 1 0 0\nf 0\n", 3, "f event with 2 fields; want 3"},
+		{"free 5 fields", hdr + "a 0 1 0 0\nf 0 1 0 5\n", 3, "f event with 5 fields; want 3"},
+		{"bad id", hdr + "a x 1 0 0\n", 2, `a: ID "x" is not a decimal number`},
+		{"bad size", hdr + "a 3 1k 0 0\n", 2, `a 3: SIZE "1k" is not a decimal number`},
+		{"bad stream", hdr + "a 3 1 0x7 0\n", 2, `a 3: STREAM "0x7" is not a decimal number`},
+		{"bad time", hdr + "a 3 1 0 1.5\n", 2, `a 3: T_US "1.5" is not a decimal number`},
+		{"plus sign", hdr + "a 3 +1 0 0\n", 2, `SIZE "+1" is not a decimal number`},
+		{"negative size", hdr + "a 3 -1 0 0\n", 2, `a 3: SIZE "-1" is negative`},
+		{"negative id", hdr + "f -7 0\n", 2, `f: ID "-7" is negative`},
+		{"negative time", hdr + "a 0 1 0 0\nf 0 -5\n", 3, `f 0: T_US "-5" is negative`},
+		{"minus alone", hdr + "a 0 - 0 0\n", 2, `SIZE "-" is not a decimal number`},
+		{"overflow id", hdr + "a 18446744073709551616 1 0 0\n", 2, `ID "18446744073709551616" overflows 64 bits`},
+		{"overflow time", hdr + "a 0 1 0 99999999999999999999\n", 2, "overflows 64 bits"},
+		{"overflow long", hdr + "a 0 1 0 000000000000000000000018446744073709551616\n", 2, "overflows 64 bits"},
+		{"size 0", hdr + "a 0 1 0 0\na 1 0 0 0\n", 3, "a 1: SIZE is 0"},
+		{"size above 1 PiB", hdr + "a 5 1125899906842625 0 0\n", 2, "a 5: SIZE 1125899906842625 is larger than 1 PiB"},
+		{"duplicate alloc", hdr + "a 0 1 0 0\na 1 1 0 0\na 0 1 0 0\n", 4, "a 0: request 0 was already allocated at line 2"},
+		{"realloc after free", hdr + "a 0 1 0 0\nf 0 1\na 0 1 0 2\n", 4, "a 0: request 0 was already allocated at line 2"},
+		{"free never allocated", hdr + "a 0 1 0 0\nf 77 1\n", 3, "f 77: request 77 was never allocated"},
+		{"free huge id", hdr + "a 0 1 0 0\nf 18446744073709551615 1\n", 3, "f 18446744073709551615: request 18446744073709551615 was never allocated"},
+		{"double free", hdr + "a 0 1 0 0\nf 0 1\nf 0 2\n", 4, "f 0: request 0 was already freed at line 3"},
+		{"double free sparse", hdr + "a 99999999 1 0 0\nf 99999999 1\nf 99999999 2\n", 4, "f 99999999: request 99999999 was already freed at line 3"},
+		{"time backwards alloc", hdr + "a 0 1 0 10\na 1 1 0 9\n", 3, "a 1: time 9 us is before the previous event's 10 us"},
+		{"time backwards free", hdr + "a 0 1 0 10\nf 0 3\n", 3, "f 0: time 3 us is before the previous event's 10 us"},
+		{"line counts comments", hdr + "# note\n\na 0 1 0 0\n   \n# x\nf 1 1\n", 7, "f 1: request 1 was never allocated"},
+		{"crlf", hdr + "a 0 1 0 0\r\nf 1 1\r\n", 3, "f 1: request 1 was never allocated"},
+		{"no final newline", hdr + "a 0 1 0 0\nf 0", 3, "f event with 2 fields"},
+		{"line too long", hdr + "# " + strings.Repeat("x", maxLine) + "\n", 2, "line longer than"},
+		{"nul byte", hdr + "a 0 1\x00 0 0\n", 2, `SIZE "1\x00" is not a decimal number`},
+	}
+	for _, tt := range tests {
+		for _, compressed := range []bool{false, true} {
+			name := tt.name
+			in := []byte(tt.in)
+			if compressed {
+				name += "/gzip"
+				in = gzipBytes(t, in)
+			}
+			t.Run(name, func(t *testing.T) {
+				tr, err := Read(bytes.NewReader(in), "x.trace.gz")
+				if err == nil {
+					t.Fatalf("Read accepted the input (%d events)", len(tr.Events))
+				}
+				if !errors.Is(err, ErrSyntax) {
+					t.Fatalf("error %v does not match ErrSyntax", err)
+				}
+				var se *SyntaxError
+				if !errors.As(err, &se) {
+					t.Fatalf("error %v is a %T, not a *SyntaxError", err, err)
+				}
+				if se.Line != tt.line {
+					t.Errorf("line %d, want %d (error %v)", se.Line, tt.line, err)
+				}
+				if se.Name != "x.trace.gz" {
+					t.Errorf("name %q, want x.trace.gz", se.Name)
+				}
+				if !strings.Contains(se.Msg, tt.msg) {
+					t.Errorf("message %q does not contain %q", se.Msg, tt.msg)
+				}
+				prefix := "trace x.trace.gz:" + strconv.Itoa(tt.line) + ": "
+				if !strings.HasPrefix(err.Error(), prefix) {
+					t.Errorf("error %q does not start with %q", err, prefix)
+				}
+
+				// The streaming Reader reports the same error.
+				rd, err2 := NewReader(bytes.NewReader(in))
+				for err2 == nil {
+					_, err2 = rd.Next()
+				}
+				if !errors.As(err2, &se) || se.Line != tt.line || !strings.Contains(se.Msg, tt.msg) {
+					t.Errorf("Reader: %v; want line %d, %q", err2, tt.line, tt.msg)
+				}
+				if se.Name != "" || !strings.HasPrefix(err2.Error(), "trace: line "+strconv.Itoa(tt.line)+": ") {
+					t.Errorf("Reader error %q: want no name", err2)
+				}
+			})
+		}
+	}
+}
+
+func TestErrorString(t *testing.T) {
+	_, err := Read(strings.NewReader(hdr+"a 0 1 0 0\nf 77 1\n"), "gpt2.trace.gz")
+	const want = "trace gpt2.trace.gz:3: f 77: request 77 was never allocated"
+	if err == nil || err.Error() != want {
+		t.Fatalf("error %v, want %q", err, want)
+	}
+}
+
+func TestReadGood(t *testing.T) {
+	const maxU = "18446744073709551615"
+	tests := []struct {
+		name    string
+		in      string
+		want    []Event
+		slots   []int32
+		peak    uint64
+		streams []uint64
+	}{
+		{
+			name:    "header only",
+			in:      hdr,
+			peak:    0,
+			streams: nil,
+		},
+		{
+			name:    "bare header",
+			in:      "# gpumem-trace v1",
+			streams: nil,
+		},
+		{
+			name: "readme example",
+			in:   hdr + "a 0 154389504 0 4\na 1 3145728 0 31442\nf 1 31502\n",
+			want: []Event{
+				{Alloc, 0, 154389504, 0, 4},
+				{Alloc, 1, 3145728, 0, 31442},
+				{Free, 1, 0, 0, 31502},
+			},
+			slots:   []int32{0, 1, 1},
+			peak:    157535232,
+			streams: []uint64{0},
+		},
+		{
+			name: "spacing comments crlf no final newline",
+			in:   "# gpumem-trace v1\r\n# comment\n\n\t a\t0  10 7 0 \r\n  #x\na 1 20 0 0\nf 0 5\na 2 1 7 6\nf 2 6",
+			want: []Event{
+				{Alloc, 0, 10, 7, 0},
+				{Alloc, 1, 20, 0, 0},
+				{Free, 0, 0, 0, 5},
+				{Alloc, 2, 1, 7, 6},
+				{Free, 2, 0, 0, 6},
+			},
+			slots:   []int32{0, 1, 0, 2, 2},
+			peak:    30,
+			streams: []uint64{7, 0},
+		},
+		{
+			name: "sparse and extreme ids",
+			in: hdr + "a " + maxU + " 1125899906842624 " + maxU + " 0\na 5 2 0 1\na 4000 3 9 1\n" +
+				"f " + maxU + " 2\na 0 4 " + maxU + " 3\nf 4000 " + maxU + "\n",
+			want: []Event{
+				{Alloc, math.MaxUint64, MaxSize, math.MaxUint64, 0},
+				{Alloc, 5, 2, 0, 1},
+				{Alloc, 4000, 3, 9, 1},
+				{Free, math.MaxUint64, 0, 0, 2},
+				{Alloc, 0, 4, math.MaxUint64, 3},
+				{Free, 4000, 0, 0, math.MaxUint64},
+			},
+			slots:   []int32{0, 1, 2, 0, 3, 2},
+			peak:    MaxSize + 5,
+			streams: []uint64{math.MaxUint64, 0, 9},
+		},
+		{
+			name: "leading zeros",
+			in:   hdr + "a 007 0000000000000000000000000001 0 00\nf 7 1\n",
+			want: []Event{
+				{Alloc, 7, 1, 0, 0},
+				{Free, 7, 0, 0, 1},
+			},
+			slots:   []int32{0, 0},
+			peak:    1,
+			streams: []uint64{0},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, in := range [][]byte{[]byte(tt.in), gzipBytes(t, []byte(tt.in))} {
+				tr, err := Read(bytes.NewReader(in), "dir/t.txt")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tr.Name != "t" {
+					t.Errorf("Name %q, want t", tr.Name)
+				}
+				if !slices.Equal(tr.Events, tt.want) {
+					t.Errorf("events\n%v\nwant\n%v", tr.Events, tt.want)
+				}
+				if !slices.Equal(tr.Slot, tt.slots) {
+					t.Errorf("slots %v, want %v", tr.Slot, tt.slots)
+				}
+				if tr.PeakLiveBytes != tt.peak {
+					t.Errorf("peak %d, want %d", tr.PeakLiveBytes, tt.peak)
+				}
+				if !slices.Equal(tr.Streams, tt.streams) {
+					t.Errorf("streams %v, want %v", tr.Streams, tt.streams)
+				}
+				allocs := 0
+				for _, e := range tt.want {
+					if e.Kind == Alloc {
+						allocs++
+					}
+				}
+				if tr.Requests != allocs {
+					t.Errorf("Requests %d, want %d", tr.Requests, allocs)
+				}
+			}
+		})
+	}
+}
+
+func TestLiveBytesOverflow(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(hdr)
+	n := 1 << 14 // 2^14 requests of 1 PiB = 2^64 bytes
+	for i := range n {
+		b.WriteString("a " + strconv.Itoa(i) + " 1125899906842624 0 0\n")
+	}
+	_, err := Read(strings.NewReader(b.String()), "")
+	var se *SyntaxError
+	if !errors.As(err, &se) || se.Line != n+1 || !strings.Contains(se.Msg, "more than 2^64 bytes") {
+		t.Fatalf("error %v; want an overflow at line %d", err, n+1)
+	}
+}
+
+func TestTruncatedGzip(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(hdr)
+	for i := range 20000 {
+		b.WriteString("a " + strconv.Itoa(i) + " " + strconv.Itoa(i*7919%100000+1) + " 0 " + strconv.Itoa(i) + "\n")
+	}
+	full := gzipBytes(t, []byte(b.String()))
+	if _, err := Read(bytes.NewReader(full), "t.gz"); err != nil {
+		t.Fatal(err)
+	}
+	for _, cut := range []int{2, 5, 10, 30, len(full) / 2, len(full) - 8, len(full) - 1} {
+		t.Run(strconv.Itoa(cut), func(t *testing.T) {
+			_, err := Read(bytes.NewReader(full[:cut]), "t.gz")
+			var se *SyntaxError
+			if !errors.As(err, &se) || !errors.Is(err, ErrSyntax) {
+				t.Fatalf("error %v; want a *SyntaxError", err)
+			}
+			if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(se.Msg, "truncated gzip") {
+				t.Errorf("error %v; want a truncated gzip stream", err)
+			}
+			if se.Line < 1 || se.Line > 20002 {
+				t.Errorf("line %d out of range", se.Line)
+			}
+		})
+	}
+}
+
+func TestCorruptGzip(t *testing.T) {
+	in := []byte(hdr + strings.Repeat("a 0 1 0 0\nf 0 1\n", 1)) // valid
+	z := gzipBytes(t, in)
+	tests := []struct {
+		name string
+		z    []byte
+	}{
+		{"checksum", append(slices.Clone(z[:len(z)-8]), 0, 0, 0, 0, 0, 0, 0, 0)},
+		{"bad header", []byte{0x1f, 0x8b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+		{"trailing garbage", append(slices.Clone(z), "garbage!"...)},
+		{"bad deflate", append(slices.Clone(z[:10]), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Read(bytes.NewReader(tt.z), "t.gz")
+			var se *SyntaxError
+			if !errors.As(err, &se) {
+				t.Fatalf("error %v; want a *SyntaxError", err)
+			}
+			if se.Err == nil || !strings.Contains(se.Msg, "gzip") {
+				t.Errorf("error %v; want a gzip error", err)
+			}
+		})
+	}
+}
+
+// failReader returns data, then a non-EOF error.
+type failReader struct {
+	data []byte
+	err  error
+}
+
+func (r *failReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, r.err
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func TestIOErrorIsNotSyntax(t *testing.T) {
+	boom := errors.New("boom")
+	for _, in := range [][]byte{nil, {0x1f}, []byte(hdr + "a 0 1 0 0\n"), gzipBytes(t, []byte(hdr+"a 0 1 0 0\n"))[:20]} {
+		_, err := Read(&failReader{data: in, err: boom}, "t")
+		if !errors.Is(err, boom) {
+			t.Errorf("error %v does not wrap the read error", err)
+		}
+		if errors.Is(err, ErrSyntax) {
+			t.Errorf("read error %v matches ErrSyntax", err)
+		}
+	}
+}
+
+func TestReaderStream(t *testing.T) {
+	rd, err := NewReader(strings.NewReader(hdr + "a 0 1 0 0\nf 0 1\nf 0 2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Event{{Alloc, 0, 1, 0, 0}, {Free, 0, 0, 0, 1}}
+	for i, w := range want {
+		ev, err := rd.Next()
+		if err != nil || ev != w {
+			t.Fatalf("event %d: %v, %v; want %v", i, ev, err, w)
+		}
+	}
+	_, err = rd.Next()
+	if !errors.Is(err, ErrSyntax) {
+		t.Fatalf("got %v, want a syntax error", err)
+	}
+	if _, err2 := rd.Next(); err2 != err {
+		t.Errorf("second Next after error: %v, want the same %v", err2, err)
+	}
+
+	rd, _ = NewReader(strings.NewReader(hdr))
+	for range 2 {
+		if _, err := rd.Next(); err != io.EOF {
+			t.Errorf("Next at end: %v, want io.EOF", err)
+		}
+	}
+}
+
+func TestIDTableDense(t *testing.T) {
+	// Sequential IDs stay in the slice; wild ones go to the map.
+	var tab idTable
+	for i := range 1000 {
+		tab.put(uint64(i), int32(i))
+	}
+	tab.put(1<<40, 1000)
+	tab.put(1500, 1001) // within reach of the slice
+	if tab.sparse == nil || len(tab.sparse) != 1 || len(tab.dense) != 1501 {
+		t.Errorf("dense %d, sparse %d; want 1501, 1", len(tab.dense), len(tab.sparse))
+	}
+	for id, want := range map[uint64]int32{0: 0, 999: 999, 1 << 40: 1000, 1500: 1001} {
+		if s, ok := tab.get(id); !ok || s != want {
+			t.Errorf("get(%d) = %d, %v; want %d", id, s, ok, want)
+		}
+	}
+	for _, id := range []uint64{1000, 1499, 1501, 1<<40 - 1, math.MaxUint64} {
+		if _, ok := tab.get(id); ok {
+			t.Errorf("get(%d) found an entry", id)
+		}
+	}
+}
