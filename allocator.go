@@ -42,7 +42,6 @@ type Allocator struct {
 	// counters of device work; see Stats.
 	c counters
 
-	ops      atomic.Uint64 // allocs+frees, for idle detection
 	closed   atomic.Bool
 	stopIdle chan struct{}
 	idleDone chan struct{}
@@ -175,8 +174,9 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 	p.nallocs++
 	b.id = p.nallocs
 	if a.cfg.RecordSites {
-		b.site = callers()
-		b.created = time.Now().UnixNano()
+		x := b.extra()
+		x.site = callers()
+		x.created = time.Now().UnixNano()
 	}
 	buf := Buffer{ptr: device.Ptr(b.addr), size: size, b: b, gen: b.gen}
 	if a.check {
@@ -240,12 +240,13 @@ func (a *Allocator) RecordStream(buf Buffer, s device.Stream) error {
 	if s == p.stream {
 		return nil
 	}
-	for _, u := range b.uses {
+	x := b.extra()
+	for _, u := range x.uses {
 		if u == s {
 			return nil
 		}
 	}
-	b.uses = append(b.uses, s)
+	x.uses = append(x.uses, s)
 	return nil
 }
 
@@ -276,13 +277,11 @@ func (a *Allocator) poolFor(s device.Stream) *pool {
 func (a *Allocator) allPools() []*pool { return *a.pools.Load() }
 
 func (a *Allocator) noteAlloc(size, req uint64) {
-	a.ops.Add(1)
 	maxTo(&a.peakAllocated, a.allocated.Add(req))
 	maxTo(&a.peakActive, a.active.Add(size))
 }
 
 func (a *Allocator) noteFree(size, req uint64) {
-	a.ops.Add(1)
 	a.allocated.Add(-req)
 	a.active.Add(-size)
 }
@@ -402,17 +401,29 @@ func (a *Allocator) Close() error {
 	return errors.Join(errs...)
 }
 
+// opCount is the number of allocs and frees so far, read pool by pool (the
+// hot path keeps its counts under the pool's lock, not in a shared atomic).
+func (a *Allocator) opCount() uint64 {
+	var n uint64
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		n += p.nallocs + p.nfrees
+		p.mu.Unlock()
+	}
+	return n
+}
+
 func (a *Allocator) idleLoop(d time.Duration) {
 	defer close(a.idleDone)
 	tick := time.NewTicker(d / 4)
 	defer tick.Stop()
-	last, since := a.ops.Load(), time.Now()
+	last, since := a.opCount(), time.Now()
 	for {
 		select {
 		case <-a.stopIdle:
 			return
 		case now := <-tick.C:
-			if n := a.ops.Load(); n != last {
+			if n := a.opCount(); n != last {
 				last, since = n, now
 				continue
 			}

@@ -56,14 +56,38 @@ type block struct {
 	state blockState
 	gen   uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
-	id      uint64          // allocation sequence number (snapshots, traces)
+	id    uint64 // allocation sequence number on its stream (snapshots)
+	scope *Scope // owning scope, or nil
+	sprev *block // scope list, guarded by scope.mu
+	snext *block
+	x     *blockExtra // rarely used state, kept out of the hot cache lines
+}
+
+// blockExtra holds what only some blocks need. It is allocated on first
+// use and kept with the node when the node is recycled.
+type blockExtra struct {
 	uses    []device.Stream // other streams that used this buffer (RecordStream)
 	events  []device.Event  // pending: events to wait for before reuse
-	scope   *Scope          // owning scope, or nil
-	sprev   *block          // scope list, guarded by scope.mu
-	snext   *block
-	site    []uintptr // allocation call stack, when recorded
-	created int64     // allocation time, UnixNano, when sites are recorded
+	site    []uintptr       // allocation call stack, when recorded
+	created int64           // allocation time, UnixNano, when sites are recorded
+}
+
+func (b *block) extra() *blockExtra {
+	if b.x == nil {
+		b.x = new(blockExtra)
+	}
+	return b.x
+}
+
+// hasUses reports whether RecordStream named other streams.
+func (b *block) hasUses() bool { return b.x != nil && len(b.x.uses) > 0 }
+
+// site returns the recorded allocation stack, or nil.
+func (b *block) site() []uintptr {
+	if b.x == nil {
+		return nil
+	}
+	return b.x.site
 }
 
 func (b *block) end() uint64 { return b.addr + b.size }

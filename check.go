@@ -187,31 +187,44 @@ func (p *pool) check() error {
 	if nmapped != p.nmapped {
 		bad("%d chunks mapped, pool counts %d", nmapped, p.nmapped)
 	}
-	// The empty list holds exactly the mapped chunks with no live block.
-	ne := 0
-	var prev *chunk
-	for c := p.empty.head; c != nil; prev, c = c, c.next {
-		ne++
-		if c.prev != prev || !c.mapped || c.live != 0 || c.seg.heap.pool != p {
-			bad("empty list: chunk %d of 0x%x is wrongly listed (mapped %v live %d)", c.idx, c.seg.base, c.mapped, c.live)
-		}
-		if ne > p.nmapped+1 {
-			bad("empty list longer than the mapped chunks: cycle?")
-			break
-		}
-	}
-	want := 0
+	// The empty lists hold exactly the mapped chunks with no live block,
+	// oldest first.
+	total := 0
 	for k := range p.heaps {
 		for _, seg := range p.heaps[k].segs {
+			ne, want := 0, 0
+			prev, lastSeq := int32(-1), uint64(0)
+			for i := seg.empty.head; i >= 0; prev, i = i, seg.chunks[i].next {
+				c := &seg.chunks[i]
+				ne++
+				if c.prev != prev || !c.mapped || c.live != 0 {
+					bad("empty list of 0x%x: chunk %d wrongly listed (mapped %v live %d)", seg.base, i, c.mapped, c.live)
+				}
+				if c.seq < lastSeq {
+					bad("empty list of 0x%x: chunk %d out of age order", seg.base, i)
+				}
+				lastSeq = c.seq
+				if ne > len(seg.chunks) {
+					bad("empty list of 0x%x: cycle", seg.base)
+					break
+				}
+			}
+			if seg.empty.tail != prev {
+				bad("empty list of 0x%x: tail %d, last %d", seg.base, seg.empty.tail, prev)
+			}
 			for i := range seg.chunks {
 				if seg.chunks[i].mapped && seg.chunks[i].live == 0 {
 					want++
 				}
 			}
+			if ne != seg.empty.n || ne != want {
+				bad("empty list of 0x%x has %d chunks, counts %d, mapped empty chunks %d", seg.base, ne, seg.empty.n, want)
+			}
+			total += ne
 		}
 	}
-	if ne != p.empty.n || ne != want {
-		bad("empty list has %d chunks, counts %d, mapped empty chunks %d", ne, p.empty.n, want)
+	if total != p.nempty {
+		bad("pool counts %d empty chunks, lists hold %d", p.nempty, total)
 	}
 	np := 0
 	for b := p.pending; b != nil; b = b.fnext {

@@ -33,10 +33,11 @@ type pool struct {
 	pending  *block // freed blocks waiting for events, linked through fnext
 	npending int
 
-	// empty lists this pool's chunks that are mapped but hold no live
-	// block, oldest first (ModeVirtual). They still count as reserved; a
-	// pool that needs physical memory takes them (see physical).
-	empty               chunkList
+	// nempty counts this pool's chunks that are mapped but hold no live
+	// block (ModeVirtual), listed oldest first on their segment's empty
+	// list. They still count as reserved; a pool that needs physical
+	// memory takes them (see physical).
+	nempty              int
 	emptySeq, fencedSeq uint64 // chunk emptyings so far / covered by the last fence
 	fenceEv             device.Event
 	haveFenceEv         bool
@@ -65,7 +66,8 @@ type segment struct {
 	virtual  bool
 	prealloc bool // plain preallocation: kept until Trim or Close
 	first    *block
-	chunks   []chunk // virtual: one per granule
+	chunks   []chunk   // virtual: one per granule
+	empty    chunkList // virtual: mapped chunks with no live block
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -197,14 +199,14 @@ func (p *pool) carve(h *heap, b *block, rounded uint64) *block {
 // freeBlock returns an allocated block: at once if only its own stream used
 // it, else after events recorded now on the other streams complete.
 func (p *pool) freeBlock(b *block) {
-	if len(b.uses) > 0 {
+	if b.hasUses() {
 		if err := p.deferFree(b); err == nil {
 			return
 		}
 		// Without events (or if recording failed) fall back to waiting
 		// for the whole device now: slower, never unsafe.
 		_ = p.a.syncDevice()
-		b.uses = b.uses[:0]
+		b.x.uses = b.x.uses[:0]
 	}
 	b.req = 0
 	p.release(b, true)
@@ -217,7 +219,10 @@ func (p *pool) release(b *block, occupied bool) {
 	if b.seg.virtual && occupied {
 		p.vacate(b)
 	}
-	b.state, b.req, b.scope, b.site = blockFree, 0, nil, nil
+	b.state, b.req, b.scope = blockFree, 0, nil
+	if b.x != nil {
+		b.x.site = nil
+	}
 	if n := b.next; n != nil && n.state == blockFree {
 		h.remove(n)
 		b.size += n.size
@@ -247,19 +252,18 @@ func (p *pool) deferFree(b *block) error {
 	if ev == nil {
 		return device.ErrUnsupported
 	}
-	for _, s := range b.uses {
+	x := b.x
+	for _, s := range x.uses {
 		e, err := p.event()
 		if err == nil {
 			err = ev.Record(e, s)
 		}
 		if err != nil {
-			for _, e := range b.events {
-				p.spareEvents = append(p.spareEvents, e)
-			}
-			b.events = b.events[:0]
+			p.spareEvents = append(p.spareEvents, x.events...)
+			x.events = x.events[:0]
 			return err
 		}
-		b.events = append(b.events, e)
+		x.events = append(x.events, e)
 	}
 	b.state = blockPending
 	b.req = 0
@@ -278,7 +282,7 @@ func (p *pool) processPending(wait bool) error {
 	for b := p.pending; b != nil; {
 		next := b.fnext
 		done := true
-		for _, e := range b.events {
+		for _, e := range b.x.events {
 			var ok bool
 			var err error
 			if wait {
@@ -302,8 +306,8 @@ func (p *pool) processPending(wait bool) error {
 		}
 		*link = next
 		p.npending--
-		p.spareEvents = append(p.spareEvents, b.events...)
-		b.events, b.uses = b.events[:0], b.uses[:0]
+		p.spareEvents = append(p.spareEvents, b.x.events...)
+		b.x.events, b.x.uses = b.x.events[:0], b.x.uses[:0]
 		b.fnext = nil
 		p.release(b, true)
 		b = next
@@ -376,8 +380,11 @@ func (p *pool) newBlock() *block {
 }
 
 func (p *pool) putBlock(b *block) {
-	gen := b.gen
-	*b = block{pool: p, bin: -1, gen: gen + 1, uses: b.uses[:0], events: b.events[:0]}
+	gen, x := b.gen, b.x
+	if x != nil {
+		x.uses, x.events, x.site = x.uses[:0], x.events[:0], nil
+	}
+	*b = block{pool: p, bin: -1, gen: gen + 1, x: x}
 	b.fnext = p.spare
 	p.spare = b
 }
@@ -441,12 +448,12 @@ func heapName(kind int) string {
 // addSegment makes a segment of [base, base+size) with one free block.
 func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 	p := h.pool
-	seg := &segment{heap: h, base: base, size: size, virtual: virtual}
+	seg := &segment{heap: h, base: base, size: size, virtual: virtual, empty: chunkList{head: -1, tail: -1}}
 	if virtual {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)
 		for i := range seg.chunks {
-			seg.chunks[i] = chunk{seg: seg, idx: uint32(i)}
+			seg.chunks[i].prev, seg.chunks[i].next = -1, -1
 		}
 	}
 	b := p.newBlock()

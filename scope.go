@@ -271,9 +271,9 @@ func (p *pool) leakOf(b *block) LeakedBuffer {
 	if b.scope != nil {
 		l.Scope = b.scope.Name()
 	}
-	if b.site != nil {
-		l.Site = formatSite(b.site)
-		l.Age = time.Duration(time.Now().UnixNano() - b.created)
+	if site := b.site(); site != nil {
+		l.Site = formatSite(site)
+		l.Age = time.Duration(time.Now().UnixNano() - b.x.created)
 	}
 	return l
 }

@@ -57,12 +57,11 @@ func (a *Allocator) Snapshot() Snapshot {
 				if seg.virtual {
 					ss.Kind, ss.MappedBytes = "virtual", 0
 					for i := range seg.chunks {
-						c := &seg.chunks[i]
-						if !c.mapped {
+						if !seg.chunks[i].mapped {
 							continue
 						}
 						ss.MappedBytes += a.gran
-						lo := c.addr(a.gran)
+						lo := seg.chunkAddr(i, a.gran)
 						if n := len(ss.Mapped); n > 0 && ss.Mapped[n-1][1] == lo {
 							ss.Mapped[n-1][1] = lo + a.gran
 						} else {
@@ -78,8 +77,8 @@ func (a *Allocator) Snapshot() Snapshot {
 					if b.scope != nil {
 						bs.Scope = b.scope.Name()
 					}
-					if b.site != nil {
-						bs.Site = formatSite(b.site)
+					if site := b.site(); site != nil {
+						bs.Site = formatSite(site)
 					}
 					ss.Blocks = append(ss.Blocks, bs)
 				}

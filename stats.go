@@ -130,12 +130,12 @@ func (h *heap) largestFree() uint64 {
 			c0, c1 := seg.chunkSpan(b.addr, b.size, gran)
 			var run uint64
 			for i := c0; i <= c1; i++ {
-				c := &seg.chunks[i]
-				if !c.mapped {
+				if !seg.chunks[i].mapped {
 					run = 0
 					continue
 				}
-				lo, hi := c.addr(gran), c.addr(gran)+gran
+				lo := seg.chunkAddr(i, gran)
+				hi := lo + gran
 				lo, hi = max(lo, b.addr), min(hi, b.end())
 				run += hi - lo
 				best = max(best, run)

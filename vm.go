@@ -21,52 +21,59 @@ import (
 //
 //	live == number of non-free blocks that overlap the chunk
 //	live > 0 ⇒ mapped
-//	mapped && live == 0 ⇔ the chunk is on its pool's empty list
+//	mapped && live == 0 ⇔ the chunk is on its segment's empty list
 //	Reserved == Σ plain segment sizes + (mapped chunks + spare handles) × granularity
 //
-// Guarded by the owning pool's mu.
+// Guarded by the owning pool's mu. Chunks hold no Go pointers (links are
+// indices into seg.chunks), so the collector neither scans the arrays nor
+// puts write barriers on the hot path.
 type chunk struct {
-	seg        *segment
-	idx        uint32
 	live       int32
 	mapped     bool
+	prev, next int32 // seg.empty links; -1 for none
 	h          device.Handle
 	seq        uint64 // pool.emptySeq when it last became empty
-	prev, next *chunk // pool.empty
 }
 
-func (c *chunk) addr(gran uint64) uint64 { return c.seg.base + uint64(c.idx)*gran }
+// chunkAddr is the address of chunk i of seg.
+func (seg *segment) chunkAddr(i int, gran uint64) uint64 { return seg.base + uint64(i)*gran }
 
-// chunkList is an intrusive doubly linked list, oldest first.
+// chunkList links a segment's empty chunks, oldest first, by index.
 type chunkList struct {
-	head, tail *chunk
+	head, tail int32
 	n          int
 }
 
-func (l *chunkList) pushBack(c *chunk) {
-	c.prev, c.next = l.tail, nil
-	if l.tail != nil {
-		l.tail.next = c
+func (seg *segment) pushEmpty(i int) {
+	l, ch := &seg.empty, seg.chunks
+	c := &ch[i]
+	c.prev, c.next = l.tail, -1
+	if l.tail >= 0 {
+		ch[l.tail].next = int32(i)
 	} else {
-		l.head = c
+		l.head = int32(i)
 	}
-	l.tail = c
+	l.tail = int32(i)
 	l.n++
+	seg.heap.pool.nempty++
 }
 
-func (l *chunkList) remove(c *chunk) {
-	if c.prev != nil {
-		c.prev.next = c.next
+func (seg *segment) removeEmpty(i int) {
+	l, ch := &seg.empty, seg.chunks
+	c := &ch[i]
+	if c.prev >= 0 {
+		ch[c.prev].next = c.next
 	} else {
 		l.head = c.next
 	}
-	if c.next != nil {
-		c.next.prev = c.prev
+	if c.next >= 0 {
+		ch[c.next].prev = c.prev
 	} else {
 		l.tail = c.prev
 	}
-	c.prev, c.next = nil, nil
+	c.prev, c.next = -1, -1
 	l.n--
+	seg.heap.pool.nempty--
 }
 
 // chunkSpan returns the chunk indices [c0, c1] that [addr, addr+size) touches.
@@ -94,7 +101,7 @@ func (p *pool) occupy(b *block) {
 	for i := c0; i <= c1; i++ {
 		c := &ch[i]
 		if c.live == 0 {
-			p.empty.remove(c)
+			b.seg.removeEmpty(i)
 		}
 		c.live++
 	}
@@ -112,7 +119,7 @@ func (p *pool) vacate(b *block) {
 		if c.live == 0 {
 			p.emptySeq++
 			c.seq = p.emptySeq
-			p.empty.pushBack(c)
+			b.seg.pushEmpty(i)
 		}
 	}
 }
@@ -132,7 +139,7 @@ func (p *pool) back(b *block) error {
 		c := &ch[i]
 		if c.live == 0 {
 			if c.mapped {
-				p.empty.remove(c)
+				b.seg.removeEmpty(i)
 			} else {
 				missing++
 			}
@@ -149,7 +156,7 @@ func (p *pool) back(b *block) error {
 			if c.live == 0 && c.mapped {
 				p.emptySeq++
 				c.seq = p.emptySeq
-				p.empty.pushBack(c)
+				b.seg.pushEmpty(i)
 			}
 		}
 	}
@@ -180,7 +187,7 @@ func (p *pool) back(b *block) error {
 			continue
 		}
 		h := hs[next]
-		if err = a.vm.Map(device.Ptr(c.addr(gran)), gran, h); err != nil {
+		if err = a.vm.Map(device.Ptr(b.seg.chunkAddr(i, gran)), gran, h); err != nil {
 			break
 		}
 		a.c.maps.Add(1)
@@ -200,7 +207,7 @@ func (p *pool) back(b *block) error {
 		for i := c0; i <= c1; i++ {
 			c := &ch[i]
 			if c.mapped && c.live == 1 && containsHandle(hs[:next], c.h) {
-				if uerr := a.vm.Unmap(device.Ptr(c.addr(gran)), gran); uerr == nil {
+				if uerr := a.vm.Unmap(device.Ptr(b.seg.chunkAddr(i, gran)), gran); uerr == nil {
 					a.c.unmaps.Add(1)
 					p.nmapped--
 					c.mapped = false
@@ -234,14 +241,14 @@ func (p *pool) physical() (device.Handle, error) {
 	if h, ok := a.spareHandle(); ok {
 		return h, nil
 	}
-	if p.empty.n > 0 {
+	if p.nempty > 0 {
 		return p.steal()
 	}
 	for _, q := range a.allPools() {
 		if q == p || !q.mu.TryLock() {
 			continue
 		}
-		if q.empty.n > 0 {
+		if q.nempty > 0 {
 			h, err := q.steal()
 			q.mu.Unlock()
 			return h, err
@@ -268,17 +275,26 @@ func (p *pool) physical() (device.Handle, error) {
 // last fence: unmapping is not stream-ordered.
 func (p *pool) steal() (device.Handle, error) {
 	a := p.a
-	c := p.empty.head
+	var seg *segment
+	for k := range p.heaps {
+		for _, s := range p.heaps[k].segs {
+			if s.empty.n > 0 && (seg == nil || s.chunks[s.empty.head].seq < seg.chunks[seg.empty.head].seq) {
+				seg = s
+			}
+		}
+	}
+	i := int(seg.empty.head)
+	c := &seg.chunks[i]
 	if c.seq > p.fencedSeq {
 		if err := p.fence(); err != nil {
 			return 0, err
 		}
 	}
-	if err := a.vm.Unmap(device.Ptr(c.addr(a.gran)), a.gran); err != nil {
+	if err := a.vm.Unmap(device.Ptr(seg.chunkAddr(i, a.gran)), a.gran); err != nil {
 		return 0, err
 	}
 	a.c.unmaps.Add(1)
-	p.empty.remove(c)
+	seg.removeEmpty(i)
 	p.nmapped--
 	c.mapped = false
 	h := c.h
@@ -290,7 +306,7 @@ func (p *pool) steal() (device.Handle, error) {
 // while more than target bytes are cached.
 func (p *pool) releaseEmpty(target uint64) error {
 	a := p.a
-	for p.empty.n > 0 && a.cached() > target {
+	for p.nempty > 0 && a.cached() > target {
 		h, err := p.steal()
 		if err != nil {
 			return err

@@ -1,0 +1,134 @@
+package gpumem_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/replay"
+	"github.com/gpumem/gpumem/trace"
+)
+
+func benchAllocator(b *testing.B, mode gpumem.Mode) *gpumem.Allocator {
+	b.Helper()
+	dev, err := sim.New(sim.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := gpumem.New(dev, gpumem.Config{Mode: mode})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close() })
+	return a
+}
+
+// BenchmarkAllocFree is the cache-hit path: one alloc and one free of the
+// same size, with the cache warm, on one goroutine.
+func BenchmarkAllocFree(b *testing.B) {
+	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
+		for _, size := range []uint64{4 << 10, 1 << 20, 64 << 20} {
+			b.Run(fmt.Sprintf("%s/%s", mode, sizeName(size)), func(b *testing.B) {
+				a := benchAllocator(b, mode)
+				// Keep a neighbour live so the pair does not empty the
+				// whole arena (the common case in a real program).
+				keep, err := a.Alloc(size, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer a.Free(keep)
+				warm, _ := a.Alloc(size, 0)
+				a.Free(warm)
+				before := a.Stats()
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					buf, err := a.Alloc(size, 0)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := a.Free(buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				if d := a.Stats().DeviceCalls() - before.DeviceCalls(); d != 0 {
+					b.Fatalf("cache-hit path made %d device calls", d)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkAllocFreeParallel runs the cache-hit pair on as many goroutines
+// as GOMAXPROCS, each on its own stream.
+func BenchmarkAllocFreeParallel(b *testing.B) {
+	a := benchAllocator(b, gpumem.ModeVirtual)
+	var next atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		s := device.Stream(next.Add(1))
+		keep, err := a.Alloc(1<<20, s)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer a.Free(keep)
+		for pb.Next() {
+			buf, err := a.Alloc(1<<20, s)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			a.Free(buf)
+		}
+	})
+}
+
+// BenchmarkReplay replays each shipped trace (parsed beforehand) on the
+// simulated device in the default configuration and reports events/s.
+func BenchmarkReplay(b *testing.B) {
+	files, _ := filepath.Glob("testdata/traces/*.trace.gz")
+	if len(files) == 0 {
+		b.Skip("no traces in testdata/traces")
+	}
+	for _, f := range files {
+		tr, err := trace.Load(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(tr.Name, func(b *testing.B) {
+			// The replay's loop is timed by replay itself, apart from making
+			// the device and the allocator and from parsing.
+			var ratio, ns float64
+			for i := 0; i < b.N; i++ {
+				dev := sim.MustNew(sim.Config{})
+				r, err := replay.Run(tr, dev, gpumem.Config{}, replay.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ratio = r.Ratio
+				ns += r.NsPerOp
+			}
+			ns /= float64(b.N)
+			b.ReportMetric(ns, "ns/event")
+			b.ReportMetric(1e9/ns, "events/s")
+			b.ReportMetric(ratio, "ratio")
+		})
+	}
+}
+
+func sizeName(n uint64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}
