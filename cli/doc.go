@@ -1,0 +1,30 @@
+// Package cli is the gpumem command line: Main runs it with the arguments,
+// output and error streams given, so that cmd/gpumem stays a one-line
+// wrapper and tests run the commands in process.
+//
+// The commands are
+//
+//	gpumem replay [flags] TRACE...   replay allocation traces through the
+//	                                 allocator on the GPU or a simulated
+//	                                 device, and report peak memory,
+//	                                 fragmentation (peak reserved / peak
+//	                                 live), OOMs, mappings and speed
+//	gpumem devices [--json]          list the GPUs (NVML): memory and the
+//	                                 processes using it
+//	gpumem version                   print the version
+//	gpumem help [command]            print the usage
+//
+// Each command has its own flag set (package flag); flags take one dash or
+// two, and may follow the arguments. Sizes are written as ParseSize reads
+// them ("80GiB", "512MiB", "1.5GB", "1024") and printed as FormatSize
+// writes them ("12.17 GiB"). Results go to standard output (a readable
+// table, or with --json one JSON object per line); diagnostics go to
+// standard error, one line each, prefixed by "gpumem" and the command.
+//
+// Exit statuses: 0 success, 1 the command failed (unreadable trace, no
+// driver, device error), 2 the command line was wrong.
+//
+// Without an NVIDIA driver, "replay --device auto" (the default) says so in
+// one line and uses the simulated device (package device/sim); "replay
+// --device cuda" and "devices" fail with that one line.
+package cli

@@ -1,0 +1,188 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/replay"
+	"github.com/gpumem/gpumem/trace"
+)
+
+const replayAbout = `Replay replays allocation traces (gpumem-trace v1, plain or gzip) through a
+new allocator each, and prints per trace: the events, the peak of live bytes
+(the least any allocator must hold), the peak the allocator reserved from the
+device, their ratio (1.000 is no fragmentation overhead), the requests that
+failed for want of memory (OOMs), the chunks mapped and unmapped, and the time
+per event.
+
+The device is the CUDA GPU if the driver loads, else (with one line on
+stderr) a simulated device of --capacity bytes; each trace gets a fresh
+simulated device, or a fresh allocator on the GPU. --touch writes every
+allocation on the GPU, so that the memory is truly backed; it implies
+--device cuda. --capacity and --granularity describe the simulated device
+only.
+
+With --json, each trace is one JSON object on one line, with the keys trace,
+device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
+ns_per_op, maps, unmaps, device_calls, creates, fences, peak_active_bytes and
+end_reserved_bytes.
+
+A trace that cannot be read is reported and skipped; a replay that fails
+stops the command. Either way the exit status is 1. SIZE is bytes with an
+optional unit: 80GiB, 512MiB, 1.5GB, 1024.`
+
+func (e *env) replay(args []string) int {
+	fs := e.flagSet("replay", "TRACE...", replayAbout)
+	jsonOut := fs.Bool("json", false, "print one JSON object per trace per line instead of a table")
+	devName := fs.String("device", "auto", "the `device`: auto (cuda if the driver loads, else sim), sim or cuda")
+	ordinal := fs.Int("gpu", 0, "the CUDA device `ordinal` (as the driver numbers them, after CUDA_VISIBLE_DEVICES)")
+	capacity := sizeFlag(sim.DefaultCapacity)
+	fs.Var(&capacity, "capacity", "the simulated device's memory (`SIZE`)")
+	granularity := sizeFlag(sim.DefaultGranularity)
+	fs.Var(&granularity, "granularity", "the simulated device's granule (`SIZE`: a power of two, at least 4KiB)")
+	mode := fs.String("mode", "auto", "allocator `mode`: auto, plain (whole segments) or virtual (mapped chunks)")
+	var limit, prealloc, release, small sizeFlag
+	fs.Var(&limit, "limit", "cap on the bytes the allocator holds (`SIZE`; 0: the device's capacity)")
+	fs.Var(&prealloc, "preallocate", "take `SIZE` bytes from the device up front and keep them")
+	fraction := fs.Float64("preallocate-fraction", 0, "take this `fraction` (0 to 1) of the device's memory up front")
+	fs.Var(&release, "release-threshold", "return cached memory above `SIZE` to the device after each free (0: keep the cache)")
+	fs.Var(&small, "small-size", "requests of at most `SIZE` bytes use the small pool (0: 1MiB)")
+	touch := fs.Bool("touch", false, "write every allocation (an asynchronous memset on its stream) so it is truly backed (the time per event includes it); CUDA only")
+	check := fs.Bool("check", false, "run the allocator's invariant checker after each replay")
+
+	paths, code := e.parse(fs, args)
+	if code >= 0 {
+		return code
+	}
+	if len(paths) == 0 {
+		fs.printUsage(e.stderr)
+		return ExitUsage
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	cfg := gpumem.Config{
+		Limit:               uint64(limit),
+		Preallocate:         uint64(prealloc),
+		PreallocateFraction: *fraction,
+		ReleaseThreshold:    uint64(release),
+		SmallSize:           uint64(small),
+	}
+	m, err := gpumem.ParseMode(*mode)
+	if err != nil {
+		return e.usageError(fs, fmt.Sprintf("invalid value %q for flag --mode: want auto, plain or virtual", *mode))
+	}
+	cfg.Mode = m
+	if !(*fraction >= 0 && *fraction <= 1) {
+		return e.usageError(fs, fmt.Sprintf("invalid value %v for flag --preallocate-fraction: want 0 to 1", *fraction))
+	}
+	simCfg := sim.Config{Capacity: uint64(capacity), Granularity: uint64(granularity)}
+	if _, err := sim.New(simCfg); err != nil {
+		return e.usageError(fs, "invalid simulated device: "+err.Error())
+	}
+
+	// Choose the device.
+	var gpu gpuDevice
+	switch *devName {
+	case "sim":
+		if *touch {
+			return e.usageError(fs, "--touch needs a CUDA device (--device cuda)")
+		}
+	case "auto", "cuda":
+		gpu, err = e.openCUDA(*ordinal)
+		switch {
+		case err == nil:
+			defer gpu.Close()
+		case errors.Is(err, device.ErrNoDriver) && *devName == "auto" && !*touch:
+			fmt.Fprintf(e.stderr, "gpumem: no NVIDIA driver (%v); using the simulated device\n", err)
+		case errors.Is(err, device.ErrNoDriver):
+			fmt.Fprintf(e.stderr, "gpumem replay: no NVIDIA driver (%v)\n", err)
+			return ExitFail
+		default:
+			fmt.Fprintf(e.stderr, "gpumem replay: opening CUDA device %d: %v\n", *ordinal, err)
+			return ExitFail
+		}
+	default:
+		return e.usageError(fs, fmt.Sprintf("invalid value %q for flag --device: want auto, sim or cuda", *devName))
+	}
+	if gpu != nil && (set["capacity"] || set["granularity"]) {
+		return e.usageError(fs, "--capacity and --granularity describe the simulated device; add --device sim to use it")
+	}
+	opt := replay.Options{Check: *check}
+	if gpu != nil && *touch {
+		opt.Touch = func(s device.Stream, b gpumem.Buffer) error {
+			return gpu.MemsetAsync(b.Ptr(), 0, b.Size(), s)
+		}
+	}
+
+	var results []replay.Result
+	enc := json.NewEncoder(e.stdout)
+	status := ExitOK
+	for i, path := range paths {
+		tr, err := trace.Load(path)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
+			status = ExitFail
+			continue
+		}
+		var dev device.Device = gpu
+		if gpu == nil {
+			dev = sim.MustNew(simCfg) // checked above
+		}
+		res, err := replay.Run(tr, dev, cfg, opt)
+		if err == nil && gpu != nil {
+			err = gpu.Synchronize() // surfaces errors of asynchronous work
+		}
+		if err != nil {
+			msg := fmt.Sprintf("gpumem replay: %s: %v", path, err)
+			if left := len(paths) - i - 1; left > 0 {
+				msg += fmt.Sprintf(" (stopped: %d more not replayed)", left)
+			}
+			fmt.Fprintln(e.stderr, msg)
+			status = ExitFail
+			break
+		}
+		if *jsonOut {
+			if err := enc.Encode(res); err != nil {
+				fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
+				return ExitFail
+			}
+			continue
+		}
+		results = append(results, res)
+	}
+	if len(results) > 0 {
+		if err := writeReplayTable(e.stdout, results); err != nil {
+			fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
+			return ExitFail
+		}
+	}
+	return status
+}
+
+// writeReplayTable writes results as an aligned table, the trace names
+// left-aligned and the figures right-aligned.
+func writeReplayTable(w io.Writer, results []replay.Result) error {
+	t := table{header: []string{"trace", "events", "peak live", "peak reserved", "ratio", "OOMs", "maps", "unmaps", "ns/op"}}
+	for _, r := range results {
+		t.rows = append(t.rows, []string{
+			r.Trace,
+			strconv.Itoa(r.Events),
+			FormatSize(r.PeakLiveBytes),
+			FormatSize(r.PeakReservedBytes),
+			strconv.FormatFloat(r.Ratio, 'f', 3, 64),
+			strconv.Itoa(r.OOMs),
+			strconv.FormatUint(r.Maps, 10),
+			strconv.FormatUint(r.Unmaps, 10),
+			strconv.FormatFloat(r.NsPerOp, 'f', 1, 64),
+		})
+	}
+	return t.write(w)
+}
