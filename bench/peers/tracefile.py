@@ -1,0 +1,157 @@
+"""Reading gpumem-trace v1 files into flat arrays, with no third-party packages.
+
+The format is described in testdata/traces/README.md:
+
+    # gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US
+    a ID SIZE STREAM T_US     the program asked for SIZE bytes, named ID
+    f ID T_US                 the program freed request ID
+
+load() turns a file (gzip or plain text) into three parallel lists, one entry per
+event, so that a replay loop does no parsing while it is timed:
+
+    kinds[k]  1 for an allocation, 0 for a free
+    ids[k]    the request ID (IDs count up from 0, so they index a flat list)
+    sizes[k]  SIZE for an allocation, 0 for a free
+
+and checks the file on the way (header, unique IDs, no free of an unknown or
+already freed ID). peak_live() gives the largest sum of SIZE over requests alive at
+the same moment, for the whole trace or for a prefix of it.
+
+This module is imported by replay_peer.py on the GPU machine and by selftest.py on
+a machine without one. It is named tracefile, not trace, so as not to shadow the
+standard library's trace module.
+"""
+
+import gzip
+import os
+
+HEADER = "# gpumem-trace v1"
+
+
+class TraceError(ValueError):
+    """The file is not a valid gpumem-trace v1 file; the message names the line."""
+
+
+class Trace:
+    """A parsed trace. See the module docstring for the meaning of the lists."""
+
+    def __init__(self, name, kinds, ids, sizes, streams):
+        self.name = name
+        self.kinds = kinds
+        self.ids = ids
+        self.sizes = sizes
+        self.streams = streams  # set of STREAM values seen (as strings)
+        self.n_ids = (max(ids) + 1) if ids else 0
+        self.peak_live_bytes = peak_live(kinds, ids, sizes)
+
+    def __len__(self):
+        return len(self.kinds)
+
+    def truncated(self, max_events):
+        """The first max_events events as a new Trace (the same one if it is shorter)."""
+        if max_events is None or max_events <= 0 or max_events >= len(self.kinds):
+            return self
+        return Trace(self.name, self.kinds[:max_events], self.ids[:max_events],
+                     self.sizes[:max_events], self.streams)
+
+    @property
+    def allocations(self):
+        return sum(self.kinds)
+
+
+def trace_name(path):
+    """The trace's name: the file name without directory and without extensions
+    (testdata/traces/resnet50_train.trace.gz -> resnet50_train)."""
+    base = os.path.basename(path)
+    for ext in (".gz", ".trace", ".txt"):
+        if base.endswith(ext):
+            base = base[: -len(ext)]
+    return base
+
+
+def _open_text(path):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="ascii")
+    return open(path, "rt", encoding="ascii")
+
+
+def load(path):
+    """Parse the trace at path. Raises TraceError on a malformed file."""
+    kinds, ids, sizes = [], [], []
+    streams = set()
+    size_of = {}  # live request ID -> SIZE, to check frees
+    seen = set()
+    with _open_text(path) as f:
+        first = f.readline()
+        if not first.startswith(HEADER):
+            raise TraceError("%s: line 1: expected header %r, got %r"
+                             % (path, HEADER, first[:60]))
+        for lineno, line in enumerate(f, start=2):
+            p = line.split()
+            if not p or p[0].startswith("#"):
+                continue
+            op = p[0]
+            try:
+                if op == "a":
+                    if len(p) != 5:
+                        raise TraceError("want 'a ID SIZE STREAM T_US'")
+                    rid, size = int(p[1]), int(p[2])
+                    if rid < 0 or size < 0:
+                        raise TraceError("negative ID or SIZE")
+                    if rid in seen:
+                        raise TraceError("request ID %d allocated twice" % rid)
+                    seen.add(rid)
+                    size_of[rid] = size
+                    streams.add(p[3])
+                    kinds.append(1)
+                    ids.append(rid)
+                    sizes.append(size)
+                elif op == "f":
+                    if len(p) != 3:
+                        raise TraceError("want 'f ID T_US'")
+                    rid = int(p[1])
+                    if rid not in size_of:
+                        raise TraceError("free of request ID %d, which is not live" % rid)
+                    del size_of[rid]
+                    kinds.append(0)
+                    ids.append(rid)
+                    sizes.append(0)
+                else:
+                    raise TraceError("unknown event %r" % op)
+            except TraceError as e:
+                raise TraceError("%s: line %d: %s" % (path, lineno, e)) from None
+            except ValueError as e:
+                raise TraceError("%s: line %d: %s" % (path, lineno, e)) from None
+    return Trace(trace_name(path), kinds, ids, sizes, streams)
+
+
+def peak_live(kinds, ids, sizes, upto=None):
+    """Largest sum of SIZE over requests alive at once, over the first upto events
+    (all of them if upto is None)."""
+    n = len(kinds) if upto is None else min(upto, len(kinds))
+    size_of = {}
+    live = peak = 0
+    for k in range(n):
+        if kinds[k]:
+            s = sizes[k]
+            size_of[ids[k]] = s
+            live += s
+            if live > peak:
+                peak = live
+        else:
+            live -= size_of.pop(ids[k])
+    return peak
+
+
+def write(path, events, header=HEADER + ": a ID SIZE STREAM T_US | f ID T_US"):
+    """Write a trace (for tests): events are ('a', id, size) or ('f', id)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wt") as f:
+        f.write(header + "\n")
+        for t, ev in enumerate(events):
+            if ev[0] == "a":
+                f.write("a %d %d 0 %d\n" % (ev[1], ev[2], t))
+            else:
+                f.write("f %d %d\n" % (ev[1], t))
