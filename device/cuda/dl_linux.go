@@ -1,0 +1,25 @@
+//go:build linux && (amd64 || arm64)
+
+package cuda
+
+import "github.com/ebitengine/purego"
+
+func dlopen(name string) (uintptr, error) {
+	return purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_LOCAL)
+}
+
+func dlsym(h uintptr, name string) (uintptr, error) { return purego.Dlsym(h, name) }
+
+func dlclose(h uintptr) { _ = purego.Dlclose(h) }
+
+// ccall calls the C function at fn and returns its CUresult.
+//
+// Pointers converted to uintptr in the argument list of a call to ccall are
+// moved to the heap and kept alive until it returns (go:uintptrescapes, as
+// for purego.SyscallN and syscall.Syscall).
+//
+//go:uintptrescapes
+func ccall(fn uintptr, args ...uintptr) result {
+	r, _, _ := purego.SyscallN(fn, args...)
+	return result(int32(r))
+}

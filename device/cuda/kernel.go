@@ -1,0 +1,162 @@
+package cuda
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"unsafe"
+
+	"github.com/gpumem/gpumem/device"
+)
+
+// spinPTX is the PTX source of the kernel behind Spin: one thread reads
+// %clock64, loops until cycles SM clock cycles have passed, then stores the
+// 32-bit value to *flag unless flag is 0. The driver JIT-compiles it for the
+// device at the first Spin; @VERSION@ and @TARGET@ come from spinTargets.
+const spinPTX = `//
+// gpumem spin kernel: busy-waits for a number of SM clock cycles, then
+// stores a 32-bit value to a device address (if it is not 0).
+//
+.version @VERSION@
+.target @TARGET@
+.address_size 64
+
+.visible .entry gpumem_spin(
+	.param .u64 gpumem_spin_param_cycles,
+	.param .u64 gpumem_spin_param_flag,
+	.param .u32 gpumem_spin_param_value
+)
+{
+	.reg .pred 	%p<3>;
+	.reg .b32 	%r<2>;
+	.reg .b64 	%rd<7>;
+
+	ld.param.u64 	%rd1, [gpumem_spin_param_cycles];
+	ld.param.u64 	%rd2, [gpumem_spin_param_flag];
+	ld.param.u32 	%r1, [gpumem_spin_param_value];
+	mov.u64 	%rd3, %clock64;
+$L_spin:
+	mov.u64 	%rd4, %clock64;
+	sub.s64 	%rd5, %rd4, %rd3;
+	setp.lt.u64 	%p1, %rd5, %rd1;
+	@%p1 bra 	$L_spin;
+	setp.eq.s64 	%p2, %rd2, 0;
+	@%p2 bra 	$L_done;
+	cvta.to.global.u64 	%rd6, %rd2;
+	st.global.u32 	[%rd6], %r1;
+$L_done:
+	ret;
+}
+`
+
+// spinKernelName is the entry point of spinPTX.
+const spinKernelName = "gpumem_spin"
+
+// spinTargets are the (PTX ISA version, target) pairs tried in order: sm_50
+// PTX runs on every GPU a CUDA 12 or 13 driver supports (checked with driver
+// 580, CUDA 13.0, on an H100); should a later driver's JIT refuse sm_50
+// (CUDA 13 dropped Maxwell to Volta from the toolkit), sm_75, the oldest
+// architecture CUDA 13 supports, is tried next.
+var spinTargets = [][2]string{{"6.0", "sm_50"}, {"6.3", "sm_75"}}
+
+// ptxSource instantiates spinPTX for one ISA version and target.
+func ptxSource(version, target string) string {
+	return strings.NewReplacer("@VERSION@", version, "@TARGET@", target).Replace(spinPTX)
+}
+
+// SpinValue is the 32-bit value Spin stores at its flag address.
+const SpinValue uint32 = 1
+
+// Spin enqueues on stream s a kernel (one thread) that spins for the given
+// number of SM clock cycles (%clock64; an H100 runs about 1.7e9 per second)
+// and then, unless flag is 0, stores the 32-bit SpinValue at flag. It is the
+// long-running work tests and replay use to prove stream ordering. The
+// kernel is JIT-compiled from embedded PTX at the first call.
+func (d *Device) Spin(s device.Stream, cycles uint64, flag device.Ptr) error {
+	fn, err := d.spinFunction()
+	if err != nil {
+		return err
+	}
+	// kernelParams is an array of pointers to the argument values; the
+	// driver copies the values during cuLaunchKernel. The values live in Go
+	// memory referenced from Go memory handed to C, so they are pinned.
+	args := &struct {
+		cycles, flag uint64
+		value        uint32
+	}{cycles, uint64(flag), SpinValue}
+	var pin runtime.Pinner
+	pin.Pin(args)
+	defer pin.Unpin()
+	params := &[3]unsafe.Pointer{unsafe.Pointer(&args.cycles), unsafe.Pointer(&args.flag), unsafe.Pointer(&args.value)}
+	r := d.call(d.drv.cuLaunchKernel, fn,
+		1, 1, 1, // grid
+		1, 1, 1, // block
+		0,          // shared memory
+		uintptr(s), // stream
+		uintptr(unsafe.Pointer(&params[0])),
+		0) // extra
+	runtime.KeepAlive(params)
+	runtime.KeepAlive(args)
+	if r != cudaSuccess {
+		return d.fail("cuLaunchKernel", r, "kernel=%s, cycles=%d, flag=%#x, stream=%#x", spinKernelName, cycles, uint64(flag), uint64(s))
+	}
+	return nil
+}
+
+// spinFunction loads the spin kernel's module on first use.
+func (d *Device) spinFunction() (uintptr, error) {
+	d.modMu.Lock()
+	defer d.modMu.Unlock()
+	if d.closed.Load() {
+		return 0, opError(d.drv, "cuModuleLoadData", resultClosed, "")
+	}
+	if d.spinFn != 0 {
+		return d.spinFn, nil
+	}
+	var firstErr error
+	for _, vt := range spinTargets {
+		mod, err := d.loadModule(ptxSource(vt[0], vt[1]), vt[1])
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		name := append([]byte(spinKernelName), 0)
+		var fn uintptr
+		if r := d.call(d.drv.cuModuleGetFunction, uintptr(unsafe.Pointer(&fn)), mod, uintptr(unsafe.Pointer(&name[0]))); r != cudaSuccess {
+			d.call(d.drv.cuModuleUnload, mod)
+			return 0, d.fail("cuModuleGetFunction", r, "name=%s", spinKernelName)
+		}
+		d.module, d.spinFn, d.spinTarget = mod, fn, vt[1]
+		return fn, nil
+	}
+	return 0, firstErr
+}
+
+// loadModule JIT-compiles PTX text (cuModuleLoadDataEx), keeping the JIT's
+// error log for the error message.
+func (d *Device) loadModule(ptx, target string) (uintptr, error) {
+	image := append([]byte(ptx), 0)
+	logBuf := make([]byte, 4096)
+	var pin runtime.Pinner
+	pin.Pin(&logBuf[0])
+	defer pin.Unpin()
+	options := [2]int32{cuJitErrorLogBuffer, cuJitErrorLogBufferSizeBytes}
+	values := [2]uintptr{uintptr(unsafe.Pointer(&logBuf[0])), uintptr(len(logBuf))}
+	var mod uintptr
+	r := d.call(d.drv.cuModuleLoadDataEx, uintptr(unsafe.Pointer(&mod)), uintptr(unsafe.Pointer(&image[0])),
+		uintptr(len(options)), uintptr(unsafe.Pointer(&options[0])), uintptr(unsafe.Pointer(&values[0])))
+	runtime.KeepAlive(image)
+	runtime.KeepAlive(logBuf)
+	runtime.KeepAlive(&options)
+	runtime.KeepAlive(&values)
+	if r != cudaSuccess {
+		args := "target=" + target
+		if log := strings.Join(strings.Fields(cString(logBuf)), " "); log != "" {
+			args += fmt.Sprintf(", jit log: %q", log)
+		}
+		return 0, d.fail("cuModuleLoadData", r, "%s", args)
+	}
+	return mod, nil
+}
