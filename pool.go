@@ -44,6 +44,7 @@ type pool struct {
 	spareEvents         []device.Event
 	scratch             []device.Handle // handles being mapped by back
 	nmapped             int             // mapped chunks of this pool's virtual segments
+	freePages           int             // wholly free pages of the small heap (ModeVirtual)
 
 	nallocs, nfrees uint64
 }
@@ -65,9 +66,12 @@ type segment struct {
 	size     uint64
 	virtual  bool
 	prealloc bool // plain preallocation: kept until Trim or Close
-	first    *block
-	chunks   []chunk   // virtual: one per granule
-	empty    chunkList // virtual: mapped chunks with no live block
+	// page is the large-heap block that holds this segment, for a page of
+	// the small heap in ModeVirtual; nil otherwise.
+	page   *block
+	first  *block
+	chunks []chunk   // virtual: one per granule
+	empty  chunkList // virtual: mapped chunks with no live block
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -108,13 +112,16 @@ func (p *pool) allocFast(rounded uint64) *block {
 	if b == nil {
 		return nil
 	}
-	if b.seg.virtual && !p.backedFor(b, rounded) {
+	if !b.seg.virtual {
+		b = p.carve(h, b, rounded, 0)
+		b.state = blockAllocated
+		return b
+	}
+	if b.seg.unmappedIn(b.addr, rounded, p.a.gran, 0) > 0 {
 		return nil
 	}
-	b = p.carve(h, b, rounded)
-	if b.seg.virtual {
-		p.occupy(b) // all mapped: no device call
-	}
+	b = p.carve(h, b, rounded, 0)
+	p.occupy(b) // all mapped: no device call
 	b.state = blockAllocated
 	return b
 }
@@ -150,7 +157,10 @@ func (p *pool) allocSlow(rounded, size uint64) (*block, error) {
 }
 
 func (p *pool) allocate(rounded uint64) (*block, error) {
-	h := p.heapFor(rounded)
+	return p.allocateIn(p.heapFor(rounded), rounded)
+}
+
+func (p *pool) allocateIn(h *heap, rounded uint64) (*block, error) {
 	b := h.free.find(rounded)
 	if b == nil && p.npending > 0 {
 		if err := p.processPending(false); err != nil {
@@ -166,7 +176,11 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 			panic("gpumem: grown heap has no block that fits")
 		}
 	}
-	b = p.carve(h, b, rounded)
+	var off uint64
+	if b.seg.virtual {
+		b, off, _ = p.findBacked(h, b, rounded)
+	}
+	b = p.carve(h, b, rounded, off)
 	if b.seg.virtual {
 		if err := p.back(b); err != nil {
 			p.release(b, false)
@@ -177,11 +191,29 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 	return b, nil
 }
 
-// carve takes b out of the free index and splits off what rounded does not
-// need as a new free block. The remainder's neighbour is never free (free
-// blocks are never neighbours), so it needs no coalescing.
-func (p *pool) carve(h *heap, b *block, rounded uint64) *block {
+// carve takes b out of the free index and cuts [b.addr+off, +rounded) out of
+// it, leaving what comes before and after as free blocks. Their outer
+// neighbours are never free (free blocks are never neighbours), so they need
+// no coalescing.
+func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 	h.free.remove(b)
+	if b.seg.page != nil && b.size == b.seg.size {
+		p.freePages-- // a wholly free page is in use again
+	}
+	if off > 0 {
+		n := p.newBlock()
+		n.seg, n.addr, n.size = b.seg, b.addr, off
+		n.prev, n.next = b.prev, b
+		if b.prev != nil {
+			b.prev.next = n
+		} else {
+			b.seg.first = n
+		}
+		b.prev = n
+		b.addr += off
+		b.size -= off
+		h.free.insert(n)
+	}
 	if rest := b.size - rounded; rest >= minBlock {
 		n := p.newBlock()
 		n.seg, n.addr, n.size = b.seg, b.addr+rounded, rest
@@ -243,6 +275,9 @@ func (p *pool) release(b *block, occupied bool) {
 		b = pr
 	}
 	h.insert(b)
+	if seg := b.seg; seg.page != nil && b.size == seg.size {
+		p.pageFreed(seg)
+	}
 }
 
 // deferFree records an event on every other stream that used b and parks b
@@ -390,11 +425,15 @@ func (p *pool) putBlock(b *block) {
 }
 
 // grow adds room for a request of rounded bytes to the heap: address space
-// (virtual) or a segment (plain).
+// (virtual large heap), a page of the large heap (virtual small heap), or a
+// segment (plain).
 func (h *heap) grow(rounded uint64) error {
 	p := h.pool
 	a := p.a
 	if a.mode == ModeVirtual {
+		if h.kind == heapSmall {
+			return p.newPage(rounded)
+		}
 		return h.reserve(rounded)
 	}
 	if p.adoptSegment(h.kind, rounded) {
@@ -544,6 +583,7 @@ func (p *pool) trim(all bool) error {
 			errs = append(errs, err)
 		}
 	}
+	p.releasePages(0)
 	if err := p.releaseEmpty(0); err != nil {
 		errs = append(errs, err)
 	}
@@ -556,6 +596,7 @@ func (p *pool) trim(all bool) error {
 // releaseExcess returns cached memory until the allocator caches at most
 // target bytes.
 func (p *pool) releaseExcess(target uint64) {
+	p.releasePages(0)
 	_ = p.releaseEmpty(target)
 	_ = p.releaseSegments(target, false)
 }
@@ -570,7 +611,7 @@ func (p *pool) releaseSegments(target uint64, all bool) error {
 		h := &p.heaps[k]
 		for i := 0; i < len(h.segs); i++ {
 			seg := h.segs[i]
-			if seg.virtual || !seg.isFree() || (seg.prealloc && !all) || a.cached() <= target {
+			if seg.virtual || seg.page != nil || !seg.isFree() || (seg.prealloc && !all) || a.cached() <= target {
 				continue
 			}
 			if !fenced {
@@ -646,7 +687,7 @@ func (p *pool) leaks() []LeakedBuffer {
 	for k := range p.heaps {
 		for _, seg := range p.heaps[k].segs {
 			for b := seg.first; b != nil; b = b.next {
-				if b.state == blockAllocated {
+				if b.state == blockAllocated && !b.isPage {
 					out = append(out, p.leakOf(b))
 				}
 			}

@@ -81,17 +81,65 @@ func (seg *segment) chunkSpan(addr, size, gran uint64) (int, int) {
 	return int((addr - seg.base) / gran), int((addr + size - 1 - seg.base) / gran)
 }
 
-// backedFor reports whether the first rounded bytes of free block b lie in
-// mapped chunks only.
-func (p *pool) backedFor(b *block, rounded uint64) bool {
-	c0, c1 := b.seg.chunkSpan(b.addr, rounded, p.a.gran)
-	ch := b.seg.chunks
-	for i := c0; i <= c1; i++ {
+// unmappedIn counts the unmapped chunks under [addr, addr+size) of seg,
+// stopping once it passes limit.
+func (seg *segment) unmappedIn(addr, size, gran uint64, limit int) int {
+	c0, c1 := seg.chunkSpan(addr, size, gran)
+	ch := seg.chunks
+	n := 0
+	for i := c0; i <= c1 && n <= limit; i++ {
 		if !ch[i].mapped {
-			return false
+			n++
 		}
 	}
-	return true
+	return n
+}
+
+// placement returns where in free block b to put rounded bytes, its start
+// or its end (a block's low part may have been stolen while its high part is
+// still mapped), and how many chunks there are unmapped (at most limit+1).
+func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missing int) {
+	g := p.a.gran
+	missing = b.seg.unmappedIn(b.addr, rounded, g, limit)
+	if missing > 0 && b.size > rounded {
+		if m := b.seg.unmappedIn(b.end()-rounded, rounded, g, missing-1); m < missing {
+			return b.size - rounded, m
+		}
+	}
+	return 0, missing
+}
+
+// findBacked looks, when the best fit lies (partly) in unmapped memory, for
+// a free block that fits with fewer unmapped chunks under it: the fitting
+// blocks of the request's bin and of the next few non-empty bins, at most
+// scanBudget in each. It returns the best candidate and whether it is
+// backed entirely. A looser fit costs address space, which is free; each
+// unmapped chunk costs an unmap, a map and an access grant on a real GPU.
+// Bounded; on the miss path only.
+func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64, int) {
+	const bins = 3
+	best, bestOff, bestMissing := first, uint64(0), 0
+	bestOff, bestMissing = p.placement(first, rounded, 1<<30)
+	if bestMissing == 0 {
+		return best, bestOff, 0
+	}
+	i := binOf(rounded)
+	for n := 0; n < bins && i >= 0; n++ {
+		k := 0
+		for b := h.free.heads[i]; b != nil && k < scanBudget; b, k = b.fnext, k+1 {
+			if b.size < rounded || b == first {
+				continue
+			}
+			if off, m := p.placement(b, rounded, bestMissing-1); m < bestMissing {
+				best, bestOff, bestMissing = b, off, m
+				if m == 0 {
+					return best, bestOff, 0
+				}
+			}
+		}
+		i = h.free.nextBin(i + 1)
+	}
+	return best, bestOff, bestMissing
 }
 
 // occupy counts b as live in its chunks; every chunk must be mapped.
@@ -430,4 +478,66 @@ func (a *Allocator) preallocate() error {
 		a.keepHandles([]device.Handle{h})
 	}
 	return nil
+}
+
+// Pages. In ModeVirtual the small heap has no address space of its own: it
+// takes pages (2 MiB, or the request rounded up to 2 MiB when SmallSize is
+// larger) out of the large heap as ordinary blocks, and carves small blocks
+// inside them. A page's memory is backed by the chunks under its large
+// block, so small and large requests share physical memory without a remap,
+// while small long-lived buffers still gather in pages of their own instead
+// of splitting large free ranges. A page that becomes wholly free goes back
+// to the large heap, except one kept per pool so that a lone small
+// alloc/free does not take and return a page each time.
+//
+// Invariants: seg.page.isPage, seg.page.state == blockAllocated,
+// seg.page.addr == seg.base, seg.page.size == seg.size; freePages == the
+// number of wholly free pages.
+
+const maxFreePages = 1
+
+// newPage adds a page able to hold rounded bytes to the small heap.
+func (p *pool) newPage(rounded uint64) error {
+	size := plainSegmentSize(heapSmall, rounded, p.a.small)
+	lb, err := p.allocateIn(&p.heaps[heapLarge], size)
+	if err != nil {
+		return err
+	}
+	lb.isPage, lb.req = true, size
+	seg := p.heaps[heapSmall].addSegment(lb.addr, size, false)
+	seg.page = lb
+	p.freePages++
+	return nil
+}
+
+// pageFreed is called when a page has become wholly free.
+func (p *pool) pageFreed(seg *segment) {
+	p.freePages++
+	if p.freePages > maxFreePages {
+		p.dropPage(seg)
+	}
+}
+
+// dropPage returns a wholly free page to the large heap.
+func (p *pool) dropPage(seg *segment) {
+	h := seg.heap
+	h.free.remove(seg.first)
+	p.putBlock(seg.first)
+	h.removeSegment(seg)
+	p.freePages--
+	lb := seg.page
+	lb.isPage = false
+	p.release(lb, true)
+}
+
+// releasePages returns wholly free pages to the large heap until at most
+// keep are left.
+func (p *pool) releasePages(keep int) {
+	h := &p.heaps[heapSmall]
+	for i := 0; i < len(h.segs) && p.freePages > keep; i++ {
+		if seg := h.segs[i]; seg.page != nil && seg.isFree() {
+			p.dropPage(seg)
+			i--
+		}
+	}
 }
