@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -230,8 +231,8 @@ func TestReplayErrors(t *testing.T) {
 	}
 }
 
-// driverMissing reports whether this machine has no CUDA driver; tests of
-// the no-driver messages skip otherwise.
+// cudaMissing returns the error cuda.Open gives on this machine without a
+// CUDA driver; tests of the no-driver messages skip otherwise.
 func cudaMissing(t *testing.T) error {
 	t.Helper()
 	d, err := cuda.Open(0)
@@ -268,6 +269,44 @@ func TestReplayAutoWithoutDriver(t *testing.T) {
 	}
 }
 
+func TestReplayCUDA(t *testing.T) {
+	d, err := cuda.Open(0)
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	name := d.Info().Name
+	d.Close()
+	code, out, errs := run(t, nil, "replay", "--device", "cuda", "--touch", "--check", "--json", "testdata/tiny.trace", "testdata/multistream.trace")
+	if code != 0 || errs != "" || strings.Count(out, `"device":`+strconv.Quote(name)) != 2 {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	code, _, errs = run(t, nil, "replay", "--capacity", "1GiB", "testdata/tiny.trace")
+	if code != 2 || !strings.HasPrefix(errs, "gpumem replay: --capacity and --granularity describe the simulated device") {
+		t.Errorf("--capacity on a GPU: exit %d, stderr %q", code, errs)
+	}
+}
+
+func TestDevicesWithDriver(t *testing.T) {
+	reports, err := nvml.List()
+	if err != nil {
+		t.Skipf("NVML unusable: %v", err)
+	}
+	code, out, errs := run(t, nil, "devices", "--json")
+	if code != 0 || errs != "" || strings.Count(out, "\n") != len(reports) {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		var g gpuRecord
+		if err := json.Unmarshal([]byte(line), &g); err != nil || g.Name == "" || g.MemoryTotal == 0 {
+			t.Errorf("%v: %s", err, line)
+		}
+	}
+	code, out, errs = run(t, nil, "devices")
+	if code != 0 || errs != "" || !strings.HasPrefix(out, "GPU 0  ") {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
 func TestReplayFakeNoDriver(t *testing.T) {
 	// The same messages, on any machine.
 	code, out, errs := run(t, fakeEnv(), "replay", "--json", "testdata/tiny.trace")
@@ -282,8 +321,10 @@ func TestReplayFakeNoDriver(t *testing.T) {
 }
 
 func TestDevicesWithoutDriver(t *testing.T) {
-	if _, err := nvml.List(); err == nil || !errors.Is(err, device.ErrNoDriver) {
-		t.Skipf("NVML is usable (or fails otherwise: %v)", err)
+	if _, err := nvml.List(); err == nil {
+		t.Skip("NVML is usable: a driver is present")
+	} else if !errors.Is(err, device.ErrNoDriver) {
+		t.Skipf("NVML loads but fails: %v", err)
 	}
 	for _, args := range [][]string{{"devices"}, {"devices", "--json"}} {
 		code, out, errs := run(t, nil, args...)
