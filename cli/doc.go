@@ -19,7 +19,8 @@
 // them ("80GiB", "512MiB", "1.5GB", "1024") and printed as FormatSize
 // writes them ("12.17 GiB"). Results go to standard output (a readable
 // table, or with --json one JSON object per line); diagnostics go to
-// standard error, one line each, prefixed by "gpumem" and the command.
+// standard error, one line each, prefixed by "gpumem" and the command (a
+// command-line mistake adds a line pointing to the command's -h).
 //
 // Exit statuses: 0 success, 1 the command failed (unreadable trace, no
 // driver, device error), 2 the command line was wrong.
