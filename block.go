@@ -53,9 +53,8 @@ type block struct {
 	fprev, fnext *block // free-bin list, or the pool's spare/pending list
 	bin          int32
 
-	state  blockState
-	isPage bool   // a large-heap block holding a page of the small heap (vm.go)
-	gen    uint32 // bumped at every allocation; a Buffer carries the gen it saw
+	state blockState
+	gen   uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
 	id    uint64 // allocation sequence number on its stream (snapshots)
 	scope *Scope // owning scope, or nil

@@ -28,11 +28,11 @@ func (a *Allocator) Check() error {
 		}
 		for k := range p.heaps {
 			for _, seg := range p.heaps[k].segs {
-				if !seg.virtual && seg.page == nil {
+				if !seg.virtual {
 					plain += seg.size
 				}
 				for b := seg.first; b != nil; b = b.next {
-					if b.state == blockAllocated && !b.isPage {
+					if b.state == blockAllocated {
 						active += b.size
 						allocated += b.req
 					}
@@ -79,7 +79,6 @@ func (p *pool) check() error {
 	}
 	pending := 0
 	nmapped := 0
-	freePages, pages := 0, 0
 	for k := range p.heaps {
 		h := &p.heaps[k]
 		if h.pool != p || h.kind != k {
@@ -89,14 +88,6 @@ func (p *pool) check() error {
 		for _, seg := range h.segs {
 			if seg.heap != h {
 				bad("segment 0x%x in heap %s points to another heap", seg.base, heapName(k))
-			}
-			if pg := seg.page; pg != nil {
-				if !pg.isPage || pg.state != blockAllocated || pg.addr != seg.base || pg.size != seg.size || pg.pool != p {
-					bad("page 0x%x: its large block (0x%x, %d bytes, %s, page %v) does not hold it", seg.base, pg.addr, pg.size, pg.state, pg.isPage)
-				}
-				if seg.isFree() {
-					freePages++
-				}
 			}
 			var live []int32
 			if seg.virtual {
@@ -132,9 +123,6 @@ func (p *pool) check() error {
 						bad("free block 0x%x of %d bytes is in bin %d, want %d", b.addr, b.size, b.bin, binOf(b.size))
 					}
 				case blockAllocated, blockPending:
-					if b.isPage {
-						pages++
-					}
 					if b.state == blockAllocated && b.req == 0 {
 						bad("allocated block 0x%x has no request", b.addr)
 					}
@@ -195,12 +183,6 @@ func (p *pool) check() error {
 		if n != h.free.count {
 			bad("heap %s: index lists %d blocks, counts %d", heapName(k), n, h.free.count)
 		}
-	}
-	if freePages != p.freePages {
-		bad("%d wholly free pages, pool counts %d", freePages, p.freePages)
-	}
-	if pages != len(p.heaps[heapSmall].segs) && p.a.mode == ModeVirtual {
-		bad("%d page blocks in the large heap, %d pages in the small heap", pages, len(p.heaps[heapSmall].segs))
 	}
 	if nmapped != p.nmapped {
 		bad("%d chunks mapped, pool counts %d", nmapped, p.nmapped)

@@ -69,10 +69,10 @@ type Config struct {
 	// IdleRelease returns all cached memory to the device once the
 	// allocator has seen no Alloc or Free for this long. 0 disables it.
 	IdleRelease time.Duration
-	// SmallSize: requests of at most this many bytes are served from the
-	// small pool, whose segments (or address ranges) are kept apart from
-	// large blocks so that small long-lived buffers do not split large free
-	// ranges. Default 1 MiB.
+	// SmallSize: in ModePlain, requests of at most this many bytes are
+	// served from the small pool, whose 2 MiB segments are kept apart from
+	// large ones so that small long-lived buffers do not pin large
+	// segments. Default 1 MiB. ModeVirtual has one heap (see doc.go).
 	SmallSize uint64
 	// RecordSites captures the call stack of every allocation, so leak
 	// reports from Scope.Close and Close say where each leaked buffer was

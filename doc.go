@@ -10,8 +10,8 @@
 //	pool        one per stream (pool.go): two heaps, the stream's empty
 //	            chunks, its pending frees, a mutex. Goroutines on different
 //	            streams take different locks.
-//	heap        small (requests ≤ Config.SmallSize) or large: segments and a
-//	            freeIndex of their free blocks (index.go).
+//	heap        small (requests ≤ Config.SmallSize, ModePlain) or large:
+//	            segments and a freeIndex of their free blocks (index.go).
 //	segment     a contiguous address range: a plain allocation from the
 //	            device, or a virtual arena backed chunk by chunk (vm.go).
 //	block       a piece of a segment, free, allocated or pending (block.go).
@@ -36,7 +36,19 @@
 // ModePlain takes segments with Device.Alloc, as PyTorch's caching
 // allocator does (plainSegmentSize), for devices without virtual memory.
 //
-// # Rounding
+// # Rounding and pools
+//
+// In ModePlain, requests up to Config.SmallSize (1 MiB) have a pool of their
+// own, in 2 MiB segments, as in PyTorch: otherwise a small long-lived buffer
+// left in a large segment keeps the whole segment from being freed or
+// reused for a large request. In ModeVirtual that cost disappears (the
+// chunks of a split free range stay reusable physically), and one best-fit
+// heap per stream does better: small blocks fill the partly used chunks at
+// the edges of large ones. Measured on the six shipped traces against a
+// separate small arena, and against small pages carved out of the large
+// arena (unaligned and chunk-aligned), the single heap gave the lowest or
+// equal ratio on five traces and the fewest remaps on all six, so
+// ModeVirtual uses it (docs/BENCHMARKS.md, "Small requests in virtual mode").
 //
 // Every request is rounded up to 512 bytes (minBlock): the alignment CUDA
 // kernels assume, and small enough that rounding costs under 0.1% on real

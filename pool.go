@@ -44,7 +44,6 @@ type pool struct {
 	spareEvents         []device.Event
 	scratch             []device.Handle // handles being mapped by back
 	nmapped             int             // mapped chunks of this pool's virtual segments
-	freePages           int             // wholly free pages of the small heap (ModeVirtual)
 
 	nallocs, nfrees uint64
 }
@@ -66,12 +65,9 @@ type segment struct {
 	size     uint64
 	virtual  bool
 	prealloc bool // plain preallocation: kept until Trim or Close
-	// page is the large-heap block that holds this segment, for a page of
-	// the small heap in ModeVirtual; nil otherwise.
-	page   *block
-	first  *block
-	chunks []chunk   // virtual: one per granule
-	empty  chunkList // virtual: mapped chunks with no live block
+	first    *block
+	chunks   []chunk   // virtual: one per granule
+	empty    chunkList // virtual: mapped chunks with no live block
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -82,8 +78,10 @@ func newPool(a *Allocator, s device.Stream) *pool {
 	return p
 }
 
+// heapFor returns the heap that serves a request. In ModeVirtual every
+// request goes to the large heap: see "Rounding and pools" in doc.go.
 func (p *pool) heapFor(rounded uint64) *heap {
-	if rounded <= p.a.small {
+	if rounded <= p.a.small && p.a.mode == ModePlain {
 		return &p.heaps[heapSmall]
 	}
 	return &p.heaps[heapLarge]
@@ -157,10 +155,7 @@ func (p *pool) allocSlow(rounded, size uint64) (*block, error) {
 }
 
 func (p *pool) allocate(rounded uint64) (*block, error) {
-	return p.allocateIn(p.heapFor(rounded), rounded)
-}
-
-func (p *pool) allocateIn(h *heap, rounded uint64) (*block, error) {
+	h := p.heapFor(rounded)
 	b := h.free.find(rounded)
 	if b == nil && p.npending > 0 {
 		if err := p.processPending(false); err != nil {
@@ -197,9 +192,6 @@ func (p *pool) allocateIn(h *heap, rounded uint64) (*block, error) {
 // no coalescing.
 func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 	h.free.remove(b)
-	if b.seg.page != nil && b.size == b.seg.size {
-		p.freePages-- // a wholly free page is in use again
-	}
 	if off > 0 {
 		n := p.newBlock()
 		n.seg, n.addr, n.size = b.seg, b.addr, off
@@ -275,9 +267,6 @@ func (p *pool) release(b *block, occupied bool) {
 		b = pr
 	}
 	h.insert(b)
-	if seg := b.seg; seg.page != nil && b.size == seg.size {
-		p.pageFreed(seg)
-	}
 }
 
 // deferFree records an event on every other stream that used b and parks b
@@ -425,15 +414,11 @@ func (p *pool) putBlock(b *block) {
 }
 
 // grow adds room for a request of rounded bytes to the heap: address space
-// (virtual large heap), a page of the large heap (virtual small heap), or a
-// segment (plain).
+// (virtual) or a segment (plain).
 func (h *heap) grow(rounded uint64) error {
 	p := h.pool
 	a := p.a
 	if a.mode == ModeVirtual {
-		if h.kind == heapSmall {
-			return p.newPage(rounded)
-		}
 		return h.reserve(rounded)
 	}
 	if p.adoptSegment(h.kind, rounded) {
@@ -583,7 +568,6 @@ func (p *pool) trim(all bool) error {
 			errs = append(errs, err)
 		}
 	}
-	p.releasePages(0)
 	if err := p.releaseEmpty(0); err != nil {
 		errs = append(errs, err)
 	}
@@ -596,7 +580,6 @@ func (p *pool) trim(all bool) error {
 // releaseExcess returns cached memory until the allocator caches at most
 // target bytes.
 func (p *pool) releaseExcess(target uint64) {
-	p.releasePages(0)
 	_ = p.releaseEmpty(target)
 	_ = p.releaseSegments(target, false)
 }
@@ -611,7 +594,7 @@ func (p *pool) releaseSegments(target uint64, all bool) error {
 		h := &p.heaps[k]
 		for i := 0; i < len(h.segs); i++ {
 			seg := h.segs[i]
-			if seg.virtual || seg.page != nil || !seg.isFree() || (seg.prealloc && !all) || a.cached() <= target {
+			if seg.virtual || !seg.isFree() || (seg.prealloc && !all) || a.cached() <= target {
 				continue
 			}
 			if !fenced {
@@ -687,7 +670,7 @@ func (p *pool) leaks() []LeakedBuffer {
 	for k := range p.heaps {
 		for _, seg := range p.heaps[k].segs {
 			for b := seg.first; b != nil; b = b.next {
-				if b.state == blockAllocated && !b.isPage {
+				if b.state == blockAllocated {
 					out = append(out, p.leakOf(b))
 				}
 			}

@@ -54,9 +54,6 @@ func (a *Allocator) Snapshot() Snapshot {
 			for _, seg := range p.heaps[k].segs {
 				ss := SegmentSnapshot{Address: seg.base, Size: seg.size, Stream: uint64(p.stream),
 					Pool: heapName(k), Kind: "plain", Preallocate: seg.prealloc, MappedBytes: seg.size}
-				if seg.page != nil {
-					ss.Kind = "page"
-				}
 				if seg.virtual {
 					ss.Kind, ss.MappedBytes = "virtual", 0
 					for i := range seg.chunks {
@@ -74,9 +71,6 @@ func (a *Allocator) Snapshot() Snapshot {
 				}
 				for b := seg.first; b != nil; b = b.next {
 					bs := BlockSnapshot{Address: b.addr, Size: b.size, Requested: b.req, State: b.state.String(), Stream: uint64(p.stream)}
-					if b.isPage {
-						bs.State, bs.Requested = "page", 0
-					}
 					if b.state != blockFree {
 						bs.Seq = b.id
 					}

@@ -74,7 +74,7 @@ func (a *Allocator) Stats() Stats {
 			for _, seg := range h.segs {
 				if seg.virtual {
 					s.AddressSpace += seg.size
-				} else if seg.page == nil {
+				} else {
 					s.PlainBytes += seg.size
 				}
 			}
