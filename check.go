@@ -150,8 +150,8 @@ func (p *pool) check() error {
 				if c.live != live[i] {
 					bad("chunk %d of segment 0x%x: live %d, blocks say %d", i, seg.base, c.live, live[i])
 				}
-				if c.live > 0 && !c.mapped {
-					bad("chunk %d of segment 0x%x holds live blocks but is not mapped", i, seg.base)
+				if c.live > 0 && (!c.mapped || !c.access) {
+					bad("chunk %d of segment 0x%x holds live blocks but is not mapped with access (mapped %v)", i, seg.base, c.mapped)
 				}
 				if c.live < 0 {
 					bad("chunk %d of segment 0x%x: negative live count", i, seg.base)

@@ -28,14 +28,14 @@ var (
 type Cause int
 
 const (
-	// CauseDevice: the device itself had no room: requested is more than
-	// the device's free memory plus everything the allocator caches.
+	// CauseDevice: the device refused to give more memory, and what the
+	// allocator caches would not have covered the request.
 	CauseDevice Cause = iota + 1
 	// CauseLimit: the allocator's Limit does not allow it even with perfect
 	// packing: allocated + requested > limit.
 	CauseLimit
-	// CauseFragmentation: enough memory is free in total, but not in one
-	// usable piece.
+	// CauseFragmentation: the allocator held enough free memory in total
+	// (within its limit, or in its cache), but not in one usable piece.
 	CauseFragmentation
 	// CauseQuota: a scope's quota does not allow it.
 	CauseQuota
@@ -63,7 +63,7 @@ type OutOfMemoryError struct {
 	Limit       uint64 // the allocator's limit (or the scope's quota for CauseQuota)
 	DeviceFree  uint64 // the device's free memory at the failure
 	Reserved    uint64 // bytes the allocator held from the device
-	Allocated   uint64 // bytes held by live buffers
+	Allocated   uint64 // bytes held by live buffers (of the scope, for CauseQuota)
 	Cached      uint64 // Reserved - Active: held but unused
 	LargestFree uint64 // largest request that would have fit without growing
 	Scope       string // for CauseQuota: the scope whose quota was hit
@@ -72,6 +72,10 @@ type OutOfMemoryError struct {
 }
 
 func (e *OutOfMemoryError) Error() string {
+	if e.Cause == CauseQuota {
+		return fmt.Sprintf("gpumem: out of memory (scope quota): scope %s holds %s of its quota of %s; requested %s",
+			e.Scope, fmtBytes(e.Allocated), fmtBytes(e.Limit), fmtBytes(e.Requested))
+	}
 	s := fmt.Sprintf("gpumem: out of memory (%s): requested %s on stream %d; limit %s, device free %s, reserved %s, allocated %s, cached %s, largest free block %s",
 		e.Cause, fmtBytes(e.Requested), e.Stream, fmtBytes(e.Limit), fmtBytes(e.DeviceFree), fmtBytes(e.Reserved),
 		fmtBytes(e.Allocated), fmtBytes(e.Cached), fmtBytes(e.LargestFree))

@@ -15,13 +15,19 @@ func (a *Allocator) oomError(size uint64, s device.Stream, sh *shortage) *OutOfM
 	}
 	e := &OutOfMemoryError{Requested: size, Stream: uint64(s), Limit: a.limit, DeviceFree: free,
 		Reserved: st.Reserved, Allocated: st.Allocated, Cached: st.Cached, LargestFree: st.LargestFree, Err: sh.err}
+	// Fragmentation means the allocator held enough but could not use it.
+	// With the limit: perfect packing would have fitted (after the reclaim,
+	// what is still cached is stuck in partly used memory). With the device:
+	// the cache alone would have covered the request.
 	switch {
 	case sh.cause == CauseLimit && st.Allocated+size > a.limit:
 		e.Cause = CauseLimit
-	case sh.cause == CauseDevice && size > free+st.Cached:
-		e.Cause = CauseDevice
-	default:
+	case sh.cause == CauseLimit:
 		e.Cause = CauseFragmentation
+	case st.Cached >= size:
+		e.Cause = CauseFragmentation
+	default:
+		e.Cause = CauseDevice
 	}
 	return e
 }

@@ -224,13 +224,8 @@ func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 // it, else after events recorded now on the other streams complete.
 func (p *pool) freeBlock(b *block) {
 	if b.hasUses() {
-		if err := p.deferFree(b); err == nil {
-			return
-		}
-		// Without events (or if recording failed) fall back to waiting
-		// for the whole device now: slower, never unsafe.
-		_ = p.a.syncDevice()
-		b.x.uses = b.x.uses[:0]
+		p.deferFree(b)
+		return
 	}
 	b.req = 0
 	p.release(b, true)
@@ -269,32 +264,38 @@ func (p *pool) release(b *block, occupied bool) {
 	h.insert(b)
 }
 
-// deferFree records an event on every other stream that used b and parks b
-// on the pending list until they complete.
-func (p *pool) deferFree(b *block) error {
-	ev := p.a.ev
-	if ev == nil {
-		return device.ErrUnsupported
-	}
+// deferFree parks b on the pending list until the work of the other
+// streams that used it has completed: it records an event on each of them.
+// Without events, or if recording fails, the block waits with no events for
+// the next processPending, which synchronizes the whole device first.
+func (p *pool) deferFree(b *block) {
 	x := b.x
-	for _, s := range x.uses {
-		e, err := p.event()
-		if err == nil {
-			err = ev.Record(e, s)
+	if ev := p.a.ev; ev != nil {
+		for _, s := range x.uses {
+			e, err := p.event()
+			if err != nil {
+				p.dropEvents(b)
+				break
+			}
+			if err := ev.Record(e, s); err != nil {
+				p.spareEvents = append(p.spareEvents, e)
+				p.dropEvents(b)
+				break
+			}
+			x.events = append(x.events, e)
 		}
-		if err != nil {
-			p.spareEvents = append(p.spareEvents, x.events...)
-			x.events = x.events[:0]
-			return err
-		}
-		x.events = append(x.events, e)
 	}
 	b.state = blockPending
 	b.req = 0
 	b.fnext = p.pending
 	p.pending = b
 	p.npending++
-	return nil
+}
+
+// dropEvents gives up on b's events: b will wait for a device synchronize.
+func (p *pool) dropEvents(b *block) {
+	p.spareEvents = append(p.spareEvents, b.x.events...)
+	b.x.events = b.x.events[:0]
 }
 
 // processPending frees the pending blocks whose events have completed (all
@@ -302,10 +303,23 @@ func (p *pool) deferFree(b *block) error {
 func (p *pool) processPending(wait bool) error {
 	ev := p.a.ev
 	var errs []error
+	// Blocks without events (no event support, or recording failed) need
+	// the whole device synchronized; without that they stay pending.
+	synced := false
+	for b := p.pending; b != nil; b = b.fnext {
+		if len(b.x.events) == 0 {
+			if err := p.a.syncDevice(); err != nil {
+				errs = append(errs, err)
+			} else {
+				synced = true
+			}
+			break
+		}
+	}
 	link := &p.pending
 	for b := p.pending; b != nil; {
 		next := b.fnext
-		done := true
+		done := len(b.x.events) > 0 || synced
 		for _, e := range b.x.events {
 			var ok bool
 			var err error
@@ -365,15 +379,23 @@ func (p *pool) fence() error {
 	if !p.haveFenceEv {
 		e, err := a.ev.NewEvent()
 		if err != nil {
-			return err
+			if serr := a.syncDevice(); serr != nil {
+				return errors.Join(err, serr)
+			}
+			p.fencedSeq = p.emptySeq
+			return nil
 		}
 		p.fenceEv, p.haveFenceEv = e, true
 	}
-	if err := a.ev.Record(p.fenceEv, p.stream); err != nil {
-		return err
+	err := a.ev.Record(p.fenceEv, p.stream)
+	if err == nil {
+		err = a.ev.Wait(p.fenceEv)
 	}
-	if err := a.ev.Wait(p.fenceEv); err != nil {
-		return err
+	if err != nil {
+		// A synchronize of the whole device is a stronger fence.
+		if serr := a.syncDevice(); serr != nil {
+			return errors.Join(err, serr)
+		}
 	}
 	p.fencedSeq = p.emptySeq
 	return nil
@@ -631,6 +653,12 @@ func (p *pool) teardown() error {
 				continue
 			}
 			if seg.virtual {
+				if n := seg.empty.n; n > 0 {
+					// Releasing address space with mappings in it is a
+					// precondition violation: keep it, and say so.
+					errs = append(errs, fmt.Errorf("gpumem: Close: %d chunks of arena 0x%x could not be unmapped; its address space is kept", n, seg.base))
+					continue
+				}
 				if err := a.vm.ReleaseAddress(device.Ptr(seg.base), seg.size); err != nil {
 					errs = append(errs, err)
 				}

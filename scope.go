@@ -67,6 +67,15 @@ func (s *Scope) Used() uint64 { return s.used.Load() }
 
 // Alloc allocates a buffer owned by the scope.
 func (s *Scope) Alloc(size uint64, st device.Stream) (Buffer, error) {
+	if size == 0 || size > maxRequest {
+		return Buffer{}, fmt.Errorf("%w: Scope.Alloc(%d) in scope %s: want 1 to %d bytes", ErrInvalidSize, size, s.Name(), uint64(maxRequest))
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return Buffer{}, fmt.Errorf("%w: Alloc(%d) in closed scope %s", ErrClosed, size, s.Name())
+	}
 	if err := s.charge(size); err != nil {
 		return Buffer{}, err
 	}

@@ -20,7 +20,7 @@ import (
 // Invariants (checked by checkPool):
 //
 //	live == number of non-free blocks that overlap the chunk
-//	live > 0 ⇒ mapped
+//	live > 0 ⇒ mapped && access
 //	mapped && live == 0 ⇔ the chunk is on its segment's empty list
 //	Reserved == Σ plain segment sizes + (mapped chunks + spare handles) × granularity
 //
@@ -30,6 +30,7 @@ import (
 type chunk struct {
 	live       int32
 	mapped     bool
+	access     bool  // access granted since it was mapped (SetAccess)
 	prev, next int32 // seg.empty links; -1 for none
 	h          device.Handle
 	seq        uint64 // pool.emptySeq when it last became empty
@@ -81,14 +82,15 @@ func (seg *segment) chunkSpan(addr, size, gran uint64) (int, int) {
 	return int((addr - seg.base) / gran), int((addr + size - 1 - seg.base) / gran)
 }
 
-// unmappedIn counts the unmapped chunks under [addr, addr+size) of seg,
+// unmappedIn counts the chunks under [addr, addr+size) of seg that are not
+// ready (unmapped, or mapped without access),
 // stopping once it passes limit.
 func (seg *segment) unmappedIn(addr, size, gran uint64, limit int) int {
 	c0, c1 := seg.chunkSpan(addr, size, gran)
 	ch := seg.chunks
 	n := 0
 	for i := c0; i <= c1 && n <= limit; i++ {
-		if !ch[i].mapped {
+		if !ch[i].mapped || !ch[i].access {
 			n++
 		}
 	}
@@ -182,7 +184,7 @@ func (p *pool) back(b *block) error {
 	gran := a.gran
 	c0, c1 := b.seg.chunkSpan(b.addr, b.size, gran)
 	ch := b.seg.chunks
-	missing := 0
+	missing, bare := 0, 0
 	for i := c0; i <= c1; i++ {
 		c := &ch[i]
 		if c.live == 0 {
@@ -192,9 +194,12 @@ func (p *pool) back(b *block) error {
 				missing++
 			}
 		}
+		if c.mapped && !c.access {
+			bare++
+		}
 		c.live++
 	}
-	if missing == 0 {
+	if missing == 0 && bare == 0 {
 		return nil
 	}
 	undo := func() {
@@ -221,48 +226,57 @@ func (p *pool) back(b *block) error {
 		hs = append(hs, h)
 	}
 	p.scratch = hs[:0]
-	// 2. Map them, then 3. enable access once per contiguous run.
+	// 2. Map them, then 3. grant access once per contiguous run of chunks
+	// without it.
 	next := 0
 	runStart := -1
 	var err error
 	for i := c0; i <= c1 && err == nil; i++ {
 		c := &ch[i]
-		if c.mapped {
-			if runStart >= 0 {
-				err = a.setAccess(b.seg, runStart, i)
-				runStart = -1
+		if !c.mapped {
+			h := hs[next]
+			if err = a.vm.Map(device.Ptr(b.seg.chunkAddr(i, gran)), gran, h); err != nil {
+				break
+			}
+			a.c.maps.Add(1)
+			next++
+			p.nmapped++
+			c.mapped, c.access, c.h = true, false, h
+		}
+		if !c.access {
+			if runStart < 0 {
+				runStart = i
 			}
 			continue
 		}
-		h := hs[next]
-		if err = a.vm.Map(device.Ptr(b.seg.chunkAddr(i, gran)), gran, h); err != nil {
-			break
-		}
-		a.c.maps.Add(1)
-		next++
-		p.nmapped++
-		c.mapped, c.h = true, h
-		if runStart < 0 {
-			runStart = i
+		if runStart >= 0 {
+			err = a.setAccess(b.seg, runStart, i)
+			runStart = -1
 		}
 	}
 	if err == nil && runStart >= 0 {
 		err = a.setAccess(b.seg, runStart, c1+1)
 	}
 	if err != nil {
-		// Unmap what this call mapped (access may not be enabled) and keep
-		// every acquired handle as a spare.
+		// Unmap the chunks this call mapped that have no access, and keep
+		// their handles and the unused ones as spares. A chunk whose unmap
+		// fails stays mapped, without access (granted when it is next
+		// occupied), and keeps its handle.
+		keep := append([]device.Handle(nil), hs[next:]...)
 		for i := c0; i <= c1; i++ {
 			c := &ch[i]
-			if c.mapped && c.live == 1 && containsHandle(hs[:next], c.h) {
-				if uerr := a.vm.Unmap(device.Ptr(b.seg.chunkAddr(i, gran)), gran); uerr == nil {
-					a.c.unmaps.Add(1)
-					p.nmapped--
-					c.mapped = false
-				}
+			if !c.mapped || c.access || !containsHandle(hs[:next], c.h) {
+				continue
+			}
+			if uerr := a.vm.Unmap(device.Ptr(b.seg.chunkAddr(i, gran)), gran); uerr == nil {
+				a.c.unmaps.Add(1)
+				p.nmapped--
+				c.mapped = false
+				keep = append(keep, c.h)
+				c.h = 0
 			}
 		}
-		a.keepHandles(hs)
+		a.keepHandles(keep)
 		undo()
 		return fmt.Errorf("gpumem: backing %d bytes at 0x%x: %w", b.size, b.addr, err)
 	}
@@ -278,9 +292,16 @@ func containsHandle(hs []device.Handle, h device.Handle) bool {
 	return false
 }
 
+// setAccess grants access to chunks [from, to) of seg in one call.
 func (a *Allocator) setAccess(seg *segment, from, to int) error {
+	if err := a.vm.SetAccess(device.Ptr(seg.base+uint64(from)*a.gran), uint64(to-from)*a.gran); err != nil {
+		return err
+	}
 	a.c.setAccess.Add(1)
-	return a.vm.SetAccess(device.Ptr(seg.base+uint64(from)*a.gran), uint64(to-from)*a.gran)
+	for i := from; i < to; i++ {
+		seg.chunks[i].access = true
+	}
+	return nil
 }
 
 // physical returns an unmapped physical chunk for this pool to map.
@@ -344,29 +365,34 @@ func (p *pool) steal() (device.Handle, error) {
 	a.c.unmaps.Add(1)
 	seg.removeEmpty(i)
 	p.nmapped--
-	c.mapped = false
+	c.mapped, c.access = false, false
 	h := c.h
 	c.h = 0
 	return h, nil
 }
 
 // releaseEmpty unmaps and releases this pool's empty chunks, oldest first,
-// while more than target bytes are cached.
+// while more than target bytes are cached. A chunk whose release fails is
+// kept as a spare handle and the loop goes on; an unmap that fails stops it
+// (the chunk stays mapped and listed).
 func (p *pool) releaseEmpty(target uint64) error {
 	a := p.a
+	var errs []error
 	for p.nempty > 0 && a.cached() > target {
 		h, err := p.steal()
 		if err != nil {
-			return err
+			errs = append(errs, err)
+			break
 		}
 		if err := a.vm.Release(h); err != nil {
 			a.keepHandles([]device.Handle{h})
-			return err
+			errs = append(errs, err)
+			continue
 		}
 		a.c.releases.Add(1)
 		a.giveBudget(a.gran)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // reserve adds address space to a virtual heap: an arena as large as the
