@@ -1,0 +1,348 @@
+package gputest
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/cuda"
+	"github.com/gpumem/gpumem/internal/conformance"
+	"github.com/gpumem/gpumem/nvml"
+)
+
+const (
+	miB = 1 << 20
+	giB = 1 << 30
+)
+
+// openGPU opens GPU 0 or skips with the reason (fails instead when
+// GPUMEM_REQUIRE_GPU is set, as on the GPU machine).
+func openGPU(t *testing.T) *cuda.Device {
+	t.Helper()
+	d, err := cuda.Open(0)
+	if err != nil {
+		if os.Getenv("GPUMEM_REQUIRE_GPU") != "" {
+			t.Fatalf("cuda.Open(0): %v", err)
+		}
+		t.Skipf("GPU test skipped: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// plainOnly hides the virtual-memory capability, so the allocator runs in
+// plain mode on the same GPU.
+type plainOnly struct {
+	device.Device
+	device.Events
+	device.Streams
+}
+
+func modes(d *cuda.Device) map[string]device.Device {
+	return map[string]device.Device{
+		"virtual": d,
+		"plain":   plainOnly{Device: d, Events: d, Streams: d},
+	}
+}
+
+func TestConformanceCUDA(t *testing.T) {
+	d := openGPU(t)
+	conformance.Run(t, func(t *testing.T) conformance.Device { return d })
+}
+
+// Memory written through gpumem buffers reads back exactly, across chunk
+// edges and after blocks are freed and reused.
+func TestGPUDataReadsBack(t *testing.T) {
+	d := openGPU(t)
+	for name, dev := range modes(d) {
+		t.Run(name, func(t *testing.T) {
+			a, err := gpumem.New(dev, gpumem.Config{CheckInvariants: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			type written struct {
+				b    gpumem.Buffer
+				seed byte
+			}
+			sizes := []uint64{512, 4096, 1<<20 + 3, 3 * miB, 5*miB + 777, 64 * miB}
+			var bufs []written
+			for round := 0; round < 3; round++ {
+				for i, n := range sizes {
+					b, err := a.Alloc(n, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					seed := byte(round*16 + i)
+					if err := d.CopyFromHost(b.Ptr(), pat(n, seed)); err != nil {
+						t.Fatal(err)
+					}
+					bufs = append(bufs, written{b, seed})
+				}
+				// Read everything back, then free every other buffer so the
+				// next round reuses their memory.
+				for _, w := range bufs {
+					got := make([]byte, w.b.Size())
+					if err := d.CopyToHost(got, w.b.Ptr()); err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(got, pat(w.b.Size(), w.seed)) {
+						t.Fatalf("round %d: buffer 0x%x (%d bytes) did not read back what was written", round, w.b.Ptr(), w.b.Size())
+					}
+				}
+				var keep []written
+				for i, w := range bufs {
+					if i%2 == 0 {
+						if err := a.Free(w.b); err != nil {
+							t.Fatal(err)
+						}
+					} else {
+						keep = append(keep, w)
+					}
+				}
+				bufs = keep
+			}
+			if err := a.Check(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// pat fills n bytes: byte i is seed+i*7, so every buffer and offset differs.
+func pat(n uint64, seed byte) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = seed + byte(i*7)
+	}
+	return p
+}
+
+// Work still pending on stream A (a memset queued behind a long kernel) is
+// never overtaken by stream B's use of the same memory: the allocator must
+// wait for A or make B wait. A limit forces B to take A's memory.
+func TestGPUHandoffWaitsForPendingWork(t *testing.T) {
+	d := openGPU(t)
+	for name, dev := range modes(d) {
+		t.Run(name, func(t *testing.T) {
+			const size = 64 * miB
+			a, err := gpumem.New(dev, gpumem.Config{Limit: size + 20*miB})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			sA, _ := d.NewStream()
+			sB, _ := d.NewStream()
+			defer d.DestroyStream(sA)
+			defer d.DestroyStream(sB)
+			x, err := a.Alloc(size, sA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// ~0.3 s of spinning, then A's write of 0xAA.
+			if err := d.Spin(sA, 500_000_000, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.MemsetAsync(x.Ptr(), 0xAA, size, sA); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Free(x); err != nil {
+				t.Fatal(err)
+			}
+			y, err := a.Alloc(size, sB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.MemsetAsync(y.Ptr(), 0x55, size, sB); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, size)
+			if err := d.CopyToHost(got, y.Ptr()); err != nil {
+				t.Fatal(err)
+			}
+			if i := bytes.IndexByte(got, 0xAA); i >= 0 {
+				t.Fatalf("byte %d of B's buffer holds A's late write: memory was handed over before A's work completed (reused=%v)", i, x.Ptr() == y.Ptr())
+			}
+			st := a.Stats()
+			t.Logf("%s: reused A's address: %v; fences %d, handoffs %d, unmaps %d", name, x.Ptr() == y.Ptr(), st.Fences, st.Handoffs, st.Unmaps)
+			a.Free(y)
+		})
+	}
+}
+
+// RecordStream: a buffer used by stream B is not reused on its own stream
+// while B's work is pending.
+func TestGPURecordStream(t *testing.T) {
+	d := openGPU(t)
+	a, err := gpumem.New(d, gpumem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	sB, _ := d.NewStream()
+	defer d.DestroyStream(sB)
+	const size = 8 * miB
+	x, _ := a.Alloc(size, 0)
+	if err := a.RecordStream(x, sB); err != nil {
+		t.Fatal(err)
+	}
+	d.Spin(sB, 500_000_000, 0)
+	d.MemsetAsync(x.Ptr(), 0xAA, size, sB)
+	if err := a.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	y, err := a.Alloc(size, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y.Ptr() == x.Ptr() {
+		t.Fatalf("buffer reused at 0x%x while stream B's recorded work was pending", x.Ptr())
+	}
+	d.Synchronize()
+	if a.Stats().PendingFrees != 1 {
+		t.Fatalf("pending frees %d, want 1", a.Stats().PendingFrees)
+	}
+	a.Free(y)
+}
+
+// processMemory is this process's device memory on GPU 0 as NVML sees it.
+func processMemory(t *testing.T, n *nvml.NVML, idx int) uint64 {
+	t.Helper()
+	used, ok, err := n.ProcessMemory(idx, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		gpu, err := n.Device(idx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gpu.Memory.Used // pid not visible (container): whole GPU
+	}
+	return used
+}
+
+// Virtual segments grow under use and Trim gives every unused byte back:
+// NVML's figure for this process returns within 64 MiB of where it started,
+// within 100 ms.
+func TestGPUTrimVisibleInNVML(t *testing.T) {
+	d := openGPU(t)
+	n, err := nvml.Open()
+	if err != nil {
+		t.Skipf("GPU test skipped: NVML: %v", err)
+	}
+	defer n.Shutdown()
+	idx, err := n.IndexByUUID(d.UUID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, dev := range modes(d) {
+		t.Run(name, func(t *testing.T) {
+			before := processMemory(t, n, idx)
+			a, err := gpumem.New(dev, gpumem.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			var bufs []gpumem.Buffer
+			for i := 0; i < 16; i++ {
+				b, err := a.Alloc(uint64(64+i*32)*miB, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				bufs = append(bufs, b)
+			}
+			grown := processMemory(t, n, idx)
+			held := a.Stats().Reserved
+			if grown < before+held/2 {
+				t.Fatalf("NVML shows %d MiB after allocating (started at %d MiB, allocator holds %d MiB)", grown>>20, before>>20, held>>20)
+			}
+			for _, b := range bufs {
+				a.Free(b)
+			}
+			start := time.Now()
+			if err := a.Trim(); err != nil {
+				t.Fatal(err)
+			}
+			var now uint64
+			for {
+				now = processMemory(t, n, idx)
+				if now <= before+64*miB || time.Since(start) > 100*time.Millisecond {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			took := time.Since(start)
+			t.Logf("%s: NVML before %d MiB, after allocating %d MiB (held %d MiB), after Trim %d MiB in %v", name, before>>20, grown>>20, held>>20, now>>20, took)
+			if now > before+64*miB {
+				t.Fatalf("after Trim NVML shows %d MiB, started at %d MiB: more than 64 MiB not given back within 100 ms", now>>20, before>>20)
+			}
+			if st := a.Stats(); st.Reserved != 0 {
+				t.Fatalf("after Trim the allocator still holds %d bytes", st.Reserved)
+			}
+		})
+	}
+}
+
+// A limit holds on the real GPU, and the driver's own out-of-memory comes
+// back as gpumem's, with the driver's error inside.
+func TestGPULimitAndDriverOOM(t *testing.T) {
+	d := openGPU(t)
+	for name, dev := range modes(d) {
+		t.Run(name, func(t *testing.T) {
+			a, err := gpumem.New(dev, gpumem.Config{Limit: 256 * miB})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := a.Alloc(200*miB, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = a.Alloc(100*miB, 0)
+			var oom *gpumem.OutOfMemoryError
+			if !errors.As(err, &oom) || oom.Cause != gpumem.CauseLimit {
+				t.Fatalf("over the limit: %v, want an OutOfMemoryError with cause limit", err)
+			}
+			if r := a.Stats().Reserved; r > 256*miB {
+				t.Fatalf("reserved %d over the 256 MiB limit", r)
+			}
+			a.Free(b)
+			a.Close()
+
+			// Take most of the GPU outside gpumem, then ask for more than
+			// is left.
+			free, _, err := d.MemInfo()
+			if err != nil {
+				t.Fatal(err)
+			}
+			hog, err := d.Alloc(free - 2*giB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Free(hog)
+			a2, err := gpumem.New(dev, gpumem.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a2.Close()
+			_, err = a2.Alloc(4*giB, 0)
+			if !errors.As(err, &oom) || oom.Cause != gpumem.CauseDevice || !errors.Is(err, device.ErrOutOfMemory) {
+				t.Fatalf("beyond the GPU's free memory: %v, want gpumem's OutOfMemoryError (cause device) wrapping the driver's", err)
+			}
+			t.Logf("%s: %v", name, err)
+			if st := a2.Stats(); st.Reserved != 0 {
+				t.Fatalf("a failed request left %d bytes reserved", st.Reserved)
+			}
+			if err := a2.Check(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

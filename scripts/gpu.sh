@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One script for the GPU machine.
+#
+#   scripts/gpu.sh build            on any machine with Go (no GPU needed):
+#                                   builds the test binaries and the CLI into
+#                                   build/gpu/ (static, CGO_ENABLED=0).
+#   scripts/gpu.sh run [PART...]    on the GPU machine (no Go needed), from
+#                                   the repository root: runs the PARTs and
+#                                   writes everything under $OUT (default
+#                                   build/gpu/out). PARTs: tests, cost,
+#                                   cpubench, replay, peers, table; default
+#                                   all.
+#
+# The GPU machine of this project has no Go and no network: build here, carry
+# build/gpu, run there. Results land in at most 8 files (the device tool's
+# limit): tests.log, cost.txt, cpubench.txt, replay_sim.jsonl,
+# replay_cuda.jsonl, peers.jsonl, table.md, machine.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=build/gpu
+
+build() {
+	mkdir -p "$bin"
+	export CGO_ENABLED=0
+	go test -c -o "$bin/cuda.test" ./device/cuda
+	go test -c -o "$bin/nvml.test" ./nvml
+	go test -c -o "$bin/gputest.test" ./internal/gputest
+	go test -c -o "$bin/gpumem_pkg.test" .
+	go build -o "$bin/gpumem" ./cmd/gpumem
+	ls -l "$bin"
+}
+
+run() {
+	local out=${OUT:-$bin/out}
+	mkdir -p "$out"
+	local parts=("$@")
+	[ ${#parts[@]} -eq 0 ] && parts=(tests cost cpubench replay peers table)
+	export GPUMEM_REQUIRE_GPU=1
+	{
+		date -u
+		nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+		git rev-parse HEAD 2>/dev/null || cat .git/HEAD 2>/dev/null || true
+	} >"$out/machine.txt"
+	for part in "${parts[@]}"; do
+		echo "== $part" >&2
+		case $part in
+		tests)
+			{
+				"$bin/cuda.test" -test.v -test.count=1 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)' || true
+				"$bin/nvml.test" -test.v -test.count=1 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)' || true
+				"$bin/gputest.test" -test.v -test.count=1 -test.timeout 300s 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)' || true
+			} >"$out/tests.log" 2>&1
+			grep -cE '^\s*--- FAIL' "$out/tests.log" | sed 's/^/failures: /' >&2 || true
+			;;
+		cost)
+			"$bin/cuda.test" -test.run XXX -test.bench DriverCost -test.benchtime 20x >"$out/cost.txt" 2>&1 || true
+			;;
+		cpubench)
+			# The allocator's own speed, on this machine's CPUs (16 cores).
+			"$bin/gpumem_pkg.test" -test.run XXX -test.bench 'AllocFree|Replay' -test.cpu 1,2,4,8,16 -test.benchtime 1s >"$out/cpubench.txt" 2>&1 || true
+			;;
+		replay)
+			"$bin/gpumem" replay --device sim --json testdata/traces/*.trace.gz >"$out/replay_sim.jsonl" || true
+			"$bin/gpumem" replay --device cuda --json testdata/traces/*.trace.gz >"$out/replay_cuda.jsonl" || true
+			;;
+		peers)
+			OUT="$out" bash bench/peers/run_all.sh || true
+			;;
+		table)
+			python3 bench/peers/table.py "$out/peers.jsonl" "$out/replay_cuda.jsonl" >"$out/table.md" || true
+			;;
+		*)
+			echo "unknown part $part" >&2
+			exit 2
+			;;
+		esac
+	done
+	ls -l "$out" >&2
+}
+
+case ${1:-} in
+build) build ;;
+run) shift; run "$@" ;;
+*) sed -n '2,17p' "$0"; exit 2 ;;
+esac
