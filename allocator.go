@@ -434,3 +434,43 @@ func (a *Allocator) idleLoop(d time.Duration) {
 		}
 	}
 }
+
+// ReleaseStream gives back everything the allocator holds for stream s and
+// forgets the stream. Call it before destroying a stream: the allocator
+// records events on the streams it holds memory for, and recording on a
+// destroyed stream is undefined in CUDA. It fails, changing nothing, while
+// buffers allocated on s are still live.
+func (a *Allocator) ReleaseStream(s device.Stream) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := *a.pools.Load()
+	idx := -1
+	for i, p := range old {
+		if p.stream == s {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return nil
+	}
+	p := old[idx]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if live := len(p.leaks()); live > 0 {
+		return fmt.Errorf("gpumem: ReleaseStream(%d): %d buffers allocated on the stream are still live", s, live)
+	}
+	if err := p.trim(true); err != nil {
+		return fmt.Errorf("gpumem: ReleaseStream(%d): %w", s, err)
+	}
+	if p.npending > 0 {
+		return fmt.Errorf("gpumem: ReleaseStream(%d): %d frees still wait for other streams", s, p.npending)
+	}
+	if err := p.teardown(); err != nil {
+		return fmt.Errorf("gpumem: ReleaseStream(%d): %w", s, err)
+	}
+	next := make([]*pool, 0, len(old)-1)
+	next = append(next, old[:idx]...)
+	next = append(next, old[idx+1:]...)
+	a.pools.Store(&next)
+	return nil
+}

@@ -100,6 +100,10 @@
 // stream that emptied them, because unmapping is not stream-ordered; buffers
 // used on several streams are reused only after RecordStream's events.
 //
+// The allocator records events on the streams it holds memory for, so a
+// stream must outlive that memory: call ReleaseStream (or Close) before
+// destroying a stream.
+//
 // # Invariants
 //
 // Each structure states its invariants beside its type. Allocator.Check

@@ -85,3 +85,40 @@ func TestRecorderWriteErrorDoesNotFailAllocs(t *testing.T) {
 		t.Fatal("Flush reported no error after the writer failed")
 	}
 }
+
+// ReleaseStream refuses while buffers live on the stream, and afterwards the
+// stream's memory is back on the device and the stream can be used anew.
+func TestReleaseStream(t *testing.T) {
+	dev := sim.MustNew(sim.Config{Capacity: 256 << 20})
+	a, err := gpumem.New(dev, gpumem.Config{CheckInvariants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	s, _ := dev.NewStream()
+	b, err := a.Alloc(8<<20, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReleaseStream(s); err == nil {
+		t.Fatal("ReleaseStream succeeded with a live buffer on the stream")
+	}
+	if err := a.Free(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReleaseStream(s); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.Reserved != 0 || st.Streams != 0 || st.AddressSpace != 0 {
+		t.Fatalf("after ReleaseStream the allocator still holds %d bytes, %d streams, %d bytes of address space", st.Reserved, st.Streams, st.AddressSpace)
+	}
+	if err := dev.DestroyStream(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Leaks(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Check(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -130,15 +130,18 @@ func TestGPUHandoffWaitsForPendingWork(t *testing.T) {
 	for name, dev := range modes(d) {
 		t.Run(name, func(t *testing.T) {
 			const size = 64 * miB
+			sA, _ := d.NewStream()
+			sB, _ := d.NewStream()
+			defer d.DestroyStream(sA)
+			defer d.DestroyStream(sB)
+			// Streams must outlive the allocator's memory on them: the
+			// allocator is closed (deferred last, run first) before they are
+			// destroyed.
 			a, err := gpumem.New(dev, gpumem.Config{Limit: size + 20*miB})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer a.Close()
-			sA, _ := d.NewStream()
-			sB, _ := d.NewStream()
-			defer d.DestroyStream(sA)
-			defer d.DestroyStream(sB)
 			x, err := a.Alloc(size, sA)
 			if err != nil {
 				t.Fatal(err)
@@ -181,13 +184,13 @@ func TestGPUHandoffWaitsForPendingWork(t *testing.T) {
 // while B's work is pending.
 func TestGPURecordStream(t *testing.T) {
 	d := openGPU(t)
+	sB, _ := d.NewStream()
+	defer d.DestroyStream(sB)
 	a, err := gpumem.New(d, gpumem.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	sB, _ := d.NewStream()
-	defer d.DestroyStream(sB)
 	const size = 8 * miB
 	x, _ := a.Alloc(size, 0)
 	if err := a.RecordStream(x, sB); err != nil {
