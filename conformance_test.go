@@ -1,0 +1,68 @@
+package gpumem_test
+
+import (
+	"testing"
+
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/internal/conformance"
+)
+
+// simDevice is the simulated device with the counters the conformance
+// suite's optional hooks want (it embeds *sim.Device, so every capability
+// and test hook of the simulation is promoted).
+type simDevice struct{ *sim.Device }
+
+func (d simDevice) InjectedFaults() uint64 { return d.Stats().Injected }
+func (d simDevice) LiveEvents() int        { return d.Stats().LiveEvents }
+
+func newSim(capacity uint64) simDevice {
+	return simDevice{sim.MustNew(sim.Config{Capacity: capacity})}
+}
+
+// TestConformanceSim runs the conformance suite on the simulated device, in
+// both modes and every configuration.
+func TestConformanceSim(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Device { return newSim(1 << 30) })
+}
+
+// plainDevice is the simulated device without virtual memory and without
+// events: the least a backend may offer (plus streams and the test hooks).
+// It runs the allocator's fallbacks: plain segments only, and a device
+// Synchronize wherever events would have ordered streams.
+type plainDevice struct{ d *sim.Device }
+
+func (p plainDevice) Info() device.Info                   { return p.d.Info() }
+func (p plainDevice) MemInfo() (uint64, uint64, error)    { return p.d.MemInfo() }
+func (p plainDevice) Alloc(n uint64) (device.Ptr, error)  { return p.d.Alloc(n) }
+func (p plainDevice) Free(ptr device.Ptr) error           { return p.d.Free(ptr) }
+func (p plainDevice) Synchronize() error                  { return p.d.Synchronize() }
+func (p plainDevice) NewStream() (device.Stream, error)   { return p.d.NewStream() }
+func (p plainDevice) DestroyStream(s device.Stream) error { return p.d.DestroyStream(s) }
+func (p plainDevice) SynchronizeStream(s device.Stream) error {
+	return p.d.SynchronizeStream(s)
+}
+func (p plainDevice) Hold(s device.Stream)  { p.d.Hold(s) }
+func (p plainDevice) Drain(s device.Stream) { p.d.Drain(s) }
+func (p plainDevice) Touch(s device.Stream, ptr device.Ptr, n uint64) error {
+	return p.d.Touch(s, ptr, n)
+}
+func (p plainDevice) CheckHandoff(ptr device.Ptr, n uint64, s device.Stream) error {
+	return p.d.CheckHandoff(ptr, n, s)
+}
+func (p plainDevice) FailNth(op string, n int) { p.d.FailNth(op, n) }
+func (p plainDevice) FailOOM(op string, n int) { p.d.FailOOM(op, n) }
+func (p plainDevice) ClearFaults()             { p.d.ClearFaults() }
+func (p plainDevice) Shrink(n uint64) error    { return p.d.Shrink(n) }
+func (p plainDevice) Grow(n uint64) error      { return p.d.Grow(n) }
+func (p plainDevice) Leaks() error             { return p.d.Leaks() }
+func (p plainDevice) InjectedFaults() uint64   { return p.d.Stats().Injected }
+func (p plainDevice) LiveEvents() int          { return p.d.Stats().LiveEvents }
+
+// TestConformanceSimNoEvents runs the suite on a device with neither
+// virtual memory nor events.
+func TestConformanceSimNoEvents(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Device {
+		return plainDevice{sim.MustNew(sim.Config{Capacity: 1 << 30})}
+	})
+}
