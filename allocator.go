@@ -36,9 +36,13 @@ type Allocator struct {
 	handlesMu sync.Mutex
 	handles   []device.Handle
 
-	// gauges and their peaks; see Stats.
-	allocated, active, reserved             atomic.Uint64
-	peakAllocated, peakActive, peakReserved atomic.Uint64
+	// reserved and its peak are exact (changed only on slow paths).
+	// allocated and active are the pools' gauges as last flushed (see
+	// pool.flush): exact with one stream, within flushBytes per stream with
+	// several; Stats sums the pools' exact gauges.
+	reserved, peakReserved                  atomic.Uint64
+	allocated, active                       atomic.Int64
+	peakAllocated, peakActive               atomic.Uint64
 	// counters of device work; see Stats.
 	c counters
 
@@ -173,6 +177,7 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 	b.gen++
 	p.nallocs++
 	b.id = p.nallocs
+	p.noteAlloc(b.size, size)
 	if a.cfg.RecordSites {
 		x := b.extra()
 		x.site = callers()
@@ -183,7 +188,6 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 		a.mustCheckPool(p)
 	}
 	p.mu.Unlock()
-	a.noteAlloc(b.size, size)
 	return buf, nil
 }
 
@@ -209,15 +213,20 @@ func (a *Allocator) free(buf Buffer, op string, closing *Scope) error {
 		sc.unlink(b, closing)
 		b.scope = nil
 	}
-	size, req := b.size, b.req
 	p.nfrees++
+	p.noteFree(b.size, b.req)
 	p.freeBlock(b)
+	t := a.cfg.ReleaseThreshold
+	over := false
+	if t > 0 {
+		p.flush() // this pool's part of cached() exact
+		over = a.cached() > t
+	}
 	if a.check {
 		a.mustCheckPool(p)
 	}
 	p.mu.Unlock()
-	a.noteFree(size, req)
-	if t := a.cfg.ReleaseThreshold; t > 0 && a.cached() > t {
+	if over {
 		a.releaseTo(t)
 	}
 	return nil
@@ -276,24 +285,58 @@ func (a *Allocator) poolFor(s device.Stream) *pool {
 
 func (a *Allocator) allPools() []*pool { return *a.pools.Load() }
 
-func (a *Allocator) noteAlloc(size, req uint64) {
-	maxTo(&a.peakAllocated, a.allocated.Add(req))
-	maxTo(&a.peakActive, a.active.Add(size))
+// flushBytes is how far a pool's gauges may drift from the allocator's
+// shared figures before the pool publishes them: one shared atomic update
+// per operation would bounce a cache line between the goroutines of
+// different streams and stop throughput from growing with them.
+const flushBytes = 4 << 20
+
+// noteAlloc and noteFree keep the pool's gauges (under p.mu). A pool's own
+// peaks are exact, and with one stream they are the allocator's; the
+// allocator's shared peaks are taken at each flush, within flushBytes per
+// stream of the exact ones.
+func (p *pool) noteAlloc(size, req uint64) {
+	p.allocated += req
+	p.active += size
+	p.peakAllocated = max(p.peakAllocated, p.allocated)
+	p.peakActive = max(p.peakActive, p.active)
+	p.dAllocated += int64(req)
+	p.dActive += int64(size)
+	if p.dActive >= flushBytes {
+		p.flush()
+	}
 }
 
-func (a *Allocator) noteFree(size, req uint64) {
-	a.allocated.Add(-req)
-	a.active.Add(-size)
+func (p *pool) noteFree(size, req uint64) {
+	p.allocated -= req
+	p.active -= size
+	p.dAllocated -= int64(req)
+	p.dActive -= int64(size)
+	if p.dActive <= -flushBytes {
+		p.flush()
+	}
 }
 
-// cached is Reserved - Active, read without locks (approximate under
-// concurrency, exact when quiescent).
+// flush publishes the pool's gauge changes to the allocator's figures.
+func (p *pool) flush() {
+	a := p.a
+	if p.dAllocated != 0 {
+		maxTo(&a.peakAllocated, uint64(a.allocated.Add(p.dAllocated)))
+	}
+	if p.dActive != 0 {
+		maxTo(&a.peakActive, uint64(a.active.Add(p.dActive)))
+	}
+	p.dAllocated, p.dActive = 0, 0
+}
+
+// cached is Reserved - Active, read without locks: approximate (within
+// flushBytes per stream), for release decisions.
 func (a *Allocator) cached() uint64 {
-	r, act := a.reserved.Load(), a.active.Load()
+	r, act := int64(a.reserved.Load()), a.active.Load()
 	if act > r {
 		return 0
 	}
-	return r - act
+	return uint64(r - act)
 }
 
 func maxTo(peak *atomic.Uint64, v uint64) {
@@ -353,6 +396,7 @@ func (a *Allocator) releaseTo(target uint64) {
 		if !p.mu.TryLock() {
 			continue
 		}
+		p.flush()
 		p.releaseExcess(target)
 		p.mu.Unlock()
 	}

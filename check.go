@@ -50,11 +50,22 @@ func (a *Allocator) Check() error {
 	if r := a.reserved.Load(); r > a.limit {
 		errs = append(errs, fmt.Errorf("reserved %d > limit %d", r, a.limit))
 	}
-	if v := a.active.Load(); v != active {
-		errs = append(errs, fmt.Errorf("active gauge %d != Σ allocated block sizes %d", v, active))
+	var pa, pr uint64
+	var flushedAct, flushedReq int64
+	for _, p := range pools {
+		pa += p.active
+		pr += p.allocated
+		flushedAct += int64(p.active) - p.dActive
+		flushedReq += int64(p.allocated) - p.dAllocated
 	}
-	if v := a.allocated.Load(); v != allocated {
-		errs = append(errs, fmt.Errorf("allocated gauge %d != Σ requested sizes %d", v, allocated))
+	if pa != active || pr != allocated {
+		errs = append(errs, fmt.Errorf("pools' gauges active %d, allocated %d != Σ allocated block sizes %d, requested %d", pa, pr, active, allocated))
+	}
+	if v := a.active.Load(); v != flushedAct {
+		errs = append(errs, fmt.Errorf("flushed active %d != Σ pools' active less unflushed %d", v, flushedAct))
+	}
+	if v := a.allocated.Load(); v != flushedReq {
+		errs = append(errs, fmt.Errorf("flushed allocated %d != Σ pools' allocated less unflushed %d", v, flushedReq))
 	}
 	if active > a.reserved.Load() {
 		errs = append(errs, fmt.Errorf("active %d > reserved %d", active, a.reserved.Load()))

@@ -46,6 +46,10 @@ type pool struct {
 	nmapped             int             // mapped chunks of this pool's virtual segments
 
 	nallocs, nfrees uint64
+	// gauges: exact for this pool; see noteAlloc.
+	allocated, active         uint64
+	peakAllocated, peakActive uint64
+	dAllocated, dActive       int64 // not yet flushed to the allocator
 }
 
 // A heap is one size class of a pool: its segments and their free blocks.
@@ -584,6 +588,7 @@ func (q *pool) handOff(stream device.Stream) error {
 // releases empty chunks and wholly free segments (preallocated ones only
 // when all is set).
 func (p *pool) trim(all bool) error {
+	p.flush()
 	var errs []error
 	if p.npending > 0 {
 		if err := p.processPending(true); err != nil {
@@ -616,7 +621,7 @@ func (p *pool) releaseSegments(target uint64, all bool) error {
 		h := &p.heaps[k]
 		for i := 0; i < len(h.segs); i++ {
 			seg := h.segs[i]
-			if seg.virtual || !seg.isFree() || (seg.prealloc && !all) || a.cached() <= target {
+			if seg.virtual || !seg.isFree() || (seg.prealloc && !all) || (target > 0 && a.cached() <= target) {
 				continue
 			}
 			if !fenced {

@@ -14,6 +14,10 @@ package gpumem
 type Stats struct {
 	// Gauges.
 	Allocated     uint64 // bytes requested by live buffers
+	// PeakAllocated and PeakActive are exact with one stream; with several,
+	// each stream publishes its changes in steps of 4 MiB (so that streams
+	// do not contend on one cache line), and the peaks may miss a
+	// momentary high by up to 4 MiB per stream.
 	PeakAllocated uint64
 	Active        uint64 // bytes of the blocks behind live buffers (requests rounded to 512 B)
 	PeakActive    uint64
@@ -63,6 +67,10 @@ func (a *Allocator) Stats() Stats {
 	var largest uint64
 	for _, p := range a.allPools() {
 		p.mu.Lock()
+		s.Allocated += p.allocated
+		s.Active += p.active
+		s.PeakAllocated = max(s.PeakAllocated, p.peakAllocated)
+		s.PeakActive = max(s.PeakActive, p.peakActive)
 		s.Allocs += p.nallocs
 		s.Frees += p.nfrees
 		s.PendingFrees += p.npending
@@ -90,8 +98,10 @@ func (a *Allocator) Stats() Stats {
 	if largest < s.SpareBytes {
 		largest = s.SpareBytes
 	}
-	s.Allocated, s.PeakAllocated = a.allocated.Load(), a.peakAllocated.Load()
-	s.Active, s.PeakActive = a.active.Load(), a.peakActive.Load()
+	// A flushed peak can lag the exact sum by flushBytes per stream; never
+	// report a peak below what is live now.
+	s.PeakAllocated = max(s.PeakAllocated, a.peakAllocated.Load(), s.Allocated)
+	s.PeakActive = max(s.PeakActive, a.peakActive.Load(), s.Active)
 	s.Reserved, s.PeakReserved = a.reserved.Load(), a.peakReserved.Load()
 	if s.Reserved > s.Active {
 		s.Cached = s.Reserved - s.Active

@@ -372,13 +372,13 @@ func (p *pool) steal() (device.Handle, error) {
 }
 
 // releaseEmpty unmaps and releases this pool's empty chunks, oldest first,
-// while more than target bytes are cached. A chunk whose release fails is
+// while more than target bytes are cached (all of them for target 0). A chunk whose release fails is
 // kept as a spare handle and the loop goes on; an unmap that fails stops it
 // (the chunk stays mapped and listed).
 func (p *pool) releaseEmpty(target uint64) error {
 	a := p.a
 	var errs []error
-	for p.nempty > 0 && a.cached() > target {
+	for p.nempty > 0 && (target == 0 || a.cached() > target) {
 		h, err := p.steal()
 		if err != nil {
 			errs = append(errs, err)

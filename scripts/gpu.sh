@@ -53,7 +53,10 @@ run() {
 			grep -cE '^\s*--- FAIL' "$out/tests.log" | sed 's/^/failures: /' >&2 || true
 			;;
 		cost)
-			"$bin/cuda.test" -test.run XXX -test.bench DriverCost -test.benchtime 20x >"$out/cost.txt" 2>&1 || true
+			{
+				"$bin/cuda.test" -test.run XXX -test.bench DriverCost -test.benchtime 20x
+				GPUMEM_DRIVER_PHASES=1 "$bin/cuda.test" -test.run TestDriverPhases -test.v
+			} >"$out/cost.txt" 2>&1 || true
 			;;
 		cpubench)
 			# The allocator's own speed, on this machine's CPUs (16 cores).
