@@ -40,9 +40,9 @@ type Allocator struct {
 	// allocated and active are the pools' gauges as last flushed (see
 	// pool.flush): exact with one stream, within flushBytes per stream with
 	// several; Stats sums the pools' exact gauges.
-	reserved, peakReserved                  atomic.Uint64
-	allocated, active                       atomic.Int64
-	peakAllocated, peakActive               atomic.Uint64
+	reserved, peakReserved    atomic.Uint64
+	allocated, active         atomic.Int64
+	peakAllocated, peakActive atomic.Uint64
 	// counters of device work; see Stats.
 	c counters
 

@@ -13,7 +13,7 @@ package gpumem
 //	every Peak* >= its gauge
 type Stats struct {
 	// Gauges.
-	Allocated     uint64 // bytes requested by live buffers
+	Allocated uint64 // bytes requested by live buffers
 	// PeakAllocated and PeakActive are exact with one stream; with several,
 	// each stream publishes its changes in steps of 4 MiB (so that streams
 	// do not contend on one cache line), and the peaks may miss a
