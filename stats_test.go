@@ -1,0 +1,91 @@
+package gpumem_test
+
+import (
+	"testing"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/internal/conformance"
+)
+
+// TestPeaksNeverExceedReserved: with several streams the allocator's peaks
+// of Allocated and Active may lag (see Stats), but they must never claim
+// more than was ever held: PeakAllocated <= PeakActive <= PeakReserved.
+// Found by FuzzOps: a stream's free not yet published while another
+// stream's allocation is published added the two.
+func TestPeaksNeverExceedReserved(t *testing.T) {
+	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dev := newSim(64 * miB)
+			a := newAlloc(t, dev, gpumem.Config{Mode: mode})
+			s1, err := dev.NewStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := a.Alloc(1536*kiB, s1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Trim(); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Alloc(4*miB, 0); err != nil {
+				t.Fatal(err)
+			}
+			st := a.Stats()
+			if err := conformance.StatsIdentities(st); err != nil {
+				t.Fatalf("%v\n%+v", err, st)
+			}
+			if st.PeakActive > 4*miB+2*miB {
+				t.Fatalf("PeakActive %d: never more than %d bytes were live at once", st.PeakActive, 4*miB)
+			}
+		})
+	}
+}
+
+// TestStatsSingleStreamExact: with one stream every gauge and peak is exact
+// after every operation.
+func TestStatsSingleStreamExact(t *testing.T) {
+	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
+		t.Run(mode.String(), func(t *testing.T) {
+			a := newAlloc(t, newSim(256*miB), gpumem.Config{Mode: mode})
+			sizes := []uint64{100, 3 * miB, 700 * kiB, 9*miB + 1, 1}
+			var live []gpumem.Buffer
+			var allocated, active, peakAlloc, peakActive uint64
+			check := func() {
+				t.Helper()
+				st := a.Stats()
+				peakAlloc, peakActive = max(peakAlloc, allocated), max(peakActive, active)
+				if st.Allocated != allocated || st.Active != active || st.PeakAllocated != peakAlloc || st.PeakActive != peakActive {
+					t.Fatalf("stats %+v; want allocated %d active %d peaks %d %d", st, allocated, active, peakAlloc, peakActive)
+				}
+				if err := conformance.StatsIdentities(st); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for round := 0; round < 3; round++ {
+				for _, n := range sizes {
+					b, err := a.Alloc(n*uint64(round+1), 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					live = append(live, b)
+					allocated += b.Size()
+					active += (b.Size() + 511) &^ 511
+					check()
+				}
+				for i := 0; i < len(live); i += 2 {
+					if err := a.Free(live[i]); err != nil {
+						t.Fatal(err)
+					}
+					allocated -= live[i].Size()
+					active -= (live[i].Size() + 511) &^ 511
+					live = append(live[:i], live[i+1:]...)
+					check()
+				}
+			}
+		})
+	}
+}
