@@ -1,0 +1,191 @@
+package replay_test
+
+import (
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/replay"
+	"github.com/gpumem/gpumem/trace"
+)
+
+const traceDir = "../testdata/traces"
+
+// loadTraces loads every shipped trace, or skips the test if there are none.
+func loadTraces(t *testing.T) []*trace.Trace {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(traceDir, "*.trace.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) == 0 {
+		t.Skipf("no traces in %s", traceDir)
+	}
+	sort.Strings(paths)
+	var out []*trace.Trace
+	for _, p := range paths {
+		tr, err := trace.Load(p)
+		if err != nil {
+			t.Fatalf("loading %s: %v", p, err)
+		}
+		out = append(out, tr)
+	}
+	return out
+}
+
+// TestReplayTraces replays every shipped trace on the simulated 80 GiB
+// device: in the default configuration the allocator must hold at most 2%
+// more than the trace's peak of live bytes and never run out; in ModePlain
+// (PyTorch's rules) it must not run out either.
+func TestReplayTraces(t *testing.T) {
+	traces := loadTraces(t)
+	for _, tr := range traces {
+		t.Run(tr.Name, func(t *testing.T) {
+			if testing.Short() && len(tr.Events) > 200000 {
+				t.Skip("long trace in -short mode")
+			}
+			for _, c := range []struct {
+				name     string
+				cfg      gpumem.Config
+				maxRatio float64
+			}{
+				{"default", gpumem.Config{}, 1.02},
+				{"plain", gpumem.Config{Mode: gpumem.ModePlain}, 0},
+			} {
+				dev := sim.MustNew(sim.Config{})
+				res, err := replay.Run(tr, dev, c.cfg, replay.Options{Check: true})
+				if err != nil {
+					t.Fatalf("%s: %v", c.name, err)
+				}
+				t.Logf("%s: ratio %.4f, peak reserved %d, peak live %d, %d OOMs, %.0f ns/event, %d device calls",
+					c.name, res.Ratio, res.PeakReservedBytes, res.PeakLiveBytes, res.OOMs, res.NsPerOp, res.DeviceCalls)
+				if res.OOMs != 0 {
+					t.Errorf("%s: %d OOMs on an 80 GiB device for a peak of %d live bytes", c.name, res.OOMs, res.PeakLiveBytes)
+				}
+				if c.maxRatio > 0 && res.Ratio > c.maxRatio {
+					t.Errorf("%s: peak reserved / peak live = %.4f, want <= %.2f", c.name, res.Ratio, c.maxRatio)
+				}
+				if res.Events != len(tr.Events) || res.PeakLiveBytes != tr.PeakLiveBytes || res.Trace != tr.Name {
+					t.Errorf("%s: result describes another trace: %+v", c.name, res)
+				}
+				if res.PeakReservedBytes < res.PeakLiveBytes || res.PeakActiveBytes < res.PeakLiveBytes {
+					t.Errorf("%s: peaks below the trace's live peak: %+v", c.name, res)
+				}
+				if err := dev.Leaks(); err != nil {
+					t.Errorf("%s: after the replay: %v", c.name, err)
+				}
+			}
+		})
+	}
+}
+
+func readTrace(t *testing.T, text string) *trace.Trace {
+	t.Helper()
+	tr, err := trace.Read(strings.NewReader(text), "test.trace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// TestReplayFreeOfFailedAlloc: a request whose allocation ran out of memory
+// is counted as an OOM, and its later free is skipped, not an error.
+func TestReplayFreeOfFailedAlloc(t *testing.T) {
+	const text = "# gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US\n" +
+		"a 0 1048576 0 1\n" +
+		"a 1 1073741824 0 2\n" + // more than the device
+		"a 2 4096 0 3\n" +
+		"f 1 4\n" +
+		"f 0 5\n" +
+		"a 3 2097152 0 6\n" +
+		"f 2 7\n"
+	tr := readTrace(t, text)
+	for _, mode := range []gpumem.Mode{gpumem.ModeAuto, gpumem.ModePlain} {
+		dev := sim.MustNew(sim.Config{Capacity: 64 << 20})
+		res, err := replay.Run(tr, dev, gpumem.Config{Mode: mode}, replay.Options{Check: true})
+		if err != nil {
+			t.Fatalf("%v: %v", mode, err)
+		}
+		if res.OOMs != 1 {
+			t.Errorf("%v: %d OOMs, want 1", mode, res.OOMs)
+		}
+		if err := dev.Leaks(); err != nil {
+			t.Errorf("%v: %v", mode, err)
+		}
+	}
+}
+
+// TestReplayStreams: streams of a trace are made on the device and each
+// request lands on its own stream's memory (Touch sees the right stream).
+func TestReplayStreams(t *testing.T) {
+	const text = "# gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US\n" +
+		"a 0 1048576 0 1\n" +
+		"a 1 3145728 94000000001 2\n" +
+		"a 2 4096 94000000002 3\n" +
+		"f 1 4\n" +
+		"a 3 3145728 94000000002 5\n"
+	tr := readTrace(t, text)
+	dev := sim.MustNew(sim.Config{Capacity: 256 << 20})
+	seen := map[device.Stream]int{}
+	touch := func(s device.Stream, b gpumem.Buffer) error {
+		seen[s]++
+		return dev.Touch(s, b.Ptr(), b.Size())
+	}
+	res, err := replay.Run(tr, dev, gpumem.Config{}, replay.Options{Touch: touch, Check: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 3 || seen[0] != 1 {
+		t.Errorf("requests touched on streams %v, want 3 streams, one request on stream 0", seen)
+	}
+	if res.OOMs != 0 || res.Events != len(tr.Events) {
+		t.Errorf("result %+v", res)
+	}
+}
+
+// TestReplayTouchError: an error from Options.Touch stops the replay and is
+// returned with the request named.
+func TestReplayTouchError(t *testing.T) {
+	tr := readTrace(t, "# gpumem-trace v1\na 7 4096 0 1\n")
+	boom := errors.New("boom")
+	_, err := replay.Run(tr, sim.MustNew(sim.Config{Capacity: 64 << 20}), gpumem.Config{},
+		replay.Options{Touch: func(device.Stream, gpumem.Buffer) error { return boom }})
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "7") {
+		t.Fatalf("replay with a failing Touch: %v", err)
+	}
+}
+
+// TestResultJSONKeys: the JSON keys of Result are part of the CLI's
+// contract; renaming one breaks its users.
+func TestResultJSONKeys(t *testing.T) {
+	want := []string{"trace", "device", "mode", "events", "peak_live_bytes", "peak_reserved_bytes", "ratio", "ooms",
+		"ns_per_op", "maps", "unmaps", "device_calls", "creates", "fences", "peak_active_bytes", "end_reserved_bytes"}
+	raw, err := json.Marshal(replay.Result{Trace: "x", Ratio: 1.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for k := range m {
+		got = append(got, k)
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Result JSON keys\n got %v\nwant %v", got, want)
+	}
+	var back replay.Result
+	if err := json.Unmarshal(raw, &back); err != nil || back.Trace != "x" || back.Ratio != 1.5 {
+		t.Errorf("Result does not round-trip: %+v, %v", back, err)
+	}
+}
