@@ -26,15 +26,17 @@ type Allocator struct {
 	limit uint64 // cap on reserved bytes
 	total uint64 // device capacity
 	small uint64 // SmallSize
+	// spanChunks is the most chunks one span may have (Config.SpanSize).
+	spanChunks int
 	check bool   // run the checker after every operation
 
 	pools atomic.Pointer[[]*pool] // copy on write; append under mu
 	mu    sync.Mutex              // guards pool creation, closing, idle
 
-	// handles holds physical chunks created but not mapped anywhere
-	// (preallocation), guarded by handlesMu.
+	// handles holds physical handles unmapped but not released (the driver
+	// refused; retried by Trim and Close), guarded by handlesMu.
 	handlesMu sync.Mutex
-	handles   []device.Handle
+	handles   []heldHandle
 
 	// reserved and its peak are exact (changed only on slow paths).
 	// allocated and active are the pools' gauges as last flushed (see
@@ -47,6 +49,7 @@ type Allocator struct {
 	c counters
 
 	closed   atomic.Bool
+	multi    atomic.Bool // more than one pool: frees publish at once
 	stopIdle chan struct{}
 	idleDone chan struct{}
 }
@@ -106,6 +109,11 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 			return nil, fmt.Errorf("gpumem: New: device granularity %d is not a power of two ≥ %d", a.gran, minBlock)
 		}
 	}
+	span := cfg.SpanSize
+	if span == 0 {
+		span = defaultSpanSize
+	}
+	a.spanChunks = int(max(span/a.gran, 1))
 	if ev, ok := device.AsEvents(dev); ok {
 		a.ev = ev
 	}
@@ -276,6 +284,15 @@ func (a *Allocator) poolFor(s device.Stream) *pool {
 		}
 	}
 	p := newPool(a, s)
+	if len(old) > 0 && !a.multi.Load() {
+		// From now on frees publish at once; publish what is held back.
+		a.multi.Store(true)
+		for _, q := range old {
+			q.mu.Lock()
+			q.flush()
+			q.mu.Unlock()
+		}
+	}
 	next := make([]*pool, len(old), len(old)+1)
 	copy(next, old)
 	next = append(next, p)
@@ -312,7 +329,11 @@ func (p *pool) noteFree(size, req uint64) {
 	p.active -= size
 	p.dAllocated -= int64(req)
 	p.dActive -= int64(size)
-	if p.dActive <= -flushBytes {
+	// A free held back while another stream publishes an allocation would
+	// add up to a peak that never was: with several streams, frees publish
+	// at once (allocations may publish late: a peak may be missed by up to
+	// flushBytes per stream, never overstated).
+	if p.dActive <= -flushBytes || p.a.multi.Load() {
 		p.flush()
 	}
 }
@@ -380,7 +401,7 @@ func (a *Allocator) Trim() error {
 		}
 		p.mu.Unlock()
 	}
-	if err := a.releaseHandles(0); err != nil {
+	if err := a.releaseHandles(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -436,7 +457,7 @@ func (a *Allocator) Close() error {
 		}
 		p.mu.Unlock()
 	}
-	if err := a.releaseHandles(0); err != nil {
+	if err := a.releaseHandles(); err != nil {
 		errs = append(errs, err)
 	}
 	if len(leaks) > 0 {

@@ -39,10 +39,13 @@ func (a *Allocator) Check() error {
 				}
 			}
 		}
-		mappedBytes += uint64(p.nmapped) * a.gran
+		mappedBytes += uint64(p.mappedChunks) * a.gran
 	}
 	a.handlesMu.Lock()
-	spare := uint64(len(a.handles)) * a.gran
+	var spare uint64
+	for _, hh := range a.handles {
+		spare += hh.size
+	}
 	a.handlesMu.Unlock()
 	if r := a.reserved.Load(); r != plain+mappedBytes+spare {
 		errs = append(errs, fmt.Errorf("reserved %d != plain %d + mapped %d + spare %d", r, plain, mappedBytes, spare))
@@ -89,7 +92,6 @@ func (p *pool) check() error {
 		}
 	}
 	pending := 0
-	nmapped := 0
 	for k := range p.heaps {
 		h := &p.heaps[k]
 		if h.pool != p || h.kind != k {
@@ -155,17 +157,21 @@ func (p *pool) check() error {
 			}
 			for i := range seg.chunks {
 				c := &seg.chunks[i]
-				if c.mapped {
-					nmapped++
-				}
 				if c.live != live[i] {
 					bad("chunk %d of segment 0x%x: live %d, blocks say %d", i, seg.base, c.live, live[i])
 				}
-				if c.live > 0 && (!c.mapped || !c.access) {
-					bad("chunk %d of segment 0x%x holds live blocks but is not mapped with access (mapped %v)", i, seg.base, c.mapped)
+				if c.live > 0 && !c.ready {
+					bad("chunk %d of segment 0x%x holds live blocks but is not ready (span %d)", i, seg.base, c.span)
 				}
-				if c.live < 0 {
-					bad("chunk %d of segment 0x%x: negative live count", i, seg.base)
+				if c.span >= 0 {
+					if int(c.span) >= len(p.spans) || !p.spans[c.span].inUse || p.spans[c.span].seg != seg ||
+						int32(i) < p.spans[c.span].c0 || int32(i) >= p.spans[c.span].c0+p.spans[c.span].n {
+						bad("chunk %d of segment 0x%x points to span %d that does not cover it", i, seg.base, c.span)
+					} else if c.ready != p.spans[c.span].access {
+						bad("chunk %d of segment 0x%x: ready %v, its span's access %v", i, seg.base, c.ready, p.spans[c.span].access)
+					}
+				} else if c.ready {
+					bad("chunk %d of segment 0x%x is ready without a span", i, seg.base)
 				}
 			}
 		}
@@ -195,47 +201,53 @@ func (p *pool) check() error {
 			bad("heap %s: index lists %d blocks, counts %d", heapName(k), n, h.free.count)
 		}
 	}
-	if nmapped != p.nmapped {
-		bad("%d chunks mapped, pool counts %d", nmapped, p.nmapped)
-	}
-	// The empty lists hold exactly the mapped chunks with no live block,
-	// oldest first.
-	total := 0
-	for k := range p.heaps {
-		for _, seg := range p.heaps[k].segs {
-			ne, want := 0, 0
-			prev, lastSeq := int32(-1), uint64(0)
-			for i := seg.empty.head; i >= 0; prev, i = i, seg.chunks[i].next {
-				c := &seg.chunks[i]
-				ne++
-				if c.prev != prev || !c.mapped || c.live != 0 {
-					bad("empty list of 0x%x: chunk %d wrongly listed (mapped %v live %d)", seg.base, i, c.mapped, c.live)
-				}
-				if c.seq < lastSeq {
-					bad("empty list of 0x%x: chunk %d out of age order", seg.base, i)
-				}
-				lastSeq = c.seq
-				if ne > len(seg.chunks) {
-					bad("empty list of 0x%x: cycle", seg.base)
-					break
-				}
+	// Spans: each covers its chunks, counts their live ones, and the empty
+	// list holds exactly the empty spans, oldest first.
+	mapped, empties := 0, 0
+	for i := range p.spans {
+		s := &p.spans[i]
+		if !s.inUse {
+			continue
+		}
+		mapped += int(s.n)
+		occ := int32(0)
+		for j := s.c0; j < s.c0+s.n; j++ {
+			if int(j) >= len(s.seg.chunks) || s.seg.chunks[j].span != int32(i) {
+				bad("span %d [%d, %d) of 0x%x: chunk %d does not point back", i, s.c0, s.c0+s.n, s.seg.base, j)
+				break
 			}
-			if seg.empty.tail != prev {
-				bad("empty list of 0x%x: tail %d, last %d", seg.base, seg.empty.tail, prev)
+			if s.seg.chunks[j].live > 0 {
+				occ++
 			}
-			for i := range seg.chunks {
-				if seg.chunks[i].mapped && seg.chunks[i].live == 0 {
-					want++
-				}
-			}
-			if ne != seg.empty.n || ne != want {
-				bad("empty list of 0x%x has %d chunks, counts %d, mapped empty chunks %d", seg.base, ne, seg.empty.n, want)
-			}
-			total += ne
+		}
+		if occ != s.occupied {
+			bad("span %d: %d live chunks, counts %d", i, occ, s.occupied)
+		}
+		if s.occupied == 0 {
+			empties++
 		}
 	}
-	if total != p.nempty {
-		bad("pool counts %d empty chunks, lists hold %d", p.nempty, total)
+	if mapped != p.mappedChunks {
+		bad("spans cover %d chunks, pool counts %d", mapped, p.mappedChunks)
+	}
+	ne, prevI, lastSeq := 0, int32(-1), uint64(0)
+	for i := p.empty.head; i >= 0; prevI, i = i, p.spans[i].next {
+		s := &p.spans[i]
+		ne++
+		if !s.inUse || s.occupied != 0 || s.prev != prevI {
+			bad("empty list: span %d wrongly listed (in use %v, occupied %d)", i, s.inUse, s.occupied)
+		}
+		if s.seq < lastSeq {
+			bad("empty list: span %d out of age order", i)
+		}
+		lastSeq = s.seq
+		if ne > len(p.spans) {
+			bad("empty list: cycle")
+			break
+		}
+	}
+	if p.empty.tail != prevI || ne != p.empty.n || ne != empties {
+		bad("empty list: %d listed, counts %d, %d spans empty (tail %d, last %d)", ne, p.empty.n, empties, p.empty.tail, prevI)
 	}
 	np := 0
 	for b := p.pending; b != nil; b = b.fnext {

@@ -58,13 +58,16 @@ type Config struct {
 	Limit uint64
 	// Preallocate takes this many bytes from the device at New and keeps
 	// them until Trim or Close (TensorFlow's default behaviour, made
-	// explicit). PreallocateFraction does the same with a fraction of the
+	// explicit), or, in ModeVirtual, until a request that the limit or the
+	// device would otherwise refuse needs the memory in another place. PreallocateFraction does the same with a fraction of the
 	// device's total memory; the larger of the two wins.
 	Preallocate         uint64
 	PreallocateFraction float64
 	// ReleaseThreshold bounds the cached bytes (Stats.Cached): after a free
-	// leaves more cached than this, the allocator returns the excess to the
-	// device at once. 0 keeps the cache (no release on free).
+	// leaves more cached than this, the allocator returns empty spans and
+	// free segments to the device at once, oldest first, until it is under
+	// the threshold or nothing releasable is left (Stats.Releasable). 0
+	// keeps the cache (no release on free).
 	ReleaseThreshold uint64
 	// IdleRelease returns all cached memory to the device once the
 	// allocator has seen no Alloc or Free for this long. 0 disables it.
@@ -74,6 +77,11 @@ type Config struct {
 	// large ones so that small long-lived buffers do not pin large
 	// segments. Default 1 MiB. ModeVirtual has one heap (see doc.go).
 	SmallSize uint64
+	// SpanSize caps the physical memory taken from the device in one piece
+	// in ModeVirtual (rounded to the device's granularity). Larger spans
+	// mean fewer driver calls when memory grows or moves; smaller spans let
+	// idle memory be given back more finely. Default 16 MiB (see vm.go).
+	SpanSize uint64
 	// RecordSites captures the call stack of every allocation, so leak
 	// reports from Scope.Close and Close say where each leaked buffer was
 	// allocated. It costs an allocation per Alloc.
@@ -86,6 +94,7 @@ type Config struct {
 
 const (
 	defaultSmallSize = 1 << 20
+	defaultSpanSize  = 16 << 20
 	smallSegment     = 2 << 20  // plain mode: segment for small requests
 	midSegment       = 20 << 20 // plain mode: segment for requests under midLimit
 	midLimit         = 10 << 20

@@ -33,17 +33,17 @@ type pool struct {
 	pending  *block // freed blocks waiting for events, linked through fnext
 	npending int
 
-	// nempty counts this pool's chunks that are mapped but hold no live
-	// block (ModeVirtual), listed oldest first on their segment's empty
-	// list. They still count as reserved; a pool that needs physical
-	// memory takes them (see physical).
-	nempty              int
+	// spans back this pool's virtual segments (vm.go); empty lists those
+	// with no live chunk, oldest first. They still count as reserved; a
+	// pool that needs memory remaps or releases them (newSpan).
+	spans        []span
+	freeSlots    []int32
+	empty        spanList
+	mappedChunks int
 	emptySeq, fencedSeq uint64 // chunk emptyings so far / covered by the last fence
 	fenceEv             device.Event
 	haveFenceEv         bool
 	spareEvents         []device.Event
-	scratch             []device.Handle // handles being mapped by back
-	nmapped             int             // mapped chunks of this pool's virtual segments
 
 	nallocs, nfrees uint64
 	// gauges: exact for this pool; see noteAlloc.
@@ -70,12 +70,11 @@ type segment struct {
 	virtual  bool
 	prealloc bool // plain preallocation: kept until Trim or Close
 	first    *block
-	chunks   []chunk   // virtual: one per granule
-	empty    chunkList // virtual: mapped chunks with no live block
+	chunks   []chunk // virtual: one per granule
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
-	p := &pool{a: a, stream: s}
+	p := &pool{a: a, stream: s, empty: spanList{head: -1, tail: -1}}
 	for k := range p.heaps {
 		p.heaps[k] = heap{pool: p, kind: k}
 	}
@@ -498,12 +497,12 @@ func heapName(kind int) string {
 // addSegment makes a segment of [base, base+size) with one free block.
 func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 	p := h.pool
-	seg := &segment{heap: h, base: base, size: size, virtual: virtual, empty: chunkList{head: -1, tail: -1}}
+	seg := &segment{heap: h, base: base, size: size, virtual: virtual}
 	if virtual {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)
 		for i := range seg.chunks {
-			seg.chunks[i].prev, seg.chunks[i].next = -1, -1
+			seg.chunks[i].span = -1
 		}
 	}
 	b := p.newBlock()
@@ -521,6 +520,17 @@ func (h *heap) removeSegment(seg *segment) {
 			return
 		}
 	}
+}
+
+// mappedSpans counts the spans of p mapped in seg.
+func (seg *segment) mappedSpans(p *pool) int {
+	n := 0
+	for i := range p.spans {
+		if p.spans[i].inUse && p.spans[i].seg == seg {
+			n++
+		}
+	}
+	return n
 }
 
 func (seg *segment) isFree() bool {
@@ -595,7 +605,7 @@ func (p *pool) trim(all bool) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := p.releaseEmpty(0); err != nil {
+	if err := p.releaseEmpty(0, all); err != nil {
 		errs = append(errs, err)
 	}
 	if err := p.releaseSegments(0, all); err != nil {
@@ -607,7 +617,7 @@ func (p *pool) trim(all bool) error {
 // releaseExcess returns cached memory until the allocator caches at most
 // target bytes.
 func (p *pool) releaseExcess(target uint64) {
-	_ = p.releaseEmpty(target)
+	_ = p.releaseEmpty(target, false)
 	_ = p.releaseSegments(target, false)
 }
 
@@ -658,10 +668,10 @@ func (p *pool) teardown() error {
 				continue
 			}
 			if seg.virtual {
-				if n := seg.empty.n; n > 0 {
+				if n := seg.mappedSpans(p); n > 0 {
 					// Releasing address space with mappings in it is a
 					// precondition violation: keep it, and say so.
-					errs = append(errs, fmt.Errorf("gpumem: Close: %d chunks of arena 0x%x could not be unmapped; its address space is kept", n, seg.base))
+					errs = append(errs, fmt.Errorf("gpumem: Close: %d spans of arena 0x%x could not be unmapped; its address space is kept", n, seg.base))
 					continue
 				}
 				if err := a.vm.ReleaseAddress(device.Ptr(seg.base), seg.size); err != nil {

@@ -26,9 +26,17 @@ type SegmentSnapshot struct {
 	Pool        string          `json:"pool"` // "small" or "large"
 	Kind        string          `json:"kind"` // "plain" or "virtual"
 	Preallocate bool            `json:"preallocated,omitempty"`
-	MappedBytes uint64          `json:"mapped_bytes"`     // plain: Size
-	Mapped      [][2]uint64     `json:"mapped,omitempty"` // virtual: mapped [start, end) runs
+	MappedBytes uint64          `json:"mapped_bytes"`    // plain: Size
+	Spans       []SpanSnapshot  `json:"spans,omitempty"` // virtual: physical memory mapped in it
 	Blocks      []BlockSnapshot `json:"blocks"`
+}
+
+// SpanSnapshot is one span: a piece of physical memory mapped whole.
+type SpanSnapshot struct {
+	Address     uint64 `json:"address"`
+	Size        uint64 `json:"size"`
+	LiveBytes   uint64 `json:"live_chunk_bytes"` // bytes of its chunks holding live blocks
+	Preallocate bool   `json:"preallocated,omitempty"`
 }
 
 // BlockSnapshot is one block of a segment.
@@ -56,18 +64,16 @@ func (a *Allocator) Snapshot() Snapshot {
 					Pool: heapName(k), Kind: "plain", Preallocate: seg.prealloc, MappedBytes: seg.size}
 				if seg.virtual {
 					ss.Kind, ss.MappedBytes = "virtual", 0
-					for i := range seg.chunks {
-						if !seg.chunks[i].mapped {
+					for i := range p.spans {
+						sp := &p.spans[i]
+						if !sp.inUse || sp.seg != seg {
 							continue
 						}
-						ss.MappedBytes += a.gran
-						lo := seg.chunkAddr(i, a.gran)
-						if n := len(ss.Mapped); n > 0 && ss.Mapped[n-1][1] == lo {
-							ss.Mapped[n-1][1] = lo + a.gran
-						} else {
-							ss.Mapped = append(ss.Mapped, [2]uint64{lo, lo + a.gran})
-						}
+						ss.MappedBytes += uint64(sp.n) * a.gran
+						ss.Spans = append(ss.Spans, SpanSnapshot{Address: seg.chunkAddr(int(sp.c0), a.gran),
+							Size: uint64(sp.n) * a.gran, LiveBytes: uint64(sp.occupied) * a.gran, Preallocate: sp.prealloc})
 					}
+					sort.Slice(ss.Spans, func(i, j int) bool { return ss.Spans[i].Address < ss.Spans[j].Address })
 				}
 				for b := seg.first; b != nil; b = b.next {
 					bs := BlockSnapshot{Address: b.addr, Size: b.size, Requested: b.req, State: b.state.String(), Stream: uint64(p.stream)}

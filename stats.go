@@ -15,18 +15,22 @@ type Stats struct {
 	// Gauges.
 	Allocated uint64 // bytes requested by live buffers
 	// PeakAllocated and PeakActive are exact with one stream; with several,
-	// each stream publishes its changes in steps of 4 MiB (so that streams
-	// do not contend on one cache line), and the peaks may miss a
-	// momentary high by up to 4 MiB per stream.
+	// each stream publishes its allocations in steps of 4 MiB (so that
+	// streams do not contend on one cache line), and the peaks may miss a
+	// momentary high by up to 4 MiB per stream. They never overstate.
 	PeakAllocated uint64
 	Active        uint64 // bytes of the blocks behind live buffers (requests rounded to 512 B)
 	PeakActive    uint64
 	Reserved      uint64 // bytes held from the device: segments, mapped and spare physical chunks
 	PeakReserved  uint64
 	Cached        uint64 // Reserved - Active: held but not in use (includes frees pending on events)
+	// Releasable is the part of Cached that Trim would give back now:
+	// empty spans and wholly free segments. The rest lies in spans or
+	// segments that also hold live buffers.
+	Releasable uint64
 	PlainBytes    uint64 // bytes of plain segments
-	MappedBytes   uint64 // bytes of physical chunks mapped into address space
-	SpareBytes    uint64 // bytes of physical chunks held unmapped (preallocation)
+	MappedBytes   uint64 // bytes of spans: physical memory mapped into address space
+	SpareBytes    uint64 // bytes of handles unmapped whose release the driver refused (retried by Trim)
 	AddressSpace  uint64 // bytes of virtual address space reserved
 	LiveBuffers   uint64
 	Segments      int // plain segments and virtual arenas
@@ -75,7 +79,10 @@ func (a *Allocator) Stats() Stats {
 		s.Frees += p.nfrees
 		s.PendingFrees += p.npending
 		s.Streams++
-		s.MappedBytes += uint64(p.nmapped) * a.gran
+		s.MappedBytes += uint64(p.mappedChunks) * a.gran
+		for i := p.empty.head; i >= 0; i = p.spans[i].next {
+			s.Releasable += uint64(p.spans[i].n) * a.gran
+		}
 		for k := range p.heaps {
 			h := &p.heaps[k]
 			s.Segments += len(h.segs)
@@ -84,6 +91,9 @@ func (a *Allocator) Stats() Stats {
 					s.AddressSpace += seg.size
 				} else {
 					s.PlainBytes += seg.size
+					if seg.isFree() {
+						s.Releasable += seg.size
+					}
 				}
 			}
 			if l := h.largestFree(); l > largest {
@@ -93,11 +103,11 @@ func (a *Allocator) Stats() Stats {
 		p.mu.Unlock()
 	}
 	a.handlesMu.Lock()
-	s.SpareBytes = uint64(len(a.handles)) * a.gran
-	a.handlesMu.Unlock()
-	if largest < s.SpareBytes {
-		largest = s.SpareBytes
+	for _, hh := range a.handles {
+		s.SpareBytes += hh.size
 	}
+	s.Releasable += s.SpareBytes
+	a.handlesMu.Unlock()
 	// A flushed peak can lag the exact sum by flushBytes per stream; never
 	// report a peak below what is live now.
 	s.PeakAllocated = max(s.PeakAllocated, a.peakAllocated.Load(), s.Allocated)
@@ -140,7 +150,7 @@ func (h *heap) largestFree() uint64 {
 			c0, c1 := seg.chunkSpan(b.addr, b.size, gran)
 			var run uint64
 			for i := c0; i <= c1; i++ {
-				if !seg.chunks[i].mapped {
+				if !seg.chunks[i].ready {
 					run = 0
 					continue
 				}

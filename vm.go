@@ -9,73 +9,124 @@ import (
 	"github.com/gpumem/gpumem/device"
 )
 
-// A chunk is one granule of a virtual segment, the unit of physical backing.
-// Its state machine (each arrow names the function that performs it):
+// Virtual memory: chunks and spans.
 //
-//	unmapped ──mapMissing──▶ occupied (live > 0) ──vacate──▶ empty (live == 0, mapped, on pool.empty)
-//	    ▲                       ▲                               │
-//	    │                       └────────────occupy─────────────┤
-//	    └──────────────steal (unmap; handle reused) / releaseEmpty (unmap, release)
+// A virtual arena is divided into chunks of the device's granularity (2 MiB
+// on NVIDIA), the unit of placement accounting. Physical memory backs it in
+// spans: one device handle mapped whole over a run of chunks. CUDA can map
+// only whole handles and unmap only whole mappings, and every mapping costs
+// tens of microseconds to map, grant and unmap whatever its size
+// (docs/BENCHMARKS.md, "Driver costs"), so the span is the unit of growth,
+// of reuse elsewhere and of release. Each run of unmapped chunks under a new
+// block gets spans of at most Config.SpanSize: one create, one map, one
+// access grant each.
+//
+// The span size is the trade between speed and fit. Empty chunks of a span
+// that still has a live chunk cannot be given back or moved, so larger spans
+// hold more idle memory; smaller ones cost more driver calls. Measured on
+// the six shipped traces (docs/BENCHMARKS.md, "Span size"), 16 MiB spans
+// keep every ratio under 1.015 with about a sixth of the driver time of
+// 2 MiB spans.
+//
+// A span's life (each arrow names the function that performs it):
+//
+//	        newSpan                 vacate (last live chunk)
+//	(none) ───────▶ occupied ◀──────────────────────────▶ empty, on pool.empty
+//	                   ▲            occupy (first live chunk)  │
+//	                   └────── remap (an exact-size run elsewhere) ◀┤
+//	(none) ◀───────────────────────────── releaseSpan ─────────────┘
+//
+// So the device is asked for memory only when no empty span is held, and a
+// hole in the address space holds no memory once its spans have emptied.
+// What a span cannot give back are its empty chunks while another of its
+// chunks is live: that, and partly used chunks, is all the overhead.
 //
 // Invariants (checked by checkPool):
 //
-//	live == number of non-free blocks that overlap the chunk
-//	live > 0 ⇒ mapped && access
-//	mapped && live == 0 ⇔ the chunk is on its segment's empty list
-//	Reserved == Σ plain segment sizes + (mapped chunks + spare handles) × granularity
+//	chunk.span == i ⇔ the chunk lies in [spans[i].c0, spans[i].c0+spans[i].n) of spans[i].seg
+//	chunk.ready ⇔ chunk.span ≥ 0 and that span has access
+//	chunk.live == number of non-free blocks that overlap the chunk
+//	chunk.live > 0 ⇒ chunk.ready
+//	span.occupied == number of its chunks with live > 0
+//	span is on its pool's empty list ⇔ span.occupied == 0
+//	Reserved == Σ plain segment sizes + Σ span sizes + Σ unreleased handles
 //
-// Guarded by the owning pool's mu. Chunks hold no Go pointers (links are
-// indices into seg.chunks), so the collector neither scans the arrays nor
-// puts write barriers on the hot path.
+// Guarded by the owning pool's mu. Chunks and span links hold no Go
+// pointers (indices), so the collector neither scans the arrays nor puts
+// write barriers on the hot path.
 type chunk struct {
-	live       int32
-	mapped     bool
-	access     bool  // access granted since it was mapped (SetAccess)
-	prev, next int32 // seg.empty links; -1 for none
-	h          device.Handle
-	seq        uint64 // pool.emptySeq when it last became empty
+	live  int32
+	span  int32 // index in pool.spans; -1 when unmapped
+	ready bool  // mapped with access: what the cache-hit path checks
 }
 
-// chunkAddr is the address of chunk i of seg.
-func (seg *segment) chunkAddr(i int, gran uint64) uint64 { return seg.base + uint64(i)*gran }
+// A span is one physical handle mapped over chunks [c0, c0+n) of seg.
+type span struct {
+	seg        *segment
+	c0, n      int32
+	h          device.Handle
+	occupied   int32 // chunks with live > 0
+	access     bool  // SetAccess done since it was mapped here
+	prealloc   bool  // Config.Preallocate: released only by Trim and Close
+	inUse      bool  // the slot holds a span
+	seq        uint64
+	prev, next int32 // pool.empty, oldest first; -1 for none
+}
 
-// chunkList links a segment's empty chunks, oldest first, by index.
-type chunkList struct {
+// spanList links a pool's empty spans by index, oldest first.
+type spanList struct {
 	head, tail int32
 	n          int
 }
 
-func (seg *segment) pushEmpty(i int) {
-	l, ch := &seg.empty, seg.chunks
-	c := &ch[i]
-	c.prev, c.next = l.tail, -1
+func (p *pool) pushEmpty(i int32) {
+	l, s := &p.empty, &p.spans[i]
+	p.emptySeq++
+	s.seq = p.emptySeq
+	s.prev, s.next = l.tail, -1
 	if l.tail >= 0 {
-		ch[l.tail].next = int32(i)
+		p.spans[l.tail].next = i
 	} else {
-		l.head = int32(i)
+		l.head = i
 	}
-	l.tail = int32(i)
+	l.tail = i
 	l.n++
-	seg.heap.pool.nempty++
 }
 
-func (seg *segment) removeEmpty(i int) {
-	l, ch := &seg.empty, seg.chunks
-	c := &ch[i]
-	if c.prev >= 0 {
-		ch[c.prev].next = c.next
+func (p *pool) removeEmpty(i int32) {
+	l, s := &p.empty, &p.spans[i]
+	if s.prev >= 0 {
+		p.spans[s.prev].next = s.next
 	} else {
-		l.head = c.next
+		l.head = s.next
 	}
-	if c.next >= 0 {
-		ch[c.next].prev = c.prev
+	if s.next >= 0 {
+		p.spans[s.next].prev = s.prev
 	} else {
-		l.tail = c.prev
+		l.tail = s.prev
 	}
-	c.prev, c.next = -1, -1
+	s.prev, s.next = -1, -1
 	l.n--
-	seg.heap.pool.nempty--
 }
+
+// newSlot returns a free span slot of the pool.
+func (p *pool) newSlot() int32 {
+	if n := len(p.freeSlots); n > 0 {
+		i := p.freeSlots[n-1]
+		p.freeSlots = p.freeSlots[:n-1]
+		return i
+	}
+	p.spans = append(p.spans, span{})
+	return int32(len(p.spans) - 1)
+}
+
+func (p *pool) freeSlot(i int32) {
+	p.spans[i] = span{prev: -1, next: -1}
+	p.freeSlots = append(p.freeSlots, i)
+}
+
+// chunkAddr is the address of chunk i of seg.
+func (seg *segment) chunkAddr(i int, gran uint64) uint64 { return seg.base + uint64(i)*gran }
 
 // chunkSpan returns the chunk indices [c0, c1] that [addr, addr+size) touches.
 func (seg *segment) chunkSpan(addr, size, gran uint64) (int, int) {
@@ -90,7 +141,7 @@ func (seg *segment) unmappedIn(addr, size, gran uint64, limit int) int {
 	ch := seg.chunks
 	n := 0
 	for i := c0; i <= c1 && n <= limit; i++ {
-		if !ch[i].mapped || !ch[i].access {
+		if !ch[i].ready {
 			n++
 		}
 	}
@@ -144,253 +195,360 @@ func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64
 	return best, bestOff, bestMissing
 }
 
-// occupy counts b as live in its chunks; every chunk must be mapped.
+// occupy counts b as live in its chunks; every chunk must be ready.
 func (p *pool) occupy(b *block) {
 	c0, c1 := b.seg.chunkSpan(b.addr, b.size, p.a.gran)
 	ch := b.seg.chunks
 	for i := c0; i <= c1; i++ {
 		c := &ch[i]
 		if c.live == 0 {
-			b.seg.removeEmpty(i)
+			s := &p.spans[c.span]
+			if s.occupied == 0 {
+				p.removeEmpty(c.span)
+			}
+			s.occupied++
 		}
 		c.live++
 	}
 }
 
-// vacate uncounts b from its chunks; chunks left with no live block join the
-// pool's empty list, still mapped: reusing them in place costs nothing, and
-// a pool that needs physical memory elsewhere takes them (steal).
+// vacate uncounts b from its chunks. A span left with no live chunk joins
+// the pool's empty list, still mapped: reused in place it costs nothing;
+// growth elsewhere remaps or releases it.
 func (p *pool) vacate(b *block) {
 	c0, c1 := b.seg.chunkSpan(b.addr, b.size, p.a.gran)
-	ch := b.seg.chunks
+	p.vacateChunks(b.seg, c0, c1)
+}
+
+func (p *pool) vacateChunks(seg *segment, c0, c1 int) {
+	ch := seg.chunks
 	for i := c0; i <= c1; i++ {
 		c := &ch[i]
 		c.live--
-		if c.live == 0 {
-			p.emptySeq++
-			c.seq = p.emptySeq
-			b.seg.pushEmpty(i)
+		if c.live == 0 && c.span >= 0 {
+			s := &p.spans[c.span]
+			s.occupied--
+			if s.occupied == 0 {
+				p.pushEmpty(c.span)
+			}
 		}
 	}
 }
 
-// back occupies b's chunks and maps those that have no physical memory
-// (the growth step of ModeVirtual). Physical chunks come, in order, from
-// spare handles, this pool's oldest empty chunks, other pools' empty chunks,
-// and finally the device. On failure nothing changes but where spare
-// handles are kept.
+// back occupies b's chunks and gives every run of unmapped chunks under it
+// a span (the growth step of ModeVirtual), and access to any span that
+// lacks it. On failure nothing changes but what is already mapped.
 func (p *pool) back(b *block) error {
 	a := p.a
-	gran := a.gran
-	c0, c1 := b.seg.chunkSpan(b.addr, b.size, gran)
-	ch := b.seg.chunks
-	missing, bare := 0, 0
+	seg := b.seg
+	c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
+	ch := seg.chunks
+	need := false
 	for i := c0; i <= c1; i++ {
 		c := &ch[i]
-		if c.live == 0 {
-			if c.mapped {
-				b.seg.removeEmpty(i)
-			} else {
-				missing++
+		if c.live == 0 && c.span >= 0 {
+			s := &p.spans[c.span]
+			if s.occupied == 0 {
+				p.removeEmpty(c.span)
 			}
-		}
-		if c.mapped && !c.access {
-			bare++
+			s.occupied++
 		}
 		c.live++
+		if !c.ready {
+			need = true
+		}
 	}
-	if missing == 0 && bare == 0 {
+	if !need {
 		return nil
 	}
-	undo := func() {
+	var err error
+	for i := c0; i <= c1 && err == nil; {
+		c := &ch[i]
+		switch {
+		case c.ready:
+			i++
+		case c.span >= 0: // mapped, but a failure left it without access
+			s := &p.spans[c.span]
+			err = p.grant(c.span)
+			i = int(s.c0 + s.n)
+		default:
+			r1 := i + 1
+			for r1 <= c1 && ch[r1].span < 0 && r1-i < p.a.spanChunks {
+				r1++
+			}
+			err = p.newSpan(seg, i, r1)
+			i = r1
+		}
+	}
+	if err != nil {
+		// Undo the counts; chunks that got spans keep them (empty now).
 		for i := c0; i <= c1; i++ {
 			c := &ch[i]
 			c.live--
-			if c.live == 0 && c.mapped {
-				p.emptySeq++
-				c.seq = p.emptySeq
-				b.seg.pushEmpty(i)
+			if c.live == 0 && c.span >= 0 {
+				s := &p.spans[c.span]
+				s.occupied--
+				if s.occupied == 0 {
+					p.pushEmpty(c.span)
+				}
 			}
 		}
-	}
-	// 1. Acquire every handle first, so that a shortage maps nothing.
-	hs := p.scratch[:0]
-	for n := 0; n < missing; n++ {
-		h, err := p.physical()
-		if err != nil {
-			a.keepHandles(hs)
-			p.scratch = hs[:0]
-			undo()
-			return err
-		}
-		hs = append(hs, h)
-	}
-	p.scratch = hs[:0]
-	// 2. Map them, then 3. grant access once per contiguous run of chunks
-	// without it.
-	next := 0
-	runStart := -1
-	var err error
-	for i := c0; i <= c1 && err == nil; i++ {
-		c := &ch[i]
-		if !c.mapped {
-			h := hs[next]
-			if err = a.vm.Map(device.Ptr(b.seg.chunkAddr(i, gran)), gran, h); err != nil {
-				break
-			}
-			a.c.maps.Add(1)
-			next++
-			p.nmapped++
-			c.mapped, c.access, c.h = true, false, h
-		}
-		if !c.access {
-			if runStart < 0 {
-				runStart = i
-			}
-			continue
-		}
-		if runStart >= 0 {
-			err = a.setAccess(b.seg, runStart, i)
-			runStart = -1
-		}
-	}
-	if err == nil && runStart >= 0 {
-		err = a.setAccess(b.seg, runStart, c1+1)
-	}
-	if err != nil {
-		// Unmap the chunks this call mapped that have no access, and keep
-		// their handles and the unused ones as spares. A chunk whose unmap
-		// fails stays mapped, without access (granted when it is next
-		// occupied), and keeps its handle.
-		keep := append([]device.Handle(nil), hs[next:]...)
-		for i := c0; i <= c1; i++ {
-			c := &ch[i]
-			if !c.mapped || c.access || !containsHandle(hs[:next], c.h) {
-				continue
-			}
-			if uerr := a.vm.Unmap(device.Ptr(b.seg.chunkAddr(i, gran)), gran); uerr == nil {
-				a.c.unmaps.Add(1)
-				p.nmapped--
-				c.mapped = false
-				keep = append(keep, c.h)
-				c.h = 0
-			}
-		}
-		a.keepHandles(keep)
-		undo()
 		return fmt.Errorf("gpumem: backing %d bytes at 0x%x: %w", b.size, b.addr, err)
 	}
 	return nil
 }
 
-func containsHandle(hs []device.Handle, h device.Handle) bool {
-	for _, x := range hs {
-		if x == h {
-			return true
-		}
-	}
-	return false
-}
 
-// setAccess grants access to chunks [from, to) of seg in one call.
-func (a *Allocator) setAccess(seg *segment, from, to int) error {
-	if err := a.vm.SetAccess(device.Ptr(seg.base+uint64(from)*a.gran), uint64(to-from)*a.gran); err != nil {
+// grant gives span i access (SetAccess over its one mapping).
+func (p *pool) grant(i int32) error {
+	a := p.a
+	s := &p.spans[i]
+	if err := a.vm.SetAccess(device.Ptr(s.seg.chunkAddr(int(s.c0), a.gran)), uint64(s.n)*a.gran); err != nil {
 		return err
 	}
 	a.c.setAccess.Add(1)
-	for i := from; i < to; i++ {
-		seg.chunks[i].access = true
+	s.access = true
+	for j := s.c0; j < s.c0+s.n; j++ {
+		s.seg.chunks[j].ready = true
 	}
 	return nil
 }
 
-// physical returns an unmapped physical chunk for this pool to map.
-func (p *pool) physical() (device.Handle, error) {
+// newSpan backs chunks [r0, r1) of seg, all unmapped and all live now, with
+// one span: an empty span of exactly that size moved here (remap), else new
+// memory from the device after releasing what empty spans hold.
+func (p *pool) newSpan(seg *segment, r0, r1 int) error {
 	a := p.a
-	if h, ok := a.spareHandle(); ok {
-		return h, nil
+	k := int32(r1 - r0)
+	size := uint64(k) * a.gran
+	if q, i := p.findEmpty(k); q != nil {
+		err := q.moveSpan(i, p, seg, r0)
+		if q != p {
+			q.mu.Unlock()
+		}
+		return err
 	}
-	if p.nempty > 0 {
-		return p.steal()
+	if err := p.makeRoom(size); err != nil {
+		return err
 	}
-	for _, q := range a.allPools() {
+	if !a.takeBudget(size) {
+		return &shortage{cause: CauseLimit}
+	}
+	h, err := a.vm.Create(size)
+	if err != nil {
+		a.giveBudget(size)
+		if errors.Is(err, device.ErrOutOfMemory) {
+			return &shortage{cause: CauseDevice, err: err}
+		}
+		return err
+	}
+	a.c.creates.Add(1)
+	return p.place(h, seg, r0, r1, false)
+}
+
+// place maps handle h over chunks [r0, r1) of seg as a new span of p, all
+// of whose chunks are live, and grants access. If mapping fails the handle
+// is released; if the grant fails the span stays, without access.
+func (p *pool) place(h device.Handle, seg *segment, r0, r1 int, prealloc bool) error {
+	a := p.a
+	k := int32(r1 - r0)
+	size := uint64(k) * a.gran
+	if err := a.vm.Map(device.Ptr(seg.chunkAddr(r0, a.gran)), size, h); err != nil {
+		a.dropHandle(h, size)
+		return err
+	}
+	a.c.maps.Add(1)
+	i := p.newSlot()
+	p.spans[i] = span{seg: seg, c0: int32(r0), n: k, h: h, inUse: true, prealloc: prealloc, prev: -1, next: -1}
+	s := &p.spans[i]
+	for j := r0; j < r1; j++ {
+		c := &seg.chunks[j]
+		c.span = i
+		if c.live > 0 {
+			s.occupied++
+		}
+	}
+	p.mappedChunks += int(k)
+	if s.occupied == 0 {
+		p.pushEmpty(i)
+	}
+	return p.grant(i)
+}
+
+// findEmpty finds an empty span of exactly k chunks, in this pool or
+// another (which it returns locked), not preallocated.
+func (p *pool) findEmpty(k int32) (*pool, int32) {
+	if i := p.emptyOfSize(k); i >= 0 {
+		return p, i
+	}
+	for _, q := range p.a.allPools() {
 		if q == p || !q.mu.TryLock() {
 			continue
 		}
-		if q.nempty > 0 {
-			h, err := q.steal()
-			q.mu.Unlock()
-			return h, err
+		if i := q.emptyOfSize(k); i >= 0 {
+			return q, i
 		}
 		q.mu.Unlock()
 	}
-	if !a.takeBudget(a.gran) {
-		return 0, &shortage{cause: CauseLimit}
-	}
-	h, err := a.vm.Create(a.gran)
-	if err != nil {
-		a.giveBudget(a.gran)
-		if errors.Is(err, device.ErrOutOfMemory) {
-			return 0, &shortage{cause: CauseDevice, err: err}
-		}
-		return 0, err
-	}
-	a.c.creates.Add(1)
-	return h, nil
+	return nil, -1
 }
 
-// steal unmaps this pool's oldest empty chunk and returns its physical
-// memory. The pool's stream is fenced first if the chunk emptied after the
-// last fence: unmapping is not stream-ordered.
-func (p *pool) steal() (device.Handle, error) {
-	a := p.a
-	var seg *segment
-	for k := range p.heaps {
-		for _, s := range p.heaps[k].segs {
-			if s.empty.n > 0 && (seg == nil || s.chunks[s.empty.head].seq < seg.chunks[seg.empty.head].seq) {
-				seg = s
+func (p *pool) emptyOfSize(k int32) int32 {
+	for i := p.empty.head; i >= 0; i = p.spans[i].next {
+		if s := &p.spans[i]; s.n == k && !s.prealloc {
+			return i
+		}
+	}
+	return -1
+}
+
+// moveSpan unmaps empty span i of q and maps its handle over chunks
+// [r0, r0+n) of seg, as a span of p. q's stream is fenced first: unmapping
+// is not stream-ordered.
+func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0 int) error {
+	s := q.spans[i]
+	if err := q.unmapSpan(i); err != nil {
+		return err
+	}
+	return p.place(s.h, seg, r0, r0+int(s.n), false)
+}
+
+// unmapSpan fences q's stream if the span emptied after the last fence,
+// unmaps empty span i and frees its slot. Its handle is the caller's.
+func (q *pool) unmapSpan(i int32) error {
+	a := q.a
+	s := &q.spans[i]
+	if s.seq > q.fencedSeq {
+		if err := q.fence(); err != nil {
+			return err
+		}
+	}
+	size := uint64(s.n) * a.gran
+	if err := a.vm.Unmap(device.Ptr(s.seg.chunkAddr(int(s.c0), a.gran)), size); err != nil {
+		return err
+	}
+	a.c.unmaps.Add(1)
+	for j := s.c0; j < s.c0+s.n; j++ {
+		c := &s.seg.chunks[j]
+		c.span, c.ready = -1, false
+	}
+	q.mappedChunks -= int(s.n)
+	q.removeEmpty(i)
+	q.freeSlot(i)
+	return nil
+}
+
+// releaseSpan unmaps empty span i and gives its memory back to the device.
+func (q *pool) releaseSpan(i int32) error {
+	a := q.a
+	h, size := q.spans[i].h, uint64(q.spans[i].n)*a.gran
+	if err := q.unmapSpan(i); err != nil {
+		return err
+	}
+	a.dropHandle(h, size)
+	return nil
+}
+
+// dropHandle releases an unmapped handle; if the driver refuses, the handle
+// is kept (and still counted) for Trim or Close to try again.
+func (a *Allocator) dropHandle(h device.Handle, size uint64) {
+	if err := a.vm.Release(h); err != nil {
+		a.handlesMu.Lock()
+		a.handles = append(a.handles, heldHandle{h, size})
+		a.handlesMu.Unlock()
+		return
+	}
+	a.c.releases.Add(1)
+	a.giveBudget(size)
+}
+
+// heldHandle is a handle unmapped but not released (the driver refused).
+type heldHandle struct {
+	h    device.Handle
+	size uint64
+}
+
+// makeRoom releases empty spans, oldest first, this pool's and then others'
+// (TryLocked), before size bytes are taken from the device, so that the
+// device is asked for memory only when nothing reclaimable is held, and the
+// limit is not hit while empty memory is held.
+func (p *pool) makeRoom(size uint64) error {
+	// Preallocated spans yield only when the limit would refuse the request.
+	for _, prealloc := range []bool{false, true} {
+		if prealloc && p.a.reserved.Load()+size <= p.a.limit {
+			return nil
+		}
+		if p.releaseOldest(size, prealloc) {
+			return nil
+		}
+		for _, q := range p.a.allPools() {
+			if q == p || !q.mu.TryLock() {
+				continue
+			}
+			done := q.releaseOldest(size, prealloc)
+			q.mu.Unlock()
+			if done {
+				return nil
 			}
 		}
 	}
-	i := int(seg.empty.head)
-	c := &seg.chunks[i]
-	if c.seq > p.fencedSeq {
-		if err := p.fence(); err != nil {
-			return 0, err
-		}
-	}
-	if err := a.vm.Unmap(device.Ptr(seg.chunkAddr(i, a.gran)), a.gran); err != nil {
-		return 0, err
-	}
-	a.c.unmaps.Add(1)
-	seg.removeEmpty(i)
-	p.nmapped--
-	c.mapped, c.access = false, false
-	h := c.h
-	c.h = 0
-	return h, nil
+	return nil
 }
 
-// releaseEmpty unmaps and releases this pool's empty chunks, oldest first,
-// while more than target bytes are cached (all of them for target 0). A chunk whose release fails is
-// kept as a spare handle and the loop goes on; an unmap that fails stops it
-// (the chunk stays mapped and listed).
-func (p *pool) releaseEmpty(target uint64) error {
+// releaseOldest releases this pool's empty spans, oldest first (the
+// preallocated ones too if prealloc is set), until `want` bytes were
+// released or none is left; it reports whether it got there.
+func (p *pool) releaseOldest(want uint64, prealloc bool) bool {
+	var got uint64
+	for i := p.empty.head; i >= 0 && got < want; {
+		next := p.spans[i].next
+		if prealloc || !p.spans[i].prealloc {
+			n := uint64(p.spans[i].n) * p.a.gran
+			if p.releaseSpan(i) != nil {
+				return false
+			}
+			got += n
+		}
+		i = next
+	}
+	return got >= want
+}
+
+// releaseEmpty releases this pool's empty spans, oldest first, while more
+// than target bytes are cached (all of them for target 0; preallocated ones
+// only when all is set).
+func (p *pool) releaseEmpty(target uint64, all bool) error {
 	a := p.a
 	var errs []error
-	for p.nempty > 0 && (target == 0 || a.cached() > target) {
-		h, err := p.steal()
-		if err != nil {
-			errs = append(errs, err)
-			break
+	for i := p.empty.head; i >= 0 && (target == 0 || a.cached() > target); {
+		next := p.spans[i].next
+		if all || !p.spans[i].prealloc {
+			if err := p.releaseSpan(i); err != nil {
+				errs = append(errs, err)
+			}
 		}
-		if err := a.vm.Release(h); err != nil {
-			a.keepHandles([]device.Handle{h})
+		i = next
+	}
+	return errors.Join(errs...)
+}
+
+// releaseHandles retries the release of handles the driver refused before.
+func (a *Allocator) releaseHandles() error {
+	a.handlesMu.Lock()
+	held := a.handles
+	a.handles = nil
+	a.handlesMu.Unlock()
+	var errs []error
+	for _, hh := range held {
+		if err := a.vm.Release(hh.h); err != nil {
 			errs = append(errs, err)
+			a.handlesMu.Lock()
+			a.handles = append(a.handles, hh)
+			a.handlesMu.Unlock()
 			continue
 		}
 		a.c.releases.Add(1)
-		a.giveBudget(a.gran)
+		a.giveBudget(hh.size)
 	}
 	return errors.Join(errs...)
 }
@@ -417,47 +575,9 @@ func (h *heap) reserve(rounded uint64) error {
 	return nil
 }
 
-func (a *Allocator) spareHandle() (device.Handle, bool) {
-	a.handlesMu.Lock()
-	defer a.handlesMu.Unlock()
-	if n := len(a.handles); n > 0 {
-		h := a.handles[n-1]
-		a.handles = a.handles[:n-1]
-		return h, true
-	}
-	return 0, false
-}
-
-func (a *Allocator) keepHandles(hs []device.Handle) {
-	if len(hs) == 0 {
-		return
-	}
-	a.handlesMu.Lock()
-	a.handles = append(a.handles, hs...)
-	a.handlesMu.Unlock()
-}
-
-// releaseHandles releases spare handles beyond keep.
-func (a *Allocator) releaseHandles(keep int) error {
-	a.handlesMu.Lock()
-	defer a.handlesMu.Unlock()
-	var errs []error
-	for len(a.handles) > keep {
-		h := a.handles[len(a.handles)-1]
-		if err := a.vm.Release(h); err != nil {
-			errs = append(errs, err)
-			break
-		}
-		a.handles = a.handles[:len(a.handles)-1]
-		a.c.releases.Add(1)
-		a.giveBudget(a.gran)
-	}
-	return errors.Join(errs...)
-}
-
-// preallocate takes Config.Preallocate(Fraction) bytes at New: spare
-// physical chunks (virtual) or one segment of the default stream's large
-// heap (plain).
+// preallocate takes Config.Preallocate(Fraction) bytes at New: one span at
+// the start of the default stream's arena (virtual), or one segment of its
+// large heap (plain). Either is kept until Trim or Close.
 func (a *Allocator) preallocate() error {
 	n := a.cfg.Preallocate
 	if f := a.cfg.PreallocateFraction; f > 0 {
@@ -472,36 +592,36 @@ func (a *Allocator) preallocate() error {
 		return nil
 	}
 	n = (n + a.gran - 1) &^ (a.gran - 1)
-	if n > a.limit {
+	if n > a.limit || !a.takeBudget(n) {
 		return fmt.Errorf("gpumem: preallocating %d bytes: more than the limit of %d", n, a.limit)
 	}
+	p := a.poolFor(0)
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if a.mode == ModePlain {
-		if !a.takeBudget(n) {
-			return fmt.Errorf("gpumem: preallocating %d bytes: over the limit", n)
-		}
 		ptr, err := a.dev.Alloc(n)
 		if err != nil {
 			a.giveBudget(n)
 			return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
 		}
 		a.c.deviceAllocs.Add(1)
-		p := a.poolFor(0)
-		p.mu.Lock()
 		p.heaps[heapLarge].addSegment(uint64(ptr), n, false).prealloc = true
-		p.mu.Unlock()
 		return nil
 	}
-	for done := uint64(0); done < n; done += a.gran {
-		if !a.takeBudget(a.gran) {
-			return fmt.Errorf("gpumem: preallocating %d bytes: over the limit", n)
-		}
-		h, err := a.vm.Create(a.gran)
-		if err != nil {
-			a.giveBudget(a.gran)
-			return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
-		}
-		a.c.creates.Add(1)
-		a.keepHandles([]device.Handle{h})
+	h, err := a.vm.Create(n)
+	if err != nil {
+		a.giveBudget(n)
+		return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
+	}
+	a.c.creates.Add(1)
+	hp := &p.heaps[heapLarge]
+	if err := hp.reserve(n); err != nil {
+		a.dropHandle(h, n)
+		return err
+	}
+	seg := hp.segs[len(hp.segs)-1]
+	if err := p.place(h, seg, 0, int(n/a.gran), true); err != nil {
+		return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
 	}
 	return nil
 }

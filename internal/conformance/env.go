@@ -320,6 +320,9 @@ func statsIdentities(st gpumem.Stats) error {
 	if st.PeakAllocated > st.PeakActive || st.PeakActive > st.PeakReserved {
 		bad("want PeakAllocated %d <= PeakActive %d <= PeakReserved %d", st.PeakAllocated, st.PeakActive, st.PeakReserved)
 	}
+	if st.Releasable > st.Cached || st.Releasable < st.SpareBytes {
+		bad("want SpareBytes %d <= Releasable %d <= Cached %d", st.SpareBytes, st.Releasable, st.Cached)
+	}
 	if st.LargestFree > st.Cached {
 		bad("LargestFree %d > Cached %d", st.LargestFree, st.Cached)
 	}
