@@ -28,7 +28,7 @@ type Allocator struct {
 	small uint64 // SmallSize
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
 	spanChunks int
-	check bool   // run the checker after every operation
+	check      bool // run the checker after every operation
 
 	pools atomic.Pointer[[]*pool] // copy on write; append under mu
 	mu    sync.Mutex              // guards pool creation, closing, idle

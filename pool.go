@@ -36,10 +36,10 @@ type pool struct {
 	// spans back this pool's virtual segments (vm.go); empty lists those
 	// with no live chunk, oldest first. They still count as reserved; a
 	// pool that needs memory remaps or releases them (newSpan).
-	spans        []span
-	freeSlots    []int32
-	empty        spanList
-	mappedChunks int
+	spans               []span
+	freeSlots           []int32
+	empty               spanList
+	mappedChunks        int
 	emptySeq, fencedSeq uint64 // chunk emptyings so far / covered by the last fence
 	fenceEv             device.Event
 	haveFenceEv         bool

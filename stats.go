@@ -27,15 +27,15 @@ type Stats struct {
 	// Releasable is the part of Cached that Trim would give back now:
 	// empty spans and wholly free segments. The rest lies in spans or
 	// segments that also hold live buffers.
-	Releasable uint64
-	PlainBytes    uint64 // bytes of plain segments
-	MappedBytes   uint64 // bytes of spans: physical memory mapped into address space
-	SpareBytes    uint64 // bytes of handles unmapped whose release the driver refused (retried by Trim)
-	AddressSpace  uint64 // bytes of virtual address space reserved
-	LiveBuffers   uint64
-	Segments      int // plain segments and virtual arenas
-	PendingFrees  int // freed buffers waiting for other streams' events
-	Streams       int // streams that have pools
+	Releasable   uint64
+	PlainBytes   uint64 // bytes of plain segments
+	MappedBytes  uint64 // bytes of spans: physical memory mapped into address space
+	SpareBytes   uint64 // bytes of handles unmapped whose release the driver refused (retried by Trim)
+	AddressSpace uint64 // bytes of virtual address space reserved
+	LiveBuffers  uint64
+	Segments     int // plain segments and virtual arenas
+	PendingFrees int // freed buffers waiting for other streams' events
+	Streams      int // streams that have pools
 	// LargestFree is the largest request that would be served now with no
 	// device call.
 	LargestFree uint64

@@ -298,7 +298,6 @@ func (p *pool) back(b *block) error {
 	return nil
 }
 
-
 // grant gives span i access (SetAccess over its one mapping).
 func (p *pool) grant(i int32) error {
 	a := p.a
