@@ -40,7 +40,8 @@ type pool struct {
 	freeSlots           []int32
 	empty               spanList
 	mappedChunks        int
-	emptySeq, fencedSeq uint64 // chunk emptyings so far / covered by the last fence
+	emptySeq, fencedSeq uint64 // span emptyings so far / covered by the last fence
+	backSeq             uint64 // emptySeq when the current back began
 	fenceEv             device.Event
 	haveFenceEv         bool
 	spareEvents         []device.Event

@@ -122,3 +122,27 @@ func TestReleaseStream(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A request the device refuses part way through leaves nothing reserved:
+// the spans it had already created are given back.
+func TestFailedGrowthLeavesNothing(t *testing.T) {
+	dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
+	a, err := gpumem.New(dev, gpumem.Config{CheckInvariants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := dev.Shrink(512 << 20); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Alloc(768<<20, 0) // more than is left: fails after several spans
+	if !errors.Is(err, gpumem.ErrOutOfMemory) {
+		t.Fatalf("Alloc beyond the device: %v", err)
+	}
+	if st := a.Stats(); st.Reserved != 0 {
+		t.Fatalf("a failed request left %d bytes reserved", st.Reserved)
+	}
+	if err := a.Check(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -261,7 +261,11 @@ func (p *pool) back(b *block) error {
 	if !need {
 		return nil
 	}
+	// Spans made by this call become empty at its undo after any already
+	// empty ones, so their seq is above this mark.
+	p.backSeq = p.emptySeq
 	var err error
+	made := 0 // spans this call created or moved here
 	for i := c0; i <= c1 && err == nil; {
 		c := &ch[i]
 		switch {
@@ -272,6 +276,7 @@ func (p *pool) back(b *block) error {
 			err = p.grant(c.span)
 			i = int(s.c0 + s.n)
 		default:
+			made++
 			r1 := i + 1
 			for r1 <= c1 && ch[r1].span < 0 && r1-i < p.a.spanChunks {
 				r1++
@@ -281,7 +286,9 @@ func (p *pool) back(b *block) error {
 		}
 	}
 	if err != nil {
-		// Undo the counts; chunks that got spans keep them (empty now).
+		// Undo the counts, then give back what this call took: a failed
+		// request leaves nothing behind. (A span whose release fails stays,
+		// empty, for the next request.)
 		for i := c0; i <= c1; i++ {
 			c := &ch[i]
 			c.live--
@@ -290,6 +297,13 @@ func (p *pool) back(b *block) error {
 				s.occupied--
 				if s.occupied == 0 {
 					p.pushEmpty(c.span)
+				}
+			}
+		}
+		if made > 0 {
+			for i := c0; i <= c1; i++ {
+				if si := ch[i].span; si >= 0 && p.spans[si].occupied == 0 && p.spans[si].seq > p.backSeq {
+					_ = p.releaseSpan(si)
 				}
 			}
 		}
