@@ -148,41 +148,81 @@ func (seg *segment) unmappedIn(addr, size, gran uint64, limit int) int {
 	return n
 }
 
-// placement returns where in free block b to put rounded bytes, its start
-// or its end (a block's low part may have been stolen while its high part is
-// still mapped), and how many chunks there are unmapped (at most limit+1).
+// placement returns where in free block b to put rounded bytes so that the
+// fewest chunks under them are not ready, and how many (at most limit+1
+// are counted). It tries the block's start, its end, then every chunk
+// boundary inside it, sliding a window over the chunks (a block's middle
+// may be mapped while its ends are not); at most maxSlide positions.
 func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missing int) {
 	g := p.a.gran
-	missing = b.seg.unmappedIn(b.addr, rounded, g, limit)
-	if missing > 0 && b.size > rounded {
-		if m := b.seg.unmappedIn(b.end()-rounded, rounded, g, missing-1); m < missing {
-			return b.size - rounded, m
+	seg := b.seg
+	missing = seg.unmappedIn(b.addr, rounded, g, limit)
+	if missing == 0 || b.size == rounded {
+		return 0, missing
+	}
+	// The end next: placing at either end leaves one free piece, not two.
+	if m := seg.unmappedIn(b.end()-rounded, rounded, g, missing-1); m < missing {
+		off, missing = b.size-rounded, m
+		if m == 0 {
+			return off, 0
 		}
 	}
-	return 0, missing
+	ch := seg.chunks
+	notReady := func(i int) int {
+		if ch[i].ready {
+			return 0
+		}
+		return 1
+	}
+	// Windows starting on chunk boundaries inside the block.
+	s0 := (b.addr-seg.base+g-1)/g*g + seg.base
+	if s0+rounded <= b.end() {
+		lo, hi := seg.chunkSpan(s0, rounded, g)
+		m := 0
+		for i := lo; i <= hi; i++ {
+			m += notReady(i)
+		}
+		for n := 0; ; n++ {
+			if m < missing {
+				off, missing = s0-b.addr, m
+				if m == 0 {
+					return off, 0
+				}
+			}
+			if s0+g+rounded > b.end() || n == maxSlide {
+				break
+			}
+			m += notReady(hi+1) - notReady(lo)
+			lo, hi, s0 = lo+1, hi+1, s0+g
+		}
+	}
+	return off, missing
 }
 
+// maxSlide bounds the positions placement tries in one block (8 GiB of
+// address space with 2 MiB chunks).
+const maxSlide = 4096
+
 // findBacked looks, when the best fit lies (partly) in unmapped memory, for
-// a free block that fits with fewer unmapped chunks under it: the fitting
-// blocks of the request's bin and of the next few non-empty bins, at most
-// scanBudget in each. It returns the best candidate and whether it is
-// backed entirely. A looser fit costs address space, which is free; each
-// unmapped chunk costs an unmap, a map and an access grant on a real GPU.
-// Bounded; on the miss path only.
+// the free block and position with the fewest unmapped chunks: the fitting
+// blocks of every bin from the request's up, at most maxCandidates blocks.
+// A looser fit costs address space, which is free; each unmapped chunk
+// costs driver calls (a span to create or move: tens of microseconds on a
+// real GPU). On the miss path only.
 func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64, int) {
-	const bins = 3
-	best, bestOff, bestMissing := first, uint64(0), 0
-	bestOff, bestMissing = p.placement(first, rounded, 1<<30)
+	const maxCandidates = 1024
+	best := first
+	bestOff, bestMissing := p.placement(first, rounded, 1<<30)
 	if bestMissing == 0 {
 		return best, bestOff, 0
 	}
-	i := binOf(rounded)
-	for n := 0; n < bins && i >= 0; n++ {
-		k := 0
-		for b := h.free.heads[i]; b != nil && k < scanBudget; b, k = b.fnext, k+1 {
+	seen := 0
+	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
+		for b := h.free.heads[i]; b != nil && seen < maxCandidates; b = b.fnext {
 			if b.size < rounded || b == first {
 				continue
 			}
+			seen++
 			if off, m := p.placement(b, rounded, bestMissing-1); m < bestMissing {
 				best, bestOff, bestMissing = b, off, m
 				if m == 0 {
@@ -190,7 +230,6 @@ func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64
 				}
 			}
 		}
-		i = h.free.nextBin(i + 1)
 	}
 	return best, bestOff, bestMissing
 }

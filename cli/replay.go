@@ -47,15 +47,17 @@ func (e *env) replay(args []string) int {
 	fs.Var(&capacity, "capacity", "the simulated device's memory (`SIZE`)")
 	granularity := sizeFlag(sim.DefaultGranularity)
 	fs.Var(&granularity, "granularity", "the simulated device's granule (`SIZE`: a power of two, at least 4KiB)")
-	mode := fs.String("mode", "auto", "allocator `mode`: auto, plain (whole segments) or virtual (mapped chunks)")
-	var limit, prealloc, release, small sizeFlag
+	mode := fs.String("mode", "auto", "allocator `mode`: auto, plain (whole segments) or virtual (memory mapped in spans)")
+	var limit, prealloc, release, small, span sizeFlag
 	fs.Var(&limit, "limit", "cap on the bytes the allocator holds (`SIZE`; 0: the device's capacity)")
 	fs.Var(&prealloc, "preallocate", "take `SIZE` bytes from the device up front and keep them")
 	fraction := fs.Float64("preallocate-fraction", 0, "take this `fraction` (0 to 1) of the device's memory up front")
 	fs.Var(&release, "release-threshold", "return cached memory above `SIZE` to the device after each free (0: keep the cache)")
-	fs.Var(&small, "small-size", "requests of at most `SIZE` bytes use the small pool (0: 1MiB)")
+	fs.Var(&small, "small-size", "plain mode: requests of at most `SIZE` bytes use the small pool (0: 1MiB)")
+	fs.Var(&span, "span", "virtual mode: the most memory taken from the device in one piece (`SIZE`; 0: 16MiB)")
 	touch := fs.Bool("touch", false, "write every allocation (an asynchronous memset on its stream) so it is truly backed (the time per event includes it); CUDA only")
 	check := fs.Bool("check", false, "run the allocator's invariant checker after each replay")
+	warm := fs.Bool("warm", false, "replay each trace a second time on the same allocator and report that pass's time too (ns_per_op_warm)")
 
 	paths, code := e.parse(fs, args)
 	if code >= 0 {
@@ -74,6 +76,7 @@ func (e *env) replay(args []string) int {
 		PreallocateFraction: *fraction,
 		ReleaseThreshold:    uint64(release),
 		SmallSize:           uint64(small),
+		SpanSize:            uint64(span),
 	}
 	m, err := gpumem.ParseMode(*mode)
 	if err != nil {
@@ -115,7 +118,7 @@ func (e *env) replay(args []string) int {
 	if gpu != nil && (set["capacity"] || set["granularity"]) {
 		return e.usageError(fs, "--capacity and --granularity describe the simulated device; add --device sim to use it")
 	}
-	opt := replay.Options{Check: *check}
+	opt := replay.Options{Check: *check, Warm: *warm}
 	if gpu != nil && *touch {
 		opt.Touch = func(s device.Stream, b gpumem.Buffer) error {
 			return gpu.MemsetAsync(b.Ptr(), 0, b.Size(), s)

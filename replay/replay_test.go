@@ -148,6 +148,32 @@ func TestReplayStreams(t *testing.T) {
 	if res.OOMs != 0 || res.Events != len(tr.Events) {
 		t.Errorf("result %+v", res)
 	}
+	// The streams the replay created are destroyed once it is done.
+	if n := dev.Stats().LiveStreams; n != 1 {
+		t.Errorf("after the replay %d streams are live on the device, want only the default stream", n)
+	}
+}
+
+// TestReplayWarm: with Options.Warm the trace runs twice on one allocator;
+// the second pass is timed apart and needs no new memory.
+func TestReplayWarm(t *testing.T) {
+	tr := loadTraces(t)[0]
+	dev := sim.MustNew(sim.Config{})
+	res, err := replay.Run(tr, dev, gpumem.Config{}, replay.Options{Warm: true, Check: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.NsPerOp <= 0 || res.NsPerOpWarm <= 0 {
+		t.Fatalf("ns/op %v, warm %v: want both timed", res.NsPerOp, res.NsPerOpWarm)
+	}
+	cold, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{}, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.PeakReservedBytes != cold.PeakReservedBytes || cold.NsPerOpWarm != 0 {
+		t.Fatalf("warm run peak %d, cold run peak %d (warm ns %v): the first pass must report as a cold run does",
+			res.PeakReservedBytes, cold.PeakReservedBytes, cold.NsPerOpWarm)
+	}
 }
 
 // TestReplayTouchError: an error from Options.Touch stops the replay and is
