@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
@@ -75,6 +76,7 @@ func (r *registry) len() int {
 type held struct {
 	buf    gpumem.Buffer
 	cookie uint64
+	scoped bool // owned by the goroutine's scope
 }
 
 // TestStress runs goroutines on their own streams and on the shared stream
@@ -85,15 +87,27 @@ type held struct {
 // owners; sim.CheckHandoff catches memory given to a stream while another
 // stream's unordered work still uses it. Between rounds the allocator is
 // checked whole. It ends with Close and no leaks on the device.
+//
+// The "release" variants add what runs beside the operations: a
+// ReleaseThreshold (frees release memory, TryLocking other pools) and an
+// IdleRelease of 1ms (the idle goroutine reclaims between rounds); every
+// variant has goroutines calling Trim, Stats and Snapshot, and scopes that
+// are closed with buffers in them.
 func TestStress(t *testing.T) {
 	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
-		t.Run(mode.String(), func(t *testing.T) { stress(t, mode) })
+		for _, release := range []bool{false, true} {
+			name := mode.String()
+			if release {
+				name += "/release"
+			}
+			t.Run(name, func(t *testing.T) { stress(t, mode, release) })
+		}
 	}
 }
 
-func stress(t *testing.T, mode gpumem.Mode) {
+func stress(t *testing.T, mode gpumem.Mode, release bool) {
 	const workers = 4
-	rounds, perRound := 40, 500
+	rounds, perRound := 20, 500
 	if testing.Short() {
 		rounds, perRound = 4, 150
 	}
@@ -101,6 +115,10 @@ func stress(t *testing.T, mode gpumem.Mode) {
 	cfg := gpumem.Config{Mode: mode, Limit: 48 * miB, CheckInvariants: true}
 	if mode == gpumem.ModePlain {
 		cfg.Limit = 96 * miB // 20 MiB segments
+	}
+	if release {
+		cfg.ReleaseThreshold = 8 * miB
+		cfg.IdleRelease = time.Millisecond
 	}
 	a, err := gpumem.New(dev, cfg)
 	if err != nil {
@@ -114,6 +132,10 @@ func stress(t *testing.T, mode gpumem.Mode) {
 	}
 	reg := newRegistry()
 	bufs := make([][]held, workers)
+	scopes := make([]*gpumem.Scope, workers)
+	for g := range scopes {
+		scopes[g] = a.NewScope(fmt.Sprintf("worker%d", g), 16*miB)
+	}
 	isHeld := make([]bool, workers)
 	var ooms [workers]int
 
@@ -135,7 +157,14 @@ func stress(t *testing.T, mode gpumem.Mode) {
 				default:
 					n = 2*miB + rng.Uint64N(6*miB)
 				}
-				b, err := a.Alloc(n, s)
+				scoped := rng.IntN(4) == 0
+				var b gpumem.Buffer
+				var err error
+				if scoped {
+					b, err = scopes[g].Alloc(n, s)
+				} else {
+					b, err = a.Alloc(n, s)
+				}
 				if err != nil {
 					if !errors.Is(err, gpumem.ErrOutOfMemory) {
 						return fmt.Errorf("Alloc(%d, %d): %v", n, s, err)
@@ -157,7 +186,7 @@ func stress(t *testing.T, mode gpumem.Mode) {
 				if err := dev.Touch(s, b.Ptr(), n); err != nil {
 					return fmt.Errorf("Touch of a new buffer: %v", err)
 				}
-				bufs[g] = append(bufs[g], held{b, cookie})
+				bufs[g] = append(bufs[g], held{b, cookie, scoped})
 			case r < 85: // free
 				if len(bufs[g]) == 0 {
 					continue
@@ -186,6 +215,38 @@ func stress(t *testing.T, mode gpumem.Mode) {
 				}
 				if err := dev.Touch(other, h.buf.Ptr(), h.buf.Size()); err != nil {
 					return fmt.Errorf("Touch on stream %d: %v", other, err)
+				}
+			case r < 96: // close my scope with its buffers in it, open another
+				var kept []held
+				n := 0
+				for _, h := range bufs[g] {
+					if !h.scoped {
+						kept = append(kept, h)
+						continue
+					}
+					// Forget them first: once closed, their memory may
+					// be handed to anyone.
+					if err := reg.remove(uint64(h.buf.Ptr()), g, h.cookie); err != nil {
+						return err
+					}
+					n++
+				}
+				err := scopes[g].Close()
+				var le *gpumem.LeakError
+				if n > 0 && (!errors.As(err, &le) || len(le.Buffers) != n) || n == 0 && err != nil {
+					return fmt.Errorf("Scope.Close with %d buffers: %v", n, err)
+				}
+				bufs[g] = kept
+				scopes[g] = a.NewScope(fmt.Sprintf("worker%d", g), 16*miB)
+			case r < 97: // look at everything while others work
+				st := a.Stats()
+				if st.Reserved > cfg.Limit {
+					return fmt.Errorf("reserved %d > limit %d", st.Reserved, cfg.Limit)
+				}
+				_ = a.Snapshot()
+			case r < 98:
+				if err := a.Trim(); err != nil {
+					return fmt.Errorf("Trim: %v", err)
 				}
 			default: // my stream's work stays pending for a while, or completes
 				if isHeld[g] {
@@ -237,8 +298,19 @@ func stress(t *testing.T, mode gpumem.Mode) {
 	for g := range isHeld {
 		dev.Drain(streams[g])
 	}
+	for g := range scopes {
+		if err := scopes[g].Close(); err != nil {
+			var le *gpumem.LeakError
+			if !errors.As(err, &le) {
+				t.Fatal(err)
+			}
+		}
+	}
 	for g := range bufs {
 		for _, h := range bufs[g] {
+			if h.scoped {
+				continue // freed by Close above
+			}
 			if err := reg.remove(uint64(h.buf.Ptr()), g, h.cookie); err != nil {
 				t.Fatal(err)
 			}
