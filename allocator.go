@@ -30,8 +30,8 @@ type Allocator struct {
 	spanChunks int
 	check      bool // run the checker after every operation
 
-	pools atomic.Pointer[[]*pool] // copy on write; append under mu
-	mu    sync.Mutex              // guards pool creation, closing, idle
+	pools atomic.Pointer[poolTable] // copy on write, under mu
+	mu    sync.Mutex                // guards pool creation, closing, idle
 
 	// handles holds physical handles unmapped but not released (the driver
 	// refused; retried by Trim and Close), guarded by handlesMu.
@@ -117,8 +117,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 	if ev, ok := device.AsEvents(dev); ok {
 		a.ev = ev
 	}
-	empty := []*pool{}
-	a.pools.Store(&empty)
+	a.pools.Store(&poolTable{})
 	if err := a.preallocate(); err != nil {
 		a.Close()
 		return nil, err
@@ -267,22 +266,47 @@ func (a *Allocator) RecordStream(buf Buffer, s device.Stream) error {
 	return nil
 }
 
+// poolTable maps streams to pools: an immutable pair of slices, replaced
+// whole when a stream comes or goes. The lookup scans streams, which sit
+// in the table itself: reading a pool's fields would share the cache line
+// of its mutex with the goroutine working on that pool.
+type poolTable struct {
+	streams []device.Stream
+	pools   []*pool
+}
+
+func (t *poolTable) with(s device.Stream, p *pool) *poolTable {
+	n := &poolTable{streams: make([]device.Stream, 0, len(t.streams)+1), pools: make([]*pool, 0, len(t.pools)+1)}
+	n.streams = append(append(n.streams, t.streams...), s)
+	n.pools = append(append(n.pools, t.pools...), p)
+	return n
+}
+
+func (t *poolTable) without(i int) *poolTable {
+	n := &poolTable{}
+	n.streams = append(append(n.streams, t.streams[:i]...), t.streams[i+1:]...)
+	n.pools = append(append(n.pools, t.pools[:i]...), t.pools[i+1:]...)
+	return n
+}
+
 // poolFor returns the pool of stream s, making it on first use. The lookup
 // is a scan of a short immutable slice: no map, no lock, no allocation.
 func (a *Allocator) poolFor(s device.Stream) *pool {
-	for _, p := range *a.pools.Load() {
-		if p.stream == s {
-			return p
+	t := a.pools.Load()
+	for i, st := range t.streams {
+		if st == s {
+			return t.pools[i]
 		}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	old := *a.pools.Load()
-	for _, p := range old {
-		if p.stream == s {
-			return p
+	t = a.pools.Load()
+	for i, st := range t.streams {
+		if st == s {
+			return t.pools[i]
 		}
 	}
+	old := t.pools
 	p := newPool(a, s)
 	if len(old) > 0 && !a.multi.Load() {
 		// From now on frees publish at once; publish what is held back.
@@ -293,14 +317,11 @@ func (a *Allocator) poolFor(s device.Stream) *pool {
 			q.mu.Unlock()
 		}
 	}
-	next := make([]*pool, len(old), len(old)+1)
-	copy(next, old)
-	next = append(next, p)
-	a.pools.Store(&next)
+	a.pools.Store(t.with(s, p))
 	return p
 }
 
-func (a *Allocator) allPools() []*pool { return *a.pools.Load() }
+func (a *Allocator) allPools() []*pool { return a.pools.Load().pools }
 
 // flushBytes is how far a pool's gauges may drift from the allocator's
 // shared figures before the pool publishes them: one shared atomic update
@@ -329,25 +350,58 @@ func (p *pool) noteFree(size, req uint64) {
 	p.active -= size
 	p.dAllocated -= int64(req)
 	p.dActive -= int64(size)
-	// A free held back while another stream publishes an allocation would
-	// add up to a peak that never was: with several streams, frees publish
-	// at once (allocations may publish late: a peak may be missed by up to
-	// flushBytes per stream, never overstated).
-	if p.dActive <= -flushBytes || p.a.multi.Load() {
+	if p.dActive <= -flushBytes {
 		p.flush()
+		return
+	}
+	if h := -p.dActive; h > p.heldBound && p.a.multi.Load() {
+		// Another stream's flush must not count this free as still live
+		// (a peak that never was): publish a bound on what is held back,
+		// in this pool's own cache line. A bound above the truth only
+		// lowers others' peak candidates, so it is raised in 1 MiB steps
+		// and never lowered until the next flush: an alloc/free loop
+		// publishes nothing.
+		p.heldBound = (h + heldStep - 1) &^ (heldStep - 1)
+		p.held.Store(p.heldBound)
 	}
 }
 
-// flush publishes the pool's gauge changes to the allocator's figures.
+const heldStep = 1 << 20
+
+// flush publishes the pool's gauge changes to the allocator's figures. A
+// new peak is counted net of the frees other pools hold back, so peaks may
+// lag (by up to flushBytes per stream) but never overstate.
 func (p *pool) flush() {
 	a := p.a
+	// Frees held back count against both gauges (a request is at most
+	// its block: held allocated bytes <= held active bytes).
 	if p.dAllocated != 0 {
-		maxTo(&a.peakAllocated, uint64(a.allocated.Add(p.dAllocated)))
+		v := a.allocated.Add(p.dAllocated)
+		if p.dAllocated > 0 {
+			maxTo(&a.peakAllocated, p.netOfHeld(v))
+		}
 	}
 	if p.dActive != 0 {
-		maxTo(&a.peakActive, uint64(a.active.Add(p.dActive)))
+		v := a.active.Add(p.dActive)
+		if p.dActive > 0 {
+			maxTo(&a.peakActive, p.netOfHeld(v))
+		}
 	}
 	p.dAllocated, p.dActive = 0, 0
+	if p.heldBound != 0 {
+		p.heldBound = 0
+		p.held.Store(0)
+	}
+}
+
+// netOfHeld is v less (a bound on) the frees the other pools hold back.
+func (p *pool) netOfHeld(v int64) uint64 {
+	for _, q := range p.a.allPools() {
+		if q != p {
+			v -= q.held.Load()
+		}
+	}
+	return uint64(max(v, 0))
 }
 
 // cached is Reserved - Active, read without locks: approximate (within
@@ -508,17 +562,17 @@ func (a *Allocator) idleLoop(d time.Duration) {
 func (a *Allocator) ReleaseStream(s device.Stream) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	old := *a.pools.Load()
+	t := a.pools.Load()
 	idx := -1
-	for i, p := range old {
-		if p.stream == s {
+	for i, st := range t.streams {
+		if st == s {
 			idx = i
 		}
 	}
 	if idx < 0 {
 		return nil
 	}
-	p := old[idx]
+	p := t.pools[idx]
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if live := len(p.leaks()); live > 0 {
@@ -533,9 +587,6 @@ func (a *Allocator) ReleaseStream(s device.Stream) error {
 	if err := p.teardown(); err != nil {
 		return fmt.Errorf("gpumem: ReleaseStream(%d): %w", s, err)
 	}
-	next := make([]*pool, 0, len(old)-1)
-	next = append(next, old[:idx]...)
-	next = append(next, old[idx+1:]...)
-	a.pools.Store(&next)
+	a.pools.Store(t.without(idx))
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -25,6 +26,7 @@ const (
 type pool struct {
 	a      *Allocator // immutable
 	stream device.Stream
+	_      [64]byte // keeps mu and the hot fields after it off others' lines
 	mu     sync.Mutex
 
 	heaps [numHeaps]heap
@@ -51,6 +53,15 @@ type pool struct {
 	allocated, active         uint64
 	peakAllocated, peakActive uint64
 	dAllocated, dActive       int64 // not yet flushed to the allocator
+
+	heldBound int64 // what held says, under mu
+
+	// held bounds from above the frees this pool holds back (not yet
+	// flushed), for other pools' flushes (see noteFree); written only by
+	// this pool. On a cache line of its own.
+	_    [64]byte
+	held atomic.Int64
+	_    [64]byte
 }
 
 // A heap is one size class of a pool: its segments and their free blocks.
