@@ -48,10 +48,11 @@ type Allocator struct {
 	// counters of device work; see Stats.
 	c counters
 
-	closed   atomic.Bool
-	multi    atomic.Bool // more than one pool: frees publish at once
-	stopIdle chan struct{}
-	idleDone chan struct{}
+	closed      atomic.Bool
+	closedClean bool        // Close gave everything back (guarded by mu)
+	multi       atomic.Bool // more than one pool: frees publish at once
+	stopIdle    chan struct{}
+	idleDone    chan struct{}
 }
 
 // counters are the allocator's event counts, all atomics.
@@ -482,17 +483,20 @@ func (a *Allocator) releaseTo(target uint64) {
 // buffers were still allocated it returns a *LeakError describing them.
 func (a *Allocator) Close() error {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if a.closed.Swap(true) {
-		a.mu.Unlock()
-		return nil
+		if a.closedClean {
+			return nil
+		}
+		// An earlier Close failed part way: try again to give back what is
+		// left (no buffer is live any more).
+		return a.giveBackAll(nil)
 	}
 	if a.stopIdle != nil {
 		close(a.stopIdle)
 		<-a.idleDone
 	}
-	a.mu.Unlock()
 	var leaks []LeakedBuffer
-	var errs []error
 	for _, p := range a.allPools() {
 		p.mu.Lock()
 		leaks = append(leaks, p.leaks()...)
@@ -501,22 +505,40 @@ func (a *Allocator) Close() error {
 	for _, l := range leaks {
 		_ = a.free(l.buf, "Close", nil)
 	}
+	var first error
+	if len(leaks) > 0 {
+		first = &LeakError{Owner: "allocator", Buffers: leaks}
+	}
+	return a.giveBackAll(first)
+}
+
+// giveBackAll trims every pool and releases its address space and events,
+// then retries handles the driver refused to release. closedClean records
+// whether everything went back, so that a later Close can try again.
+// Called with a.mu held.
+func (a *Allocator) giveBackAll(first error) error {
+	var errs []error
+	if first != nil {
+		errs = append(errs, first)
+	}
+	clean := true
 	for _, p := range a.allPools() {
 		p.mu.Lock()
 		if err := p.trim(true); err != nil {
 			errs = append(errs, err)
+			clean = false
 		}
 		if err := p.teardown(); err != nil {
 			errs = append(errs, err)
+			clean = false
 		}
 		p.mu.Unlock()
 	}
 	if err := a.releaseHandles(); err != nil {
 		errs = append(errs, err)
+		clean = false
 	}
-	if len(leaks) > 0 {
-		errs = append([]error{&LeakError{Owner: "allocator", Buffers: leaks}}, errs...)
-	}
+	a.closedClean = clean
 	return errors.Join(errs...)
 }
 

@@ -562,7 +562,7 @@ func (p *pool) adoptSegment(kind int, rounded uint64) bool {
 		}
 		var best *segment
 		for _, seg := range q.heaps[kind].segs {
-			if seg.isFree() && !seg.prealloc && seg.size >= rounded && (best == nil || seg.size < best.size) {
+			if seg.isFree() && seg.size >= rounded && (best == nil || seg.size < best.size) {
 				best = seg
 			}
 		}
@@ -672,28 +672,40 @@ func (p *pool) releaseSegments(target uint64, all bool) error {
 func (p *pool) teardown() error {
 	a := p.a
 	var errs []error
+	// Segments that cannot go back yet stay listed, so that a later Close
+	// can try again.
 	for k := range p.heaps {
 		h := &p.heaps[k]
+		kept := h.segs[:0]
 		for _, seg := range h.segs {
-			if !seg.isFree() {
+			switch {
+			case !seg.isFree():
 				errs = append(errs, fmt.Errorf("gpumem: Close: segment 0x%x still has blocks in use", seg.base))
+				kept = append(kept, seg)
+				continue
+			case !seg.virtual:
+				// trim frees every free plain segment; this one failed.
+				errs = append(errs, fmt.Errorf("gpumem: Close: segment 0x%x of %d bytes could not be freed", seg.base, seg.size))
+				kept = append(kept, seg)
 				continue
 			}
-			if seg.virtual {
-				if n := seg.mappedSpans(p); n > 0 {
-					// Releasing address space with mappings in it is a
-					// precondition violation: keep it, and say so.
-					errs = append(errs, fmt.Errorf("gpumem: Close: %d spans of arena 0x%x could not be unmapped; its address space is kept", n, seg.base))
-					continue
-				}
-				if err := a.vm.ReleaseAddress(device.Ptr(seg.base), seg.size); err != nil {
-					errs = append(errs, err)
-				}
+			if n := seg.mappedSpans(p); n > 0 {
+				// Releasing address space with mappings in it is a
+				// precondition violation: keep it, and say so.
+				errs = append(errs, fmt.Errorf("gpumem: Close: %d spans of arena 0x%x could not be unmapped; its address space is kept", n, seg.base))
+				kept = append(kept, seg)
+				continue
+			}
+			if err := a.vm.ReleaseAddress(device.Ptr(seg.base), seg.size); err != nil {
+				errs = append(errs, err)
+				kept = append(kept, seg)
+				continue
 			}
 			h.free.remove(seg.first)
 			p.putBlock(seg.first)
 		}
-		h.segs = nil
+		clear(h.segs[len(kept):])
+		h.segs = kept
 	}
 	if a.ev != nil {
 		if p.haveFenceEv {
