@@ -83,6 +83,7 @@ type segment struct {
 	prealloc bool // plain preallocation: kept until Trim or Close
 	first    *block
 	chunks   []chunk // virtual: one per granule
+	hiSpan   int32   // virtual: no span ever covered a chunk above this; -1 for none
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -509,7 +510,7 @@ func heapName(kind int) string {
 // addSegment makes a segment of [base, base+size) with one free block.
 func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 	p := h.pool
-	seg := &segment{heap: h, base: base, size: size, virtual: virtual}
+	seg := &segment{heap: h, base: base, size: size, virtual: virtual, hiSpan: -1}
 	if virtual {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)

@@ -161,7 +161,10 @@ func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missi
 		return 0, missing
 	}
 	// The end next: placing at either end leaves one free piece, not two.
-	if m := seg.unmappedIn(b.end()-rounded, rounded, g, missing-1); m < missing {
+	// (Past the highest chunk any span ever covered nothing is ready.)
+	if lo, _ := seg.chunkSpan(b.end()-rounded, rounded, g); lo > int(seg.hiSpan) {
+		// every window from here on lies past the mapped part
+	} else if m := seg.unmappedIn(b.end()-rounded, rounded, g, missing-1); m < missing {
 		off, missing = b.size-rounded, m
 		if m == 0 {
 			return off, 0
@@ -189,7 +192,7 @@ func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missi
 					return off, 0
 				}
 			}
-			if s0+g+rounded > b.end() || n == maxSlide {
+			if s0+g+rounded > b.end() || n == maxSlide || lo+1 > int(seg.hiSpan) {
 				break
 			}
 			m += notReady(hi+1) - notReady(lo)
@@ -413,6 +416,7 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1 int, prealloc bool) e
 	i := p.newSlot()
 	p.spans[i] = span{seg: seg, c0: int32(r0), n: k, h: h, inUse: true, prealloc: prealloc, prev: -1, next: -1}
 	s := &p.spans[i]
+	seg.hiSpan = max(seg.hiSpan, int32(r1-1))
 	for j := r0; j < r1; j++ {
 		c := &seg.chunks[j]
 		c.span = i
