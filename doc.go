@@ -5,33 +5,39 @@
 //
 // # Structures
 //
-//	Allocator   one per device: configuration, the pools, the gauges and
-//	            counters (atomics), spare physical handles.
-//	pool        one per stream (pool.go): two heaps, the stream's empty
-//	            chunks, its pending frees, a mutex. Goroutines on different
-//	            streams take different locks.
-//	heap        small (requests ≤ Config.SmallSize, ModePlain) or large:
+//	Allocator   one per device: configuration, the pool table, the shared
+//	            gauges and counters (atomics), handles the driver would not
+//	            release yet.
+//	pool        one per stream (pool.go): heaps, spans, pending frees, a
+//	            mutex, exact gauges. Goroutines on different streams take
+//	            different locks and write no shared cache line.
+//	heap        a pool's large heap, and in ModePlain its small heap:
 //	            segments and a freeIndex of their free blocks (index.go).
 //	segment     a contiguous address range: a plain allocation from the
-//	            device, or a virtual arena backed chunk by chunk (vm.go).
+//	            device, or a virtual arena backed span by span (vm.go).
 //	block       a piece of a segment, free, allocated or pending (block.go).
 //	            Blocks tile their segment; free neighbours coalesce at once.
-//	chunk       one granule (2 MiB on NVIDIA) of a virtual arena: unmapped,
-//	            occupied, or empty but still mapped (vm.go).
+//	chunk       one granule (2 MiB on NVIDIA) of a virtual arena: the unit of
+//	            placement accounting (vm.go).
+//	span        one physical handle mapped whole over a run of chunks: the
+//	            unit of growth, reuse elsewhere and release (vm.go).
 //	Scope       owns buffers, charges a quota, frees all it owns on Close.
 //
 // # Modes
 //
 // ModeVirtual (the default where the device has virtual memory) reserves an
-// arena of address space per stream and heap, as large as the device, and
-// maps physical chunks only under live blocks. When a block is freed, chunks
-// left without live blocks stay mapped on the pool's empty list: reused in
-// place they cost nothing. When a block needs backing, physical memory comes
-// from spare handles, then the oldest empty chunks of this stream, then of
-// other streams (unmapped and mapped again where needed), and only then from
-// the device. So the device is asked for memory only when every chunk held
-// carries live bytes, and a hole in the address space costs nothing: peak
-// reserved memory is the peak of chunks touched by live blocks.
+// arena of address space per stream, as large as the device, and backs only
+// the chunks under live blocks, in spans of at most Config.SpanSize. When a
+// block is freed, a span left without live chunks stays mapped on the
+// pool's empty list: reused in place it costs nothing. When a block needs
+// backing, the allocator first looks for a free place already backed (a
+// cache hit, or on a miss a search over every fitting free block); then it
+// moves an empty span of exactly the size needed, or releases empty spans
+// (its own stream's first, oldest first) and only then asks the device for
+// a new one. So the device is asked for memory only when no empty span is
+// held, and a hole in the address space holds no memory once its spans have
+// emptied. Peak reserved memory is the peak of what the spans touched by
+// live blocks hold.
 //
 // ModePlain takes segments with Device.Alloc, as PyTorch's caching
 // allocator does (plainSegmentSize), for devices without virtual memory.
@@ -41,14 +47,14 @@
 // In ModePlain, requests up to Config.SmallSize (1 MiB) have a pool of their
 // own, in 2 MiB segments, as in PyTorch: otherwise a small long-lived buffer
 // left in a large segment keeps the whole segment from being freed or
-// reused for a large request. In ModeVirtual that cost disappears (the
-// chunks of a split free range stay reusable physically), and one best-fit
-// heap per stream does better: small blocks fill the partly used chunks at
-// the edges of large ones. Measured on the six shipped traces against a
-// separate small arena, and against small pages carved out of the large
-// arena (unaligned and chunk-aligned), the single heap gave the lowest or
-// equal ratio on five traces and the fewest remaps on all six, so
-// ModeVirtual uses it (docs/BENCHMARKS.md, "Small requests in virtual mode").
+// reused for a large request. In ModeVirtual that cost mostly disappears
+// (the spans of a split free range empty and are reused elsewhere), and one
+// best-fit heap per stream does better: small blocks fill the partly used
+// chunks at the edges of large ones. Measured on the six shipped traces
+// against a separate small arena and against small pages carved out of the
+// large arena, the single heap gave the lowest ratio on four traces, within
+// 0.0013 of it on the others, and the fewest remaps on five, so ModeVirtual
+// uses it (docs/BENCHMARKS.md, "Small requests").
 //
 // Every request is rounded up to 512 bytes (minBlock): the alignment CUDA
 // kernels assume, and small enough that rounding costs under 0.1% on real
@@ -61,7 +67,7 @@
 //
 //  1. Find the stream's pool (a scan of a short immutable slice) and lock it.
 //  2. Cache hit (allocFast): the freeIndex gives the best-fitting free
-//     block of the heap; if its chunks are mapped (always, for plain
+//     block of the heap; if its chunks are ready (always, for plain
 //     segments), carve the request off it, count it in its chunks, done: no
 //     device call, no map, no Go allocation.
 //  3. Otherwise (allocSlow): free the pending blocks whose events have
@@ -69,7 +75,9 @@
 //  4. Grow: a virtual heap reserves another arena if its address space is
 //     exhausted; a plain heap adopts a wholly free segment of another stream
 //     behind an event wait (adoptSegment), or allocates a segment.
-//  5. Back the block (virtual): map physical chunks under it (back).
+//  5. Place and back the block (virtual): choose, among the fitting free
+//     blocks, the place with the fewest chunks not yet backed (findBacked),
+//     and give each run of them a span (back, newSpan).
 //  6. If the limit or the device refused (a shortage), unlock, return every
 //     pool's cache to the device (reclaim), lock and retry once.
 //  7. Still short: fail with an *OutOfMemoryError that says which limit
@@ -82,10 +90,10 @@
 //  2. Detach it from its scope.
 //  3. If RecordStream named other streams, record an event on each and park
 //     the block as pending; it is freed when they complete (step 3 above).
-//  4. Otherwise uncount it from its chunks (chunks left empty join the empty
-//     list), coalesce it with free neighbours, and index it.
+//  4. Otherwise uncount it from its chunks (spans left empty join the
+//     pool's empty list), coalesce it with free neighbours, and index it.
 //  5. If Config.ReleaseThreshold is set and more is cached, release the
-//     oldest empty memory down to it.
+//     oldest empty spans and free segments down to it.
 //
 // # The stream contract
 //
@@ -95,8 +103,8 @@
 // the next Alloc on s. Memory is never given to another stream before the
 // work that used it has completed, or the other stream has been made to wait
 // for it: plain segments move between streams only with an event recorded on
-// the old stream and waited on by the new (adoptSegment); physical chunks
-// are unmapped only after a fence (an event waited on by the host) on the
+// the old stream and waited on by the new (adoptSegment); spans are
+// unmapped only after a fence (an event waited on by the host) on the
 // stream that emptied them, because unmapping is not stream-ordered; buffers
 // used on several streams are reused only after RecordStream's events.
 //

@@ -13,8 +13,9 @@
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
-# limit): tests.log, cost.txt, cpubench.txt, replay_sim.jsonl,
-# replay_cuda.jsonl, peers.jsonl, table.md, machine.txt.
+# limit): tests.log (headed by the machine and the commit), cost.txt,
+# cpubench.txt, replay_sim.jsonl, replay_cuda.jsonl, peers.jsonl, peers.log,
+# table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=build/gpu
@@ -27,6 +28,7 @@ build() {
 	go test -c -o "$bin/gputest.test" ./internal/gputest
 	go test -c -o "$bin/gpumem_pkg.test" .
 	go build -o "$bin/gpumem" ./cmd/gpumem
+	git describe --always --dirty >"$bin/COMMIT" 2>/dev/null || true
 	ls -l "$bin"
 }
 
@@ -36,16 +38,17 @@ run() {
 	local parts=("$@")
 	[ ${#parts[@]} -eq 0 ] && parts=(tests cost cpubench replay peers table)
 	export GPUMEM_REQUIRE_GPU=1
-	{
+	machine() {
 		date -u
 		nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-		git rev-parse HEAD 2>/dev/null || cat .git/HEAD 2>/dev/null || true
-	} >"$out/machine.txt"
+		cat "$bin/COMMIT" 2>/dev/null || true
+	}
 	for part in "${parts[@]}"; do
 		echo "== $part" >&2
 		case $part in
 		tests)
 			{
+				machine
 				"$bin/cuda.test" -test.v -test.count=1 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)' || true
 				"$bin/nvml.test" -test.v -test.count=1 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)' || true
 				"$bin/gputest.test" -test.v -test.count=1 -test.timeout 300s 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)' || true
@@ -71,6 +74,7 @@ run() {
 			;;
 		peers)
 			OUT="$out" bash bench/peers/run_all.sh || true
+			rm -f "$out/peers_table.md" # table.md holds it, with gpumem
 			;;
 		table)
 			{
