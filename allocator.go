@@ -441,8 +441,12 @@ func (a *Allocator) takeBudget(n uint64) bool {
 
 func (a *Allocator) giveBudget(n uint64) { a.reserved.Add(-n) }
 
-// Trim returns every cached byte to the device now: pending frees are
-// waited for, empty chunks unmapped and released, free segments freed.
+// Trim returns every cached byte it can to the device now: pending frees
+// are waited for, empty spans unmapped and released, free segments freed,
+// preallocated memory included. What stays is memory that shares a span
+// (ModeVirtual) or a segment (ModePlain) with a live buffer: Stats.Cached
+// minus Stats.Releasable before the call. With no buffer live, Trim leaves
+// nothing. Config.SpanSize bounds what a live buffer can hold back.
 func (a *Allocator) Trim() error {
 	a.c.trims.Add(1)
 	var errs []error

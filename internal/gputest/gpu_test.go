@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/gpumem/gpumem/device/cuda"
 	"github.com/gpumem/gpumem/internal/conformance"
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/trace"
 )
 
 const (
@@ -291,6 +293,85 @@ func TestGPUTrimVisibleInNVML(t *testing.T) {
 				t.Fatalf("after Trim the allocator still holds %d bytes", st.Reserved)
 			}
 		})
+	}
+}
+
+// findTrace finds a shipped trace from the package directory (go test) or
+// the repository root (scripts/gpu.sh runs the test binary there).
+func findTrace(t *testing.T, name string) string {
+	t.Helper()
+	for _, dir := range []string{"testdata/traces", "../../testdata/traces"} {
+		p := filepath.Join(dir, name)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	t.Skipf("trace %s not found under testdata/traces", name)
+	return ""
+}
+
+// After replaying a real program's trace on the GPU and Trim, the process's
+// device memory as NVML reports it is back within 64 MiB of where it was
+// before the replay, within 100 ms.
+func TestGPUReplayThenTrim(t *testing.T) {
+	d := openGPU(t)
+	n, err := nvml.Open()
+	if err != nil {
+		t.Skipf("GPU test skipped: NVML: %v", err)
+	}
+	defer n.Shutdown()
+	idx, err := n.IndexByUUID(d.UUID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := trace.Load(findTrace(t, "resnet50_train.trace.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := processMemory(t, n, idx)
+	a, err := gpumem.New(d, gpumem.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	bufs := make([]gpumem.Buffer, tr.Requests)
+	for i, ev := range tr.Events {
+		if ev.Kind == trace.Alloc {
+			if bufs[tr.Slot[i]], err = a.Alloc(ev.Size, 0); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			if err := a.Free(bufs[tr.Slot[i]]); err != nil {
+				t.Fatal(err)
+			}
+			bufs[tr.Slot[i]] = gpumem.Buffer{}
+		}
+	}
+	peak := processMemory(t, n, idx)
+	for _, b := range bufs {
+		if !b.IsZero() {
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	start := time.Now()
+	if err := a.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	var now uint64
+	for {
+		now = processMemory(t, n, idx)
+		if now <= before+64*miB || time.Since(start) > 100*time.Millisecond {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	took := time.Since(start)
+	t.Logf("resnet50_train: NVML before %d MiB, at the end of the replay %d MiB (peak reserved %d MiB), after Trim %d MiB in %v",
+		before>>20, peak>>20, a.Stats().PeakReserved>>20, now>>20, took)
+	if now > before+64*miB {
+		t.Fatalf("after the replay and Trim NVML shows %d MiB, %d MiB before: more than 64 MiB not given back within 100 ms", now>>20, before>>20)
 	}
 }
 
