@@ -262,6 +262,7 @@ func (p *pool) vacate(b *block) {
 	p.vacateChunks(b.seg, c0, c1)
 }
 
+// vacateChunks uncounts one live block from chunks [c0, c1] of seg.
 func (p *pool) vacateChunks(seg *segment, c0, c1 int) {
 	ch := seg.chunks
 	for i := c0; i <= c1; i++ {
@@ -331,17 +332,7 @@ func (p *pool) back(b *block) error {
 		// Undo the counts, then give back what this call took: a failed
 		// request leaves nothing behind. (A span whose release fails stays,
 		// empty, for the next request.)
-		for i := c0; i <= c1; i++ {
-			c := &ch[i]
-			c.live--
-			if c.live == 0 && c.span >= 0 {
-				s := &p.spans[c.span]
-				s.occupied--
-				if s.occupied == 0 {
-					p.pushEmpty(c.span)
-				}
-			}
-		}
+		p.vacateChunks(seg, c0, c1)
 		if made > 0 {
 			for i := c0; i <= c1; i++ {
 				if si := ch[i].span; si >= 0 && p.spans[si].occupied == 0 && p.spans[si].seq > p.backSeq {

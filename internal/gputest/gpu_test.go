@@ -234,6 +234,24 @@ func processMemory(t *testing.T, n *nvml.NVML, idx int) uint64 {
 	return used
 }
 
+// trimAndWait calls Trim and polls NVML until the process is back within
+// 64 MiB of before, for 100 ms at most; it returns the last figure and how
+// long it took.
+func trimAndWait(t *testing.T, a *gpumem.Allocator, n *nvml.NVML, idx int, before uint64) (uint64, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	if err := a.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		now := processMemory(t, n, idx)
+		if now <= before+64*miB || time.Since(start) > 100*time.Millisecond {
+			return now, time.Since(start)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // Virtual segments grow under use and Trim gives every unused byte back:
 // NVML's figure for this process returns within 64 MiB of where it started,
 // within 100 ms.
@@ -272,19 +290,7 @@ func TestGPUTrimVisibleInNVML(t *testing.T) {
 			for _, b := range bufs {
 				a.Free(b)
 			}
-			start := time.Now()
-			if err := a.Trim(); err != nil {
-				t.Fatal(err)
-			}
-			var now uint64
-			for {
-				now = processMemory(t, n, idx)
-				if now <= before+64*miB || time.Since(start) > 100*time.Millisecond {
-					break
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			took := time.Since(start)
+			now, took := trimAndWait(t, a, n, idx, before)
 			t.Logf("%s: NVML before %d MiB, after allocating %d MiB (held %d MiB), after Trim %d MiB in %v", name, before>>20, grown>>20, held>>20, now>>20, took)
 			if now > before+64*miB {
 				t.Fatalf("after Trim NVML shows %d MiB, started at %d MiB: more than 64 MiB not given back within 100 ms", now>>20, before>>20)
@@ -355,19 +361,7 @@ func TestGPUReplayThenTrim(t *testing.T) {
 			}
 		}
 	}
-	start := time.Now()
-	if err := a.Trim(); err != nil {
-		t.Fatal(err)
-	}
-	var now uint64
-	for {
-		now = processMemory(t, n, idx)
-		if now <= before+64*miB || time.Since(start) > 100*time.Millisecond {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	took := time.Since(start)
+	now, took := trimAndWait(t, a, n, idx, before)
 	t.Logf("resnet50_train: NVML before %d MiB, at the end of the replay %d MiB (peak reserved %d MiB), after Trim %d MiB in %v",
 		before>>20, peak>>20, a.Stats().PeakReserved>>20, now>>20, took)
 	if now > before+64*miB {
