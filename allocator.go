@@ -22,7 +22,7 @@ type Allocator struct {
 	ev    device.Events        // nil when the device has no events
 	mode  Mode
 	cfg   Config
-	gran  uint64 // physical chunk size (ModeVirtual) or segmentRound
+	gran  uint64 // chunk size, the device's granularity (ModeVirtual), or segmentRound
 	limit uint64 // cap on reserved bytes
 	total uint64 // device capacity
 	small uint64 // SmallSize

@@ -19,8 +19,9 @@ const (
 	// for requests under 10 MiB, the request rounded up to 2 MiB above.
 	ModePlain
 	// ModeVirtual reserves address space per stream and backs it with
-	// physical chunks of the device's granularity, mapped only where live
-	// blocks lie. Holes in the address space hold no physical memory.
+	// physical memory only where live blocks lie, in spans of at most
+	// Config.SpanSize that are reused or given back once empty (vm.go).
+	// Holes in the address space hold no memory once their spans empty.
 	ModeVirtual
 )
 

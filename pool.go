@@ -19,7 +19,7 @@ const (
 	numHeaps
 )
 
-// A pool is everything one stream owns: its heaps, its cached empty chunks,
+// A pool is everything one stream owns: its heaps, its spans,
 // its pending frees. All fields are guarded by mu unless noted. Locks are
 // taken pool by pool; a pool that needs another pool's memory while holding
 // its own lock only ever TryLocks the other, so pools never deadlock.
@@ -608,7 +608,7 @@ func (q *pool) handOff(stream device.Stream) error {
 }
 
 // trim returns this pool's cache to the device: waits for pending frees,
-// releases empty chunks and wholly free segments (preallocated ones only
+// releases empty spans and wholly free segments (preallocated ones only
 // when all is set).
 func (p *pool) trim(all bool) error {
 	p.flush()

@@ -21,7 +21,7 @@ type Stats struct {
 	PeakAllocated uint64
 	Active        uint64 // bytes of the blocks behind live buffers (requests rounded to 512 B)
 	PeakActive    uint64
-	Reserved      uint64 // bytes held from the device: segments, mapped and spare physical chunks
+	Reserved      uint64 // bytes held from the device: plain segments, spans, handles not yet released
 	PeakReserved  uint64
 	Cached        uint64 // Reserved - Active: held but not in use (includes frees pending on events)
 	// Releasable is the part of Cached that Trim would give back now:
@@ -47,8 +47,8 @@ type Stats struct {
 	Allocs, Frees uint64 // successful Alloc and Free calls
 	DeviceAllocs  uint64 // plain segments taken (cuMemAlloc)
 	DeviceFrees   uint64 // plain segments given back (cuMemFree)
-	Creates       uint64 // physical chunks created (cuMemCreate)
-	Releases      uint64 // physical chunks released (cuMemRelease)
+	Creates       uint64 // physical handles created, one per span (cuMemCreate)
+	Releases      uint64 // physical handles released (cuMemRelease)
 	Maps, Unmaps  uint64 // chunk mappings made and undone (cuMemMap, cuMemUnmap)
 	SetAccess     uint64 // access grants, one per contiguous run (cuMemSetAccess)
 	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
