@@ -379,9 +379,7 @@ func (p *pool) newSpan(seg *segment, r0, r1 int) error {
 		}
 		return err
 	}
-	if err := p.makeRoom(size); err != nil {
-		return err
-	}
+	p.makeRoom(size)
 	if !a.takeBudget(size) {
 		return &shortage{cause: CauseLimit}
 	}
@@ -524,14 +522,14 @@ type heldHandle struct {
 // (TryLocked), before size bytes are taken from the device, so that the
 // device is asked for memory only when nothing reclaimable is held, and the
 // limit is not hit while empty memory is held.
-func (p *pool) makeRoom(size uint64) error {
+func (p *pool) makeRoom(size uint64) {
 	// Preallocated spans yield only when the limit would refuse the request.
 	for _, prealloc := range []bool{false, true} {
 		if prealloc && p.a.reserved.Load()+size <= p.a.limit {
-			return nil
+			return
 		}
 		if p.releaseOldest(size, prealloc) {
-			return nil
+			return
 		}
 		for _, q := range p.a.allPools() {
 			if q == p || !q.mu.TryLock() {
@@ -540,11 +538,10 @@ func (p *pool) makeRoom(size uint64) error {
 			done := q.releaseOldest(size, prealloc)
 			q.mu.Unlock()
 			if done {
-				return nil
+				return
 			}
 		}
 	}
-	return nil
 }
 
 // releaseOldest releases this pool's empty spans, oldest first (the
