@@ -1,10 +1,10 @@
 package nvml
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/internal/dl"
 )
 
 // nvmlReturn is an nvmlReturn_t.
@@ -117,16 +117,6 @@ func (l *library) opError(op string, r nvmlReturn, args string) error {
 	return &device.OpError{Op: op, Args: args, Err: err}
 }
 
-// loadError is the failure to load libnvidia-ml.so.1: one line, matching
-// ErrUnavailable and device.ErrNoDriver.
-type loadError struct{ msg string }
-
-func (e *loadError) Error() string { return e.msg }
-func (e *loadError) Unwrap() error { return ErrUnavailable }
-
 // IsLibraryMissing reports whether err says libnvidia-ml.so.1 itself could
 // not be loaded.
-func IsLibraryMissing(err error) bool {
-	var le *loadError
-	return errors.As(err, &le)
-}
+func IsLibraryMissing(err error) bool { return dl.IsLoadError(err) }

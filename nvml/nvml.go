@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/gpumem/gpumem/internal/dl"
 )
 
 // libName is the NVML library the driver installs.
@@ -27,26 +29,20 @@ type library struct {
 	errorString func(int32) string
 }
 
-type symbol struct {
-	addr     *uintptr
-	names    []string
-	required bool
-}
-
-func (l *library) symbols() []symbol {
-	return []symbol{
-		{&l.initV2, []string{"nvmlInit_v2"}, true},
-		{&l.shutdown, []string{"nvmlShutdown"}, true},
-		{&l.systemGetDriverVersion, []string{"nvmlSystemGetDriverVersion"}, true},
-		{&l.deviceGetCount, []string{"nvmlDeviceGetCount_v2"}, true},
-		{&l.deviceGetHandleByIndex, []string{"nvmlDeviceGetHandleByIndex_v2"}, true},
-		{&l.deviceGetName, []string{"nvmlDeviceGetName"}, true},
-		{&l.deviceGetUUID, []string{"nvmlDeviceGetUUID"}, true},
-		{&l.deviceGetPciInfo, []string{"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"}, true},
-		{&l.deviceGetMemoryInfo, []string{"nvmlDeviceGetMemoryInfo"}, true},
-		{&l.computeProcs, []string{"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses"}, false},
-		{&l.graphicsProcs, []string{"nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses"}, false},
-		{&l.mpsProcs, []string{"nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2", "nvmlDeviceGetMPSComputeRunningProcesses"}, false},
+func (l *library) symbols() []dl.Symbol {
+	return []dl.Symbol{
+		{Addr: &l.initV2, Names: []string{"nvmlInit_v2"}},
+		{Addr: &l.shutdown, Names: []string{"nvmlShutdown"}},
+		{Addr: &l.systemGetDriverVersion, Names: []string{"nvmlSystemGetDriverVersion"}},
+		{Addr: &l.deviceGetCount, Names: []string{"nvmlDeviceGetCount_v2"}},
+		{Addr: &l.deviceGetHandleByIndex, Names: []string{"nvmlDeviceGetHandleByIndex_v2"}},
+		{Addr: &l.deviceGetName, Names: []string{"nvmlDeviceGetName"}},
+		{Addr: &l.deviceGetUUID, Names: []string{"nvmlDeviceGetUUID"}},
+		{Addr: &l.deviceGetPciInfo, Names: []string{"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"}},
+		{Addr: &l.deviceGetMemoryInfo, Names: []string{"nvmlDeviceGetMemoryInfo"}},
+		{Addr: &l.computeProcs, Names: []string{"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses"}, Optional: true},
+		{Addr: &l.graphicsProcs, Names: []string{"nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses"}, Optional: true},
+		{Addr: &l.mpsProcs, Names: []string{"nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2", "nvmlDeviceGetMPSComputeRunningProcesses"}, Optional: true},
 	}
 }
 
@@ -64,39 +60,16 @@ func getLibrary() (*library, error) {
 // openLibrary loads the library called name and resolves its entry points.
 // Its errors are one line and match ErrUnavailable.
 func openLibrary(name string) (*library, error) {
-	h, err := dlopen(name)
+	l := &library{}
+	h, err := dl.Open(name, l.symbols(), ErrUnavailable, "the NVIDIA driver is too old")
 	if err != nil {
-		return nil, &loadError{msg: dlopenMessage(name, err)}
+		return nil, err
 	}
-	l := &library{handle: h}
-	for _, s := range l.symbols() {
-		for _, n := range s.names {
-			if addr, err := dlsym(h, n); err == nil && addr != 0 {
-				*s.addr = addr
-				break
-			}
-		}
-		if *s.addr == 0 && s.required {
-			dlclose(h)
-			return nil, &loadError{msg: name + " has no " + s.names[0] + ": the NVIDIA driver is too old"}
-		}
-	}
-	if addr, err := dlsym(h, "nvmlErrorString"); err == nil && addr != 0 {
+	l.handle = h
+	if addr := dl.Sym(h, "nvmlErrorString"); addr != 0 {
 		l.errorString = errorStringFunc(addr)
 	}
 	return l, nil
-}
-
-// dlopenMessage turns a dlopen failure into one clear line.
-func dlopenMessage(name string, err error) string {
-	msg := strings.Join(strings.Fields(err.Error()), " ")
-	if strings.Contains(msg, "No such file") || strings.Contains(msg, "cannot open shared object file") || msg == "" {
-		return name + " not found: no NVIDIA driver on this machine"
-	}
-	if !strings.Contains(msg, name) {
-		msg = name + ": " + msg
-	}
-	return "cannot load " + msg
 }
 
 // NVML is an initialized NVML session (nvmlInit_v2 .. nvmlShutdown). Its

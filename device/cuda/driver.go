@@ -1,9 +1,11 @@
 package cuda
 
 import (
-	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/internal/dl"
 )
 
 // libName is the driver library, as the CUDA runtime itself loads it.
@@ -37,56 +39,50 @@ type driver struct {
 	cuModuleLoadDataEx, cuModuleGetFunction, cuModuleUnload, cuLaunchKernel uintptr
 }
 
-// symbol is an entry point and the exported names it may have, best first.
-type symbol struct {
-	addr  *uintptr
-	names []string
-}
-
-func (d *driver) symbols() []symbol {
-	return []symbol{
-		{&d.cuInit, []string{"cuInit"}},
-		{&d.cuDriverGetVersion, []string{"cuDriverGetVersion"}},
-		{&d.cuGetErrorName, []string{"cuGetErrorName"}},
-		{&d.cuGetErrorString, []string{"cuGetErrorString"}},
-		{&d.cuDeviceGetCount, []string{"cuDeviceGetCount"}},
-		{&d.cuDeviceGet, []string{"cuDeviceGet"}},
-		{&d.cuDeviceGetName, []string{"cuDeviceGetName"}},
-		{&d.cuDeviceTotalMem, []string{"cuDeviceTotalMem_v2"}},
-		{&d.cuDeviceGetAttribute, []string{"cuDeviceGetAttribute"}},
-		{&d.cuDeviceGetUuid, []string{"cuDeviceGetUuid_v2", "cuDeviceGetUuid"}},
-		{&d.cuDevicePrimaryCtxRetain, []string{"cuDevicePrimaryCtxRetain"}},
-		{&d.cuDevicePrimaryCtxRelease, []string{"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"}},
-		{&d.cuCtxSetCurrent, []string{"cuCtxSetCurrent"}},
-		{&d.cuCtxSynchronize, []string{"cuCtxSynchronize"}},
-		{&d.cuMemAlloc, []string{"cuMemAlloc_v2"}},
-		{&d.cuMemFree, []string{"cuMemFree_v2"}},
-		{&d.cuMemGetInfo, []string{"cuMemGetInfo_v2"}},
-		{&d.cuMemGetAllocationGranularity, []string{"cuMemGetAllocationGranularity"}},
-		{&d.cuMemAddressReserve, []string{"cuMemAddressReserve"}},
-		{&d.cuMemAddressFree, []string{"cuMemAddressFree"}},
-		{&d.cuMemCreate, []string{"cuMemCreate"}},
-		{&d.cuMemRelease, []string{"cuMemRelease"}},
-		{&d.cuMemMap, []string{"cuMemMap"}},
-		{&d.cuMemSetAccess, []string{"cuMemSetAccess"}},
-		{&d.cuMemUnmap, []string{"cuMemUnmap"}},
-		{&d.cuEventCreate, []string{"cuEventCreate"}},
-		{&d.cuEventDestroy, []string{"cuEventDestroy_v2"}},
-		{&d.cuEventRecord, []string{"cuEventRecord"}},
-		{&d.cuEventQuery, []string{"cuEventQuery"}},
-		{&d.cuEventSynchronize, []string{"cuEventSynchronize"}},
-		{&d.cuStreamWaitEvent, []string{"cuStreamWaitEvent"}},
-		{&d.cuStreamCreate, []string{"cuStreamCreate"}},
-		{&d.cuStreamDestroy, []string{"cuStreamDestroy_v2"}},
-		{&d.cuStreamSynchronize, []string{"cuStreamSynchronize"}},
-		{&d.cuMemsetD8, []string{"cuMemsetD8_v2"}},
-		{&d.cuMemsetD8Async, []string{"cuMemsetD8Async"}},
-		{&d.cuMemcpyHtoD, []string{"cuMemcpyHtoD_v2"}},
-		{&d.cuMemcpyDtoH, []string{"cuMemcpyDtoH_v2"}},
-		{&d.cuModuleLoadDataEx, []string{"cuModuleLoadDataEx"}},
-		{&d.cuModuleGetFunction, []string{"cuModuleGetFunction"}},
-		{&d.cuModuleUnload, []string{"cuModuleUnload"}},
-		{&d.cuLaunchKernel, []string{"cuLaunchKernel"}},
+func (d *driver) symbols() []dl.Symbol {
+	return []dl.Symbol{
+		{Addr: &d.cuInit, Names: []string{"cuInit"}},
+		{Addr: &d.cuDriverGetVersion, Names: []string{"cuDriverGetVersion"}},
+		{Addr: &d.cuGetErrorName, Names: []string{"cuGetErrorName"}},
+		{Addr: &d.cuGetErrorString, Names: []string{"cuGetErrorString"}},
+		{Addr: &d.cuDeviceGetCount, Names: []string{"cuDeviceGetCount"}},
+		{Addr: &d.cuDeviceGet, Names: []string{"cuDeviceGet"}},
+		{Addr: &d.cuDeviceGetName, Names: []string{"cuDeviceGetName"}},
+		{Addr: &d.cuDeviceTotalMem, Names: []string{"cuDeviceTotalMem_v2"}},
+		{Addr: &d.cuDeviceGetAttribute, Names: []string{"cuDeviceGetAttribute"}},
+		{Addr: &d.cuDeviceGetUuid, Names: []string{"cuDeviceGetUuid_v2", "cuDeviceGetUuid"}},
+		{Addr: &d.cuDevicePrimaryCtxRetain, Names: []string{"cuDevicePrimaryCtxRetain"}},
+		{Addr: &d.cuDevicePrimaryCtxRelease, Names: []string{"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"}},
+		{Addr: &d.cuCtxSetCurrent, Names: []string{"cuCtxSetCurrent"}},
+		{Addr: &d.cuCtxSynchronize, Names: []string{"cuCtxSynchronize"}},
+		{Addr: &d.cuMemAlloc, Names: []string{"cuMemAlloc_v2"}},
+		{Addr: &d.cuMemFree, Names: []string{"cuMemFree_v2"}},
+		{Addr: &d.cuMemGetInfo, Names: []string{"cuMemGetInfo_v2"}},
+		{Addr: &d.cuMemGetAllocationGranularity, Names: []string{"cuMemGetAllocationGranularity"}},
+		{Addr: &d.cuMemAddressReserve, Names: []string{"cuMemAddressReserve"}},
+		{Addr: &d.cuMemAddressFree, Names: []string{"cuMemAddressFree"}},
+		{Addr: &d.cuMemCreate, Names: []string{"cuMemCreate"}},
+		{Addr: &d.cuMemRelease, Names: []string{"cuMemRelease"}},
+		{Addr: &d.cuMemMap, Names: []string{"cuMemMap"}},
+		{Addr: &d.cuMemSetAccess, Names: []string{"cuMemSetAccess"}},
+		{Addr: &d.cuMemUnmap, Names: []string{"cuMemUnmap"}},
+		{Addr: &d.cuEventCreate, Names: []string{"cuEventCreate"}},
+		{Addr: &d.cuEventDestroy, Names: []string{"cuEventDestroy_v2"}},
+		{Addr: &d.cuEventRecord, Names: []string{"cuEventRecord"}},
+		{Addr: &d.cuEventQuery, Names: []string{"cuEventQuery"}},
+		{Addr: &d.cuEventSynchronize, Names: []string{"cuEventSynchronize"}},
+		{Addr: &d.cuStreamWaitEvent, Names: []string{"cuStreamWaitEvent"}},
+		{Addr: &d.cuStreamCreate, Names: []string{"cuStreamCreate"}},
+		{Addr: &d.cuStreamDestroy, Names: []string{"cuStreamDestroy_v2"}},
+		{Addr: &d.cuStreamSynchronize, Names: []string{"cuStreamSynchronize"}},
+		{Addr: &d.cuMemsetD8, Names: []string{"cuMemsetD8_v2"}},
+		{Addr: &d.cuMemsetD8Async, Names: []string{"cuMemsetD8Async"}},
+		{Addr: &d.cuMemcpyHtoD, Names: []string{"cuMemcpyHtoD_v2"}},
+		{Addr: &d.cuMemcpyDtoH, Names: []string{"cuMemcpyDtoH_v2"}},
+		{Addr: &d.cuModuleLoadDataEx, Names: []string{"cuModuleLoadDataEx"}},
+		{Addr: &d.cuModuleGetFunction, Names: []string{"cuModuleGetFunction"}},
+		{Addr: &d.cuModuleUnload, Names: []string{"cuModuleUnload"}},
+		{Addr: &d.cuLaunchKernel, Names: []string{"cuLaunchKernel"}},
 	}
 }
 
@@ -116,36 +112,13 @@ func getDriver() (*driver, error) {
 // openDriver loads the library called name and resolves every entry point.
 // Its errors are one line and match device.ErrNoDriver.
 func openDriver(name string) (*driver, error) {
-	h, err := dlopen(name)
+	d := &driver{}
+	h, err := dl.Open(name, d.symbols(), device.ErrNoDriver, "the NVIDIA driver is too old (CUDA 11.0 or newer is needed)")
 	if err != nil {
-		return nil, &loadError{msg: dlopenMessage(name, err)}
+		return nil, err
 	}
-	d := &driver{handle: h}
-	for _, s := range d.symbols() {
-		for _, n := range s.names {
-			if addr, err := dlsym(h, n); err == nil && addr != 0 {
-				*s.addr = addr
-				break
-			}
-		}
-		if *s.addr == 0 {
-			dlclose(h)
-			return nil, &loadError{msg: name + " has no " + s.names[0] + ": the NVIDIA driver is too old (CUDA 11.0 or newer is needed)"}
-		}
-	}
+	d.handle = h
 	return d, nil
-}
-
-// dlopenMessage turns a dlopen failure into one clear line.
-func dlopenMessage(name string, err error) string {
-	msg := strings.Join(strings.Fields(err.Error()), " ")
-	if strings.Contains(msg, "No such file") || strings.Contains(msg, "cannot open shared object file") || msg == "" {
-		return name + " not found: no NVIDIA driver on this machine"
-	}
-	if !strings.Contains(msg, name) {
-		msg = name + ": " + msg
-	}
-	return "cannot load " + msg
 }
 
 // errorName asks the driver for the name of r (cuGetErrorName).

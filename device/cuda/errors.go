@@ -1,10 +1,10 @@
 package cuda
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/internal/dl"
 )
 
 // result is a CUresult, the status every driver function returns.
@@ -225,16 +225,6 @@ func opError(drv *driver, op string, r result, args string) error {
 	return &device.OpError{Op: op, Args: args, Err: err}
 }
 
-// loadError is the failure to load the driver library: a single line that
-// matches device.ErrNoDriver.
-type loadError struct{ msg string }
-
-func (e *loadError) Error() string        { return e.msg }
-func (e *loadError) Is(target error) bool { return target == device.ErrNoDriver }
-
 // IsDriverMissing reports whether err says the driver library itself could
 // not be loaded (as opposed to a driver that loaded and then failed).
-func IsDriverMissing(err error) bool {
-	var le *loadError
-	return errors.As(err, &le)
-}
+func IsDriverMissing(err error) bool { return dl.IsLoadError(err) }

@@ -29,17 +29,7 @@ func TestMissingLibrary(t *testing.T) {
 	}
 }
 
-func TestDlopenMessage(t *testing.T) {
-	for _, c := range []struct{ in, want string }{
-		{"libcuda.so.1: cannot open shared object file: No such file or directory", "libcuda.so.1 not found: no NVIDIA driver on this machine"},
-		{"/usr/lib/libcuda.so.1: wrong ELF class: ELFCLASS32", "cannot load /usr/lib/libcuda.so.1: wrong ELF class: ELFCLASS32"},
-		{"bad\nthing", "cannot load libcuda.so.1: bad thing"},
-	} {
-		if got := dlopenMessage(libName, errors.New(c.in)); got != c.want {
-			t.Errorf("dlopenMessage(%q) = %q, want %q", c.in, got, c.want)
-		}
-	}
-}
+// The one-line message of a failed dlopen is tested in internal/dl.
 
 // TestOpenWithoutDriver runs where libcuda.so.1 is absent: Open must fail
 // with the one-line ErrNoDriver error.

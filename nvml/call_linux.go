@@ -4,14 +4,6 @@ package nvml
 
 import "github.com/ebitengine/purego"
 
-func dlopen(name string) (uintptr, error) {
-	return purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_LOCAL)
-}
-
-func dlsym(h uintptr, name string) (uintptr, error) { return purego.Dlsym(h, name) }
-
-func dlclose(h uintptr) { _ = purego.Dlclose(h) }
-
 // ccall calls the C function at fn and returns its nvmlReturn_t.
 //
 // Pointers converted to uintptr in the argument list of a call to ccall are

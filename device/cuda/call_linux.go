@@ -4,14 +4,6 @@ package cuda
 
 import "github.com/ebitengine/purego"
 
-func dlopen(name string) (uintptr, error) {
-	return purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_LOCAL)
-}
-
-func dlsym(h uintptr, name string) (uintptr, error) { return purego.Dlsym(h, name) }
-
-func dlclose(h uintptr) { _ = purego.Dlclose(h) }
-
 // ccall calls the C function at fn and returns its CUresult.
 //
 // Pointers converted to uintptr in the argument list of a call to ccall are
