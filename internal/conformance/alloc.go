@@ -256,10 +256,7 @@ func testRecordStreamErrors(t *testing.T, s *suite) {
 // testTrim: after everything is freed, Trim gives every byte back.
 func testTrim(t *testing.T, s *suite) {
 	e := s.newEnv(t, nil)
-	streams := []device.Stream{0}
-	if _, ok := device.AsStreams(e.dev); ok {
-		streams = append(streams, e.newStream(), e.newStream())
-	}
+	streams := e.streams(2)
 	var bufs []gpumem.Buffer
 	for i, n := range []uint64{100, 4 * kiB, 700 * kiB, 3 * miB, 11 * miB, 40 * miB, 1} {
 		bufs = append(bufs, e.alloc(n, streams[i%len(streams)]))

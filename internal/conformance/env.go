@@ -93,6 +93,18 @@ func (e *env) prealloc() uint64 {
 	return (e.cfg.Preallocate + g - 1) &^ (g - 1)
 }
 
+// streams returns the default stream and n new ones, or the default stream
+// alone if the device cannot make streams.
+func (e *env) streams(n int) []device.Stream {
+	out := []device.Stream{0}
+	if _, ok := device.AsStreams(e.dev); ok {
+		for range n {
+			out = append(out, e.newStream())
+		}
+	}
+	return out
+}
+
 // newStream creates a stream, or skips the test if the device cannot.
 func (e *env) newStream() device.Stream {
 	e.t.Helper()

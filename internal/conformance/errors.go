@@ -420,10 +420,7 @@ func testInvalidSize(t *testing.T, s *suite) {
 // makes later calls fail with ErrClosed.
 func testClose(t *testing.T, s *suite) {
 	e := s.newEnv(t, nil)
-	streams := []device.Stream{0}
-	if _, ok := device.AsStreams(e.dev); ok {
-		streams = append(streams, e.newStream(), e.newStream())
-	}
+	streams := e.streams(2)
 	sc := e.a.NewScope("closing", 0)
 	e.scopeAlloc(sc, 5*kiB, streams[0])
 	for i, n := range []uint64{1, 4 * kiB, 3 * miB, 12 * miB} {

@@ -17,10 +17,7 @@ import (
 // cover every gauge seen.
 func testStatsIdentities(t *testing.T, s *suite) {
 	e := s.newEnv(t, nil)
-	streams := []device.Stream{0}
-	if _, ok := device.AsStreams(e.dev); ok {
-		streams = append(streams, e.newStream(), e.newStream())
-	}
+	streams := e.streams(2)
 	rng := rand.New(rand.NewPCG(1, 2))
 	sizes := []uint64{1, 512, 3000, 64 * kiB, 900 * kiB, 2 * miB, 5*miB + 3, 21 * miB}
 	var bufs []gpumem.Buffer
@@ -112,10 +109,7 @@ func testStatsKnownFields(t *testing.T, s *suite) {
 // their segments.
 func testSnapshot(t *testing.T, s *suite) {
 	e := s.newEnv(t, nil)
-	streams := []device.Stream{0}
-	if _, ok := device.AsStreams(e.dev); ok {
-		streams = append(streams, e.newStream(), e.newStream())
-	}
+	streams := e.streams(2)
 	sc := e.a.NewScope("snap", 0)
 	e.scopeAlloc(sc, 4000, streams[0])
 	for i, n := range []uint64{1, 600 * kiB, 3 * miB, 12 * miB} {
@@ -276,10 +270,7 @@ func testIdleRelease(t *testing.T, s *suite) {
 func testReleaseThreshold(t *testing.T, s *suite) {
 	const threshold = 4 * miB
 	e := s.newEnv(t, func(c *gpumem.Config) { c.ReleaseThreshold = threshold })
-	streams := []device.Stream{0}
-	if _, ok := device.AsStreams(e.dev); ok {
-		streams = append(streams, e.newStream())
-	}
+	streams := e.streams(1)
 	// Sizes of whole granules, each in its own segment in ModePlain, so
 	// that every byte freed is releasable.
 	var bufs []gpumem.Buffer

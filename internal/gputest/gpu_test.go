@@ -217,6 +217,21 @@ func TestGPURecordStream(t *testing.T) {
 	a.Free(y)
 }
 
+// openNVML opens NVML (skipping without it) and finds d's index there.
+func openNVML(t *testing.T, d *cuda.Device) (*nvml.NVML, int) {
+	t.Helper()
+	n, err := nvml.Open()
+	if err != nil {
+		t.Skipf("GPU test skipped: NVML: %v", err)
+	}
+	t.Cleanup(func() { n.Shutdown() })
+	idx, err := n.IndexByUUID(d.UUID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, idx
+}
+
 // processMemory is this process's device memory on GPU 0 as NVML sees it.
 func processMemory(t *testing.T, n *nvml.NVML, idx int) uint64 {
 	t.Helper()
@@ -257,15 +272,7 @@ func trimAndWait(t *testing.T, a *gpumem.Allocator, n *nvml.NVML, idx int, befor
 // within 100 ms.
 func TestGPUTrimVisibleInNVML(t *testing.T) {
 	d := openGPU(t)
-	n, err := nvml.Open()
-	if err != nil {
-		t.Skipf("GPU test skipped: NVML: %v", err)
-	}
-	defer n.Shutdown()
-	idx, err := n.IndexByUUID(d.UUID())
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, idx := openNVML(t, d)
 	for name, dev := range modes(d) {
 		t.Run(name, func(t *testing.T) {
 			before := processMemory(t, n, idx)
@@ -321,15 +328,7 @@ func findTrace(t *testing.T, name string) string {
 // before the replay, within 100 ms.
 func TestGPUReplayThenTrim(t *testing.T) {
 	d := openGPU(t)
-	n, err := nvml.Open()
-	if err != nil {
-		t.Skipf("GPU test skipped: NVML: %v", err)
-	}
-	defer n.Shutdown()
-	idx, err := n.IndexByUUID(d.UUID())
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, idx := openNVML(t, d)
 	tr, err := trace.Load(findTrace(t, "resnet50_train.trace.gz"))
 	if err != nil {
 		t.Fatal(err)
