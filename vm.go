@@ -603,17 +603,11 @@ func (a *Allocator) releaseHandles() error {
 }
 
 // reserve adds address space to a virtual heap: an arena as large as the
-// device (a quarter for the small heap), or the request if larger. Address
-// space costs no memory; holes in it cost nothing either.
+// device, or the request if larger. Address space costs no memory; holes in
+// it cost nothing either.
 func (h *heap) reserve(rounded uint64) error {
 	a := h.pool.a
-	size := a.total
-	if h.kind == heapSmall {
-		size /= 4
-	}
-	if rounded > size {
-		size = rounded
-	}
+	size := max(a.total, rounded)
 	size = (size + a.gran - 1) &^ (a.gran - 1)
 	ptr, err := a.vm.Reserve(size, 0)
 	if err != nil {
