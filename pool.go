@@ -42,8 +42,8 @@ type pool struct {
 	freeSlots           []int32
 	empty               spanList
 	mappedChunks        int
-	emptySeq, fencedSeq uint64 // span emptyings so far / covered by the last fence
-	backSeq             uint64 // emptySeq when the current back began
+	emptySeq, fencedSeq uint64  // span emptyings so far / covered by the last fence
+	made                []int32 // spans placed by the current back (vm.go)
 	fenceEv             device.Event
 	haveFenceEv         bool
 	spareEvents         []device.Event

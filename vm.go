@@ -309,11 +309,8 @@ func (p *pool) back(b *block) error {
 	if !need {
 		return nil
 	}
-	// Spans made by this call become empty at its undo after any already
-	// empty ones, so their seq is above this mark.
-	p.backSeq = p.emptySeq
+	p.made = p.made[:0] // place records the spans this call creates or moves here
 	var err error
-	made := 0 // spans this call created or moved here
 	for i := c0; i <= c1 && err == nil; {
 		c := &ch[i]
 		switch {
@@ -324,7 +321,6 @@ func (p *pool) back(b *block) error {
 			err = p.grant(c.span)
 			i = int(s.c0 + s.n)
 		default:
-			made++
 			r1 := i + 1
 			for r1 <= c1 && ch[r1].span < 0 && r1-i < p.a.spanChunks {
 				r1++
@@ -338,11 +334,9 @@ func (p *pool) back(b *block) error {
 		// request leaves nothing behind. (A span whose release fails stays,
 		// empty, for the next request.)
 		p.vacateChunks(seg, c0, c1)
-		if made > 0 {
-			for i := c0; i <= c1; i++ {
-				if si := ch[i].span; si >= 0 && p.spans[si].occupied == 0 && p.spans[si].seq > p.backSeq {
-					_ = p.releaseSpan(si)
-				}
+		for _, si := range p.made {
+			if p.spans[si].inUse && p.spans[si].occupied == 0 {
+				_ = p.releaseSpan(si)
 			}
 		}
 		return fmt.Errorf("gpumem: backing %d bytes at 0x%x: %w", b.size, b.addr, err)
@@ -408,6 +402,7 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1 int, prealloc bool) e
 	}
 	a.c.maps.Add(1)
 	i := p.newSlot()
+	p.made = append(p.made, i)
 	p.spans[i] = span{seg: seg, c0: int32(r0), n: k, h: h, inUse: true, prealloc: prealloc, prev: -1, next: -1}
 	s := &p.spans[i]
 	seg.hiSpan = max(seg.hiSpan, int32(r1-1))
