@@ -31,8 +31,8 @@ only.
 
 With --json, each trace is one JSON object on one line, with the keys trace,
 device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
-ns_per_op, maps, unmaps, device_calls, creates, fences, peak_active_bytes and
-end_reserved_bytes.
+ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
+peak_active_bytes and end_reserved_bytes.
 
 A trace that cannot be read is reported and skipped; a replay that fails
 stops the command. Either way the exit status is 1. SIZE is bytes with an

@@ -45,6 +45,7 @@ type Result struct {
 	Unmaps            uint64  `json:"unmaps"`
 	DeviceCalls       uint64  `json:"device_calls"`
 	Creates           uint64  `json:"creates"`
+	Releases          uint64  `json:"releases"`
 	Fences            uint64  `json:"fences"`
 	PeakActiveBytes   uint64  `json:"peak_active_bytes"`
 	// EndReservedBytes is what the allocator still held after the last
@@ -108,6 +109,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		Unmaps:            st.Unmaps - before.Unmaps,
 		DeviceCalls:       st.DeviceCalls() - before.DeviceCalls(),
 		Creates:           st.Creates - before.Creates,
+		Releases:          st.Releases - before.Releases,
 		Fences:            st.Fences - before.Fences,
 		PeakActiveBytes:   st.PeakActive,
 		EndReservedBytes:  st.Reserved,

@@ -3,6 +3,8 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,4 +135,92 @@ func TestDriverPhases(t *testing.T) {
 	}
 	report("Record + Wait (idle stream)", 100, time.Since(t0))
 	d.DestroyEvent(e)
+}
+
+// TestDriverParallel times the growth step (Create, Map, SetAccess of one
+// span) and the release step (Unmap, Release) of many spans done by 1 to
+// 16 threads at once, whole and phase by phase: whether the driver lets
+// independent virtual-memory calls run side by side decides whether a
+// many-span growth can be spread over threads. A measurement: it runs only
+// with GPUMEM_DRIVER_PHASES=1.
+func TestDriverParallel(t *testing.T) {
+	if os.Getenv("GPUMEM_DRIVER_PHASES") == "" {
+		t.Skip("set GPUMEM_DRIVER_PHASES=1 to time the driver's calls")
+	}
+	d := openGPU(t)
+	g := d.Granularity()
+	const n = 128
+	for _, spanChunks := range []uint64{1, 8} {
+		size := spanChunks * g
+		base, err := d.Reserve(n*size, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := make([]device.Handle, n)
+		each := func(threads int, f func(i int) error) time.Duration {
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, threads)
+			t0 := time.Now()
+			for w := 0; w < threads; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						i := int(next.Add(1) - 1)
+						if i >= n {
+							return
+						}
+						if err := f(i); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			took := time.Since(t0)
+			select {
+			case err := <-errs:
+				t.Fatal(err)
+			default:
+			}
+			return took
+		}
+		at := func(i int) device.Ptr { return base + device.Ptr(uint64(i)*size) }
+		grow := func(i int) error {
+			h, err := d.Create(size)
+			if err != nil {
+				return err
+			}
+			hs[i] = h
+			if err := d.Map(at(i), size, h); err != nil {
+				return err
+			}
+			return d.SetAccess(at(i), size)
+		}
+		shrink := func(i int) error {
+			if err := d.Unmap(at(i), size); err != nil {
+				return err
+			}
+			return d.Release(hs[i])
+		}
+		per := func(took time.Duration) float64 { return float64(took.Nanoseconds()) / 1e3 / n }
+		for _, threads := range []int{1, 2, 4, 8, 16} {
+			g1 := each(threads, grow)
+			s1 := each(threads, shrink)
+			// Phase by phase: creates, then maps, then grants, then
+			// unmaps, then releases, each phase spread over the threads.
+			c := each(threads, func(i int) (err error) { hs[i], err = d.Create(size); return })
+			m := each(threads, func(i int) error { return d.Map(at(i), size, hs[i]) })
+			a := each(threads, func(i int) error { return d.SetAccess(at(i), size) })
+			u := each(threads, func(i int) error { return d.Unmap(at(i), size) })
+			r := each(threads, func(i int) error { return d.Release(hs[i]) })
+			t.Logf("%2d MiB spans, %2d threads: grow %6.1f  shrink %6.1f | create %6.1f map %5.1f access %6.1f unmap %6.1f release %6.1f us/span (wall/%d)",
+				size>>20, threads, per(g1), per(s1), per(c), per(m), per(a), per(u), per(r), n)
+		}
+		if err := d.ReleaseAddress(base, n*size); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
