@@ -58,7 +58,7 @@ run() {
 		cost)
 			{
 				"$bin/cuda.test" -test.run XXX -test.bench DriverCost -test.benchtime 20x
-				GPUMEM_DRIVER_PHASES=1 "$bin/cuda.test" -test.run TestDriverPhases -test.v
+				GPUMEM_DRIVER_PHASES=1 "$bin/cuda.test" -test.run 'TestDriverPhases|TestDriverParallel' -test.v
 			} >"$out/cost.txt" 2>&1 || true
 			;;
 		cpubench)
