@@ -79,9 +79,11 @@ type Config struct {
 	// segments. Default 1 MiB. ModeVirtual has one heap (see doc.go).
 	SmallSize uint64
 	// SpanSize caps the physical memory taken from the device in one piece
-	// in ModeVirtual (rounded to the device's granularity). Larger spans
-	// mean fewer driver calls when memory grows or moves; smaller spans let
-	// idle memory be given back more finely. Default 16 MiB (see vm.go).
+	// in ModeVirtual (rounded to the device's granularity); growth at the
+	// frontier of an allocator holding at least 16 spans' worth takes up to
+	// twice it. Larger spans mean fewer driver calls when memory grows or
+	// moves; smaller spans let idle memory be given back more finely.
+	// Default 16 MiB (see vm.go).
 	SpanSize uint64
 	// RecordSites captures the call stack of every allocation, so leak
 	// reports from Scope.Close and Close say where each leaked buffer was

@@ -27,7 +27,9 @@
 //
 // ModeVirtual (the default where the device has virtual memory) reserves an
 // arena of address space per stream, as large as the device, and backs only
-// the chunks under live blocks, in spans of at most Config.SpanSize. When a
+// the chunks under live blocks, in spans of at most Config.SpanSize (twice
+// that, and filled ahead, where a grown allocator extends its arena: see
+// runEnd in vm.go). When a
 // block is freed, a span left without live chunks stays mapped on the
 // pool's empty list: reused in place it costs nothing. When a block needs
 // backing, the allocator first looks for a free place already backed (a

@@ -19,14 +19,14 @@ import (
 // tens of microseconds to map, grant and unmap whatever its size
 // (docs/BENCHMARKS.md, "Driver costs"), so the span is the unit of growth,
 // of reuse elsewhere and of release. Each run of unmapped chunks under a new
-// block gets spans of at most Config.SpanSize: one create, one map, one
-// access grant each.
+// block gets spans of at most Config.SpanSize (larger at the frontier of a
+// grown arena, see runEnd): one create, one map, one access grant each.
 //
 // The span size is the trade between speed and fit. Empty chunks of a span
 // that still has a live chunk cannot be given back or moved, so larger spans
 // hold more idle memory; smaller ones cost more driver calls. Measured on
 // the six shipped traces (docs/BENCHMARKS.md, "Span size"), 16 MiB spans
-// keep every ratio under 1.015 with about a sixth of the driver time of
+// keep every ratio under 1.02 with about a sixth of the driver time of
 // 2 MiB spans.
 //
 // A span's life (each arrow names the function that performs it):
@@ -321,10 +321,7 @@ func (p *pool) back(b *block) error {
 			err = p.grant(c.span)
 			i = int(s.c0 + s.n)
 		default:
-			r1 := i + 1
-			for r1 <= c1 && ch[r1].span < 0 && r1-i < p.a.spanChunks {
-				r1++
-			}
+			r1 := p.runEnd(seg, i, c1)
 			err = p.newSpan(seg, i, r1)
 			i = r1
 		}
@@ -344,6 +341,45 @@ func (p *pool) back(b *block) error {
 	return nil
 }
 
+// runEnd returns the end of the next span of a block whose chunks up to c1
+// need backing, from its unmapped chunk i: the run of unmapped chunks from
+// i, cut at the span size.
+//
+// Growth at the frontier (past every chunk any span has covered, in an
+// allocator that already holds frontierAfter spans' worth) is where a
+// program's first pass spends its driver time, so a span starting there may
+// be twice the span size, and a span that ends the block there also takes
+// the chunks ahead of it, up to the span size: the requests that follow at
+// the frontier find memory mapped. The frontier holds at most one such partly used span,
+// and the threshold keeps small programs, for which a few spans are a large
+// share, on exact spans. Measured (docs/BENCHMARKS.md, "Growth at the
+// frontier"): about half the creates of a first pass on the shipped traces
+// and four synthetic families, every shipped ratio at most 1.0153.
+func (p *pool) runEnd(seg *segment, i, c1 int) int {
+	a := p.a
+	ch := seg.chunks
+	limit := a.spanChunks
+	grown := a.reserved.Load() >= frontierAfter*uint64(a.spanChunks)*a.gran
+	if grown && i > int(seg.hiSpan) {
+		limit *= 2
+	}
+	r1 := i + 1
+	for r1 <= c1 && ch[r1].span < 0 && r1-i < limit {
+		r1++
+	}
+	if grown && r1 == c1+1 && r1 > int(seg.hiSpan) {
+		// Past hiSpan every chunk is unmapped and holds nothing.
+		for r1 < len(ch) && r1-i < a.spanChunks {
+			r1++
+		}
+	}
+	return r1
+}
+
+// frontierAfter is how many spans' worth an allocator must hold before
+// growth at the frontier takes larger spans (runEnd).
+const frontierAfter = 16
+
 // grant gives span i access (SetAccess over its one mapping).
 func (p *pool) grant(i int32) error {
 	a := p.a
@@ -359,9 +395,10 @@ func (p *pool) grant(i int32) error {
 	return nil
 }
 
-// newSpan backs chunks [r0, r1) of seg, all unmapped and all live now, with
-// one span: an empty span of exactly that size moved here (remap), else new
-// memory from the device after releasing what empty spans hold.
+// newSpan backs chunks [r0, r1) of seg, all unmapped, with one span (the
+// chunks under the block being backed are live, those ahead of it at the
+// frontier are not): an empty span of exactly that size moved here (remap),
+// else new memory from the device after releasing what empty spans hold.
 func (p *pool) newSpan(seg *segment, r0, r1 int) error {
 	a := p.a
 	k := int32(r1 - r0)
@@ -389,8 +426,8 @@ func (p *pool) newSpan(seg *segment, r0, r1 int) error {
 	return p.place(h, seg, r0, r1, false)
 }
 
-// place maps handle h over chunks [r0, r1) of seg as a new span of p, all
-// of whose chunks are live, and grants access. If mapping fails the handle
+// place maps handle h over chunks [r0, r1) of seg as a new span of p and
+// grants access. If mapping fails the handle
 // is released; if the grant fails the span stays, without access.
 func (p *pool) place(h device.Handle, seg *segment, r0, r1 int, prealloc bool) error {
 	a := p.a
