@@ -208,6 +208,8 @@ func TestReplayErrors(t *testing.T) {
 			`^gpumem replay: invalid value "20000000PiB" for flag --capacity: too large .*\n`, ""},
 		{"missing value", []string{"replay", "testdata/tiny.trace", "--limit"}, 2,
 			`^gpumem replay: flag needs an argument: --limit\n`, ""},
+		{"bad repeat", []string{"replay", "--repeat", "0", "testdata/tiny.trace"}, 2,
+			`^gpumem replay: invalid value 0 for flag --repeat: want 1 or more\n`, ""},
 		{"bad mode", []string{"replay", "--mode", "fast", "testdata/tiny.trace"}, 2,
 			`^gpumem replay: invalid value "fast" for flag --mode: want auto, plain or virtual\n`, ""},
 		{"bad device", []string{"replay", "--device", "tpu", "testdata/tiny.trace"}, 2,

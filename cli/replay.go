@@ -58,6 +58,7 @@ func (e *env) replay(args []string) int {
 	touch := fs.Bool("touch", false, "write every allocation (an asynchronous memset on its stream) so it is truly backed (the time per event includes it); CUDA only")
 	check := fs.Bool("check", false, "run the allocator's invariant checker after each replay")
 	warm := fs.Bool("warm", false, "replay each trace a second time on the same allocator and report that pass's time too (ns_per_op_warm)")
+	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
 
 	paths, code := e.parse(fs, args)
 	if code >= 0 {
@@ -85,6 +86,9 @@ func (e *env) replay(args []string) int {
 	cfg.Mode = m
 	if !(*fraction >= 0 && *fraction <= 1) {
 		return e.usageError(fs, fmt.Sprintf("invalid value %v for flag --preallocate-fraction: want 0 to 1", *fraction))
+	}
+	if *repeat < 1 {
+		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --repeat: want 1 or more", *repeat))
 	}
 	simCfg := sim.Config{Capacity: uint64(capacity), Granularity: uint64(granularity)}
 	if _, err := sim.New(simCfg); err != nil {
@@ -118,7 +122,7 @@ func (e *env) replay(args []string) int {
 	if gpu != nil && (set["capacity"] || set["granularity"]) {
 		return e.usageError(fs, "--capacity and --granularity describe the simulated device; add --device sim to use it")
 	}
-	opt := replay.Options{Check: *check, Warm: *warm}
+	opt := replay.Options{Check: *check, Warm: *warm, Repeat: *repeat}
 	if gpu != nil && *touch {
 		opt.Touch = func(s device.Stream, b gpumem.Buffer) error {
 			return gpu.MemsetAsync(b.Ptr(), 0, b.Size(), s)

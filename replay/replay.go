@@ -7,6 +7,7 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gpumem/gpumem"
@@ -27,6 +28,12 @@ type Options struct {
 	// as NsPerOpWarm: the allocator's speed once its cache is populated
 	// (the peers' benchmark reports the same).
 	Warm bool
+	// Repeat (Run only) replays the trace this many times (at least once),
+	// each on a new allocator, and reports the median times, with every run's in
+	// NsPerOpRuns and NsPerOpWarmRuns: one pass on a shared machine varies
+	// by tens of percent. Every run must make the same decisions (peak,
+	// counts); a run that does not is an error.
+	Repeat int
 }
 
 // Result is one trace's replay. JSON keys are part of the CLI's contract.
@@ -51,12 +58,60 @@ type Result struct {
 	// EndReservedBytes is what the allocator still held after the last
 	// event, before Close.
 	EndReservedBytes uint64 `json:"end_reserved_bytes"`
+	// NsPerOpRuns and NsPerOpWarmRuns are the times of each run when
+	// Options.Repeat is above 1; NsPerOp and NsPerOpWarm are their medians.
+	NsPerOpRuns     []float64 `json:"ns_per_op_runs,omitempty"`
+	NsPerOpWarmRuns []float64 `json:"ns_per_op_warm_runs,omitempty"`
 }
 
 // Run replays tr on dev with a new allocator configured by cfg, and closes
 // the allocator. Requests still live at the end of the trace are freed by
 // Close (traces end with live requests; that is not a leak of the replay).
 func Run(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Result, error) {
+	first, err := runOnce(tr, dev, cfg, opt)
+	if err != nil || opt.Repeat <= 1 {
+		return first, err
+	}
+	cold, warm := []float64{first.NsPerOp}, []float64{first.NsPerOpWarm}
+	for run := 2; run <= opt.Repeat; run++ {
+		r, err := runOnce(tr, dev, cfg, opt)
+		if err != nil {
+			return Result{}, fmt.Errorf("replay %s: run %d: %w", tr.Name, run, err)
+		}
+		if !sameDecisions(r, first) {
+			return Result{}, fmt.Errorf("replay %s: run %d decided differently from run 1 (peak reserved %d vs %d, %d vs %d creates, %d vs %d maps): the allocator is not deterministic",
+				tr.Name, run, r.PeakReservedBytes, first.PeakReservedBytes, r.Creates, first.Creates, r.Maps, first.Maps)
+		}
+		cold, warm = append(cold, r.NsPerOp), append(warm, r.NsPerOpWarm)
+	}
+	first.NsPerOpRuns, first.NsPerOp = cold, median(cold)
+	if opt.Warm {
+		first.NsPerOpWarmRuns, first.NsPerOpWarm = warm, median(warm)
+	}
+	return first, nil
+}
+
+// sameDecisions reports whether two runs of one trace held and did the same.
+func sameDecisions(a, b Result) bool {
+	return a.PeakReservedBytes == b.PeakReservedBytes && a.OOMs == b.OOMs &&
+		a.Creates == b.Creates && a.Releases == b.Releases && a.Maps == b.Maps &&
+		a.Unmaps == b.Unmaps && a.EndReservedBytes == b.EndReservedBytes
+}
+
+// median returns the median of xs (the mean of the middle two for an even
+// count); xs is left unchanged.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// runOnce is one replay of tr on a new allocator (Run without Repeat).
+func runOnce(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Result, error) {
 	streams, destroy, err := mapStreams(tr, dev)
 	if err != nil {
 		return Result{}, err

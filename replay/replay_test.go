@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -173,6 +174,34 @@ func TestReplayWarm(t *testing.T) {
 	if res.PeakReservedBytes != cold.PeakReservedBytes || cold.NsPerOpWarm != 0 {
 		t.Fatalf("warm run peak %d, cold run peak %d (warm ns %v): the first pass must report as a cold run does",
 			res.PeakReservedBytes, cold.PeakReservedBytes, cold.NsPerOpWarm)
+	}
+}
+
+// TestReplayRepeat: Options.Repeat replays on new allocators, reports every
+// run's times and their median, and the decisions of the first run.
+func TestReplayRepeat(t *testing.T) {
+	tr := loadTraces(t)[0]
+	once, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{}, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{}, replay.Options{Repeat: 3, Warm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NsPerOpRuns) != 3 || len(res.NsPerOpWarmRuns) != 3 {
+		t.Fatalf("runs %v, warm runs %v: want 3 of each", res.NsPerOpRuns, res.NsPerOpWarmRuns)
+	}
+	mid := func(runs []float64) float64 { return slices.Sorted(slices.Values(runs))[1] }
+	if res.NsPerOp != mid(res.NsPerOpRuns) || res.NsPerOpWarm != mid(res.NsPerOpWarmRuns) {
+		t.Errorf("runs %v and %v, reported %v and %v: want the medians", res.NsPerOpRuns, res.NsPerOpWarmRuns, res.NsPerOp, res.NsPerOpWarm)
+	}
+	if slices.Min(res.NsPerOpRuns) <= 0 || slices.Min(res.NsPerOpWarmRuns) <= 0 {
+		t.Errorf("runs %v and %v: want every run timed", res.NsPerOpRuns, res.NsPerOpWarmRuns)
+	}
+	if res.PeakReservedBytes != once.PeakReservedBytes || res.Creates != once.Creates || res.Maps != once.Maps {
+		t.Errorf("repeated: peak %d, %d creates, %d maps; once: %d, %d, %d", res.PeakReservedBytes, res.Creates, res.Maps,
+			once.PeakReservedBytes, once.Creates, once.Maps)
 	}
 }
 
