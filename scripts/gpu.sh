@@ -38,6 +38,9 @@ run() {
 	local parts=("$@")
 	[ ${#parts[@]} -eq 0 ] && parts=(tests cost cpubench replay peers table)
 	export GPUMEM_REQUIRE_GPU=1
+	# Times are medians of this many runs (gpumem and the C++ peers): one
+	# pass on this machine varies by tens of percent.
+	local repeat=${REPEAT:-5}
 	machine() {
 		date -u
 		nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -69,11 +72,11 @@ run() {
 			} >"$out/cpubench.txt" 2>&1 || true
 			;;
 		replay)
-			"$bin/gpumem" replay --device sim --json --warm testdata/traces/*.trace.gz >"$out/replay_sim.jsonl" || true
-			"$bin/gpumem" replay --device cuda --json --warm testdata/traces/*.trace.gz >"$out/replay_cuda.jsonl" || true
+			"$bin/gpumem" replay --device sim --json --warm --repeat "$repeat" testdata/traces/*.trace.gz >"$out/replay_sim.jsonl" || true
+			"$bin/gpumem" replay --device cuda --json --warm --repeat "$repeat" testdata/traces/*.trace.gz >"$out/replay_cuda.jsonl" || true
 			;;
 		peers)
-			OUT="$out" bash bench/peers/run_all.sh || true
+			OUT="$out" bash bench/peers/run_all.sh --repeat "$repeat" || true
 			rm -f "$out/peers_table.md" # table.md holds it, with gpumem
 			;;
 		table)

@@ -33,6 +33,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -231,13 +232,28 @@ def run_torch_cxx(tr, opts, res):
     kinds = array.array("b", tr.kinds)
     ids = array.array("q", tr.ids)
     sizes = array.array("q", tr.sizes)
-    ns, ooms = mod.replay(kinds, ids, sizes, tr.n_ids)
+    n = max(1, len(tr))
+    cold, warm = [], []
+    for run in range(max(1, opts.repeat)):
+        if run > 0:
+            # Give every cached segment back so that this run starts cold too
+            # (replay() has freed what the trace left live).
+            torch.cuda.synchronize(dev)
+            torch.cuda.empty_cache()
+        ns, ooms = mod.replay(kinds, ids, sizes, tr.n_ids)
+        cold.append(ns / n)
+        if opts.warm:
+            ns2, _ = mod.replay(kinds, ids, sizes, tr.n_ids)
+            warm.append(ns2 / n)
     _torch_read_peak(torch, dev, res)
-    res.update(ns_per_op=ns / max(1, len(tr)), ooms=ooms,
+    res.update(ns_per_op=statistics.median(cold), ooms=ooms,
                allocator_name=mod.allocator_name())
-    if opts.warm:
-        ns2, _ = mod.replay(kinds, ids, sizes, tr.n_ids)
-        res["ns_per_op_warm"] = ns2 / max(1, len(tr))
+    if warm:
+        res["ns_per_op_warm"] = statistics.median(warm)
+    if len(cold) > 1:
+        res["ns_per_op_runs"] = [round(x, 1) for x in cold]
+        if warm:
+            res["ns_per_op_warm_runs"] = [round(x, 1) for x in warm]
     res["timed_in"] = "C++ (std::chrono::steady_clock around the raw_alloc/raw_delete loop)"
 
 
@@ -463,6 +479,9 @@ def main(argv=None):
                     help="replay only the first N events (row marked truncated)")
     ap.add_argument("--no-warm", dest="warm", action="store_false",
                     help="skip the second (warm) timed pass")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="C++ peers: replay N times, each from an emptied cache, and "
+                         "report the median times (every run's in ns_per_op_runs)")
     ap.add_argument("--build-cxx", action="store_true",
                     help="build torch_cxx.cpp with torch.utils.cpp_extension and exit")
     ap.add_argument("--list", action="store_true", help="print the peer names")

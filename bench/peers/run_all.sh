@@ -23,6 +23,8 @@
 #                     the row is marked "truncated" [CAPS, comma-separated]
 #   --skip PEER:TRACE skip that pair with a recorded reason [SKIPS, comma-separated]
 #   --no-warm         no second (warm) timed pass
+#   --repeat N        C++ peers: N runs from an emptied cache, median times
+#                     reported [REPEAT, default 1]
 #   --out FILE        result file (overrides the default above)
 set -u
 
@@ -37,6 +39,7 @@ CAPS=${CAPS:-}
 SKIPS=${SKIPS:-}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
 WARM=()
+REPEAT=${REPEAT:-1}
 RESULT=""
 
 TRACES=()
@@ -48,6 +51,7 @@ while [ $# -gt 0 ]; do
     --cap) CAPS="${CAPS:+$CAPS,}$2"; shift 2 ;;
     --skip) SKIPS="${SKIPS:+$SKIPS,}$2"; shift 2 ;;
     --no-warm) WARM=(--no-warm); shift ;;
+    --repeat) REPEAT=$2; shift 2 ;;
     --out) RESULT=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     --) shift; TRACES+=("$@"); break ;;
@@ -135,6 +139,7 @@ for trace in "${TRACES[@]}"; do
       [ "$left" -lt "$limit" ] && limit=$left
     fi
     extra=("${WARM[@]}")
+    [ "${peer%-cxx}" != "$peer" ] && [ "$REPEAT" -gt 1 ] && extra+=(--repeat "$REPEAT")
     cap=$(cap_for "$peer")
     [ -n "$cap" ] && extra+=(--max-events "$cap")
     echo "=== $peer $name (limit ${limit}s ${extra[*]})" >>"$LOG"

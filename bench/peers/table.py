@@ -170,6 +170,10 @@ def build(peer_rows, gpumem_rows=None, warm=False, peers=None):
              "trace; ns/op = %s, per alloc or free.\n" %
              ("second pass with the pool kept (ns_per_op_warm) where measured"
               if warm else "first pass from an empty pool"))
+    runs = sorted({len(r.get("ns_per_op_runs") or []) for r in list(by.values()) + list(gm.values()) if r})
+    if runs and runs[-1] > 1:
+        text += ("Rows with ns_per_op_runs (gpumem, the C++ peers) give the median of "
+                 "that many runs (%s); the others, one run.\n" % ", ".join(str(n) for n in runs if n > 1))
     if notes:
         text += "\n" + "\n".join("- " + n for n in notes) + "\n"
     return text
