@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Synthetic allocation traces of four program shapes, to check that a policy
+tuned on the six recorded traces holds on programs it was not tuned on.
+
+    python3 bench/synth/gen.py OUTDIR     # writes 20 traces (5 seeds x 4 families)
+
+Families (gpumem-trace v1, one stream, deterministic seeds 100-104):
+  kv      autoregressive generation: a KV cache per layer regrown one token at a
+          time (new = bigger, then the old freed), random batch and prompt
+  varlen  transformer training with random sequence lengths: activations, attention
+          scores, gradients freed in reverse
+  cnn     convolutional training with fixed shapes per run
+  sweep   build a random MLP, train a few steps, drop it; several times
+Sizes follow the shapes of real layers; lifetimes follow the program's order.
+"""
+import gzip
+import os
+import random
+import sys
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else "."
+
+
+def write(name, events):
+    text = "# gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US\n" + "".join(e + "\n" for e in events)
+    # mtime=0 and no file name in the header: the same seed gives the same bytes.
+    with open(os.path.join(OUT, f"{name}.trace.gz"), "wb") as raw:
+        with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f:
+            f.write(text.encode())
+class Trace:
+    """Events in program order; a() returns the new request's ID."""
+
+    def __init__(self):
+        self.ev, self.nid, self.t = [], 0, 0
+
+    def a(self, size):
+        self.ev.append(f"a {self.nid} {max(1, int(size))} 0 {self.t}")
+        self.nid += 1
+        self.t += 1
+        return self.nid - 1
+
+    def f(self, i):
+        self.ev.append(f"f {i} {self.t}")
+        self.t += 1
+
+
+def kv(seed):
+    r = random.Random(seed)
+    t = Trace()
+    layers = r.choice([12, 24, 32])
+    hidden = r.choice([768, 1024, 2048])
+    for _ in range(layers * 4):  # weights, never freed
+        t.a(hidden * hidden * 2 * r.choice([1, 3, 4]))
+    for _ in range(r.randint(4, 10)):  # rounds of generation
+        batch, prompt = r.randint(1, 16), r.randint(16, 256)
+        cache = [t.a(batch * prompt * hidden * 2 * 2) for _ in range(layers)]
+        for step in range(r.randint(32, 128)):
+            length = prompt + step + 1
+            for layer in range(layers):
+                tmp = [t.a(batch * hidden * 2 * m) for m in (1, 4, 1)]
+                new = t.a(batch * length * hidden * 2 * 2)  # torch.cat: new, then old freed
+                t.f(cache[layer])
+                cache[layer] = new
+                for x in tmp:
+                    t.f(x)
+            t.f(t.a(batch * 50257 * 4))  # logits
+        for c in cache:
+            t.f(c)
+    return t.ev
+
+
+def varlen(seed):
+    r = random.Random(seed)
+    t = Trace()
+    hidden = r.choice([512, 768, 1024, 1536])
+    layers = r.choice([6, 12, 24])
+    batch = r.choice([8, 16, 32])
+    for _ in range(layers * 6):  # parameters
+        t.a(hidden * hidden * 4 * r.choice([1, 4]))
+    for _ in range(layers * 6):  # optimizer state
+        t.a(hidden * hidden * 4 * 2)
+    for _ in range(r.randint(15, 40)):  # steps
+        length = r.randint(32, 1024)
+        acts = []
+        for _ in range(layers):
+            for m in (1, 1, 4, 4, 1):
+                acts.append(t.a(batch * length * hidden * m * 2))
+            acts.append(t.a(batch * 12 * length * length * 2))  # attention scores
+        for x in reversed(acts):  # backward
+            g = t.a(r.uniform(0.2, 1.0) * batch * length * hidden * 2)
+            t.f(x)
+            t.f(g)
+        grads = [t.a(hidden * hidden * 4) for _ in range(layers * 6)]
+        for g in grads:
+            t.f(g)
+    return t.ev
+
+
+def cnn(seed):
+    r = random.Random(seed)
+    t = Trace()
+    batch = r.choice([16, 32, 64, 128])
+    res = r.choice([128, 224, 256])
+    for c in (64, 128, 256, 512):  # parameters
+        for _ in range(8):
+            t.a(r.choice([1, 4, 9]) * c * c * 4)
+    for _ in range(10):  # steps
+        acts = []
+        h = res
+        for c in (64, 128, 256, 512):
+            for _ in range(r.randint(2, 6)):
+                for _ in range(3):
+                    acts.append(t.a(batch * c * h * h * 2 * r.choice([1, 4]) // 4))
+            h //= 2
+        for x in reversed(acts):
+            g = t.a(batch * 64 * 64 * 2)
+            t.f(x)
+            t.f(g)
+    return t.ev
+
+
+def sweep(seed):
+    r = random.Random(seed)
+    t = Trace()
+    for _ in range(r.randint(6, 14)):  # models
+        width = r.choice([1024, 2048, 3072, 4096, 6144, 8192])
+        depth = r.randint(2, 16)
+        weights = [t.a(width * width * 4) for _ in range(depth * 4)]
+        for _ in range(5):  # training steps
+            acts = [t.a(r.choice([64, 128, 256]) * width * 4) for _ in range(depth * 2)]
+            for x in reversed(acts):
+                t.f(x)
+        for w in weights:
+            t.f(w)
+    return t.ev
+
+
+if __name__ == "__main__":
+    os.makedirs(OUT, exist_ok=True)
+    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep}
+    for name, g in gens.items():
+        for i in range(5):
+            write(f"{name}{i}", g(100 + i))
