@@ -51,9 +51,15 @@ func modes(d *cuda.Device) map[string]device.Device {
 	}
 }
 
+// TestConformanceCUDA runs the conformance suite on the GPU, each test on a
+// fresh faultyGPU (the real device with the suite's fault hooks), so that
+// the error-path tests run against the real driver too. Tests that need
+// work held pending at will (a conformance.Pender) or memory taken by
+// another process (a Shrinker) skip here; the GPU-only tests below cover
+// them with a real long-running kernel and the driver's own out-of-memory.
 func TestConformanceCUDA(t *testing.T) {
 	d := openGPU(t)
-	conformance.Run(t, func(t *testing.T) conformance.Device { return d })
+	conformance.Run(t, func(t *testing.T) conformance.Device { return &faultyGPU{Device: d} })
 }
 
 // Memory written through gpumem buffers reads back exactly, across chunk

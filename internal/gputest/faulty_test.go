@@ -1,0 +1,246 @@
+package gputest
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/cuda"
+	"github.com/gpumem/gpumem/internal/conformance"
+)
+
+// faultyGPU is the CUDA device with the conformance suite's fault hooks
+// (conformance.Faulter and FaultCounter), so that the suite's error-path
+// tests run on the GPU: a fault armed on an operation makes its n-th future
+// call fail before it reaches the driver, with an error matching
+// device.ErrInjected (and device.ErrOutOfMemory for FailOOM), as the
+// simulated device's do. Everything else is the real driver: memory the
+// allocator fails to give back after a fault shows in the device's free
+// memory, which the suite checks after every test.
+type faultyGPU struct {
+	*cuda.Device
+	mu    sync.Mutex
+	armed []armedFault
+	fired uint64
+}
+
+var (
+	_ conformance.Faulter      = (*faultyGPU)(nil)
+	_ conformance.FaultCounter = (*faultyGPU)(nil)
+	_ device.VirtualMemory     = (*faultyGPU)(nil)
+	_ device.Events            = (*faultyGPU)(nil)
+	_ device.Streams           = (*faultyGPU)(nil)
+)
+
+type armedFault struct {
+	op   string // a device method name, "" for any
+	left int    // calls to go, this one included
+	n    int    // as armed, for the message
+	oom  bool
+}
+
+// faultableOps are the method names FailNth accepts (the simulated
+// device's list).
+var faultableOps = map[string]bool{
+	"": true, "Alloc": true, "Free": true, "MemInfo": true, "Synchronize": true,
+	"Reserve": true, "ReleaseAddress": true, "Create": true, "Release": true,
+	"Map": true, "SetAccess": true, "Unmap": true, "NewEvent": true,
+	"DestroyEvent": true, "Record": true, "Query": true, "Wait": true,
+	"StreamWait": true, "NewStream": true, "DestroyStream": true,
+	"SynchronizeStream": true,
+}
+
+func (d *faultyGPU) FailNth(op string, n int) { d.arm(op, n, false) }
+func (d *faultyGPU) FailOOM(op string, n int) { d.arm(op, n, true) }
+
+func (d *faultyGPU) arm(op string, n int, oom bool) {
+	if !faultableOps[op] || n < 1 {
+		panic(fmt.Sprintf("gputest: cannot fail call %d of %q", n, op))
+	}
+	d.mu.Lock()
+	d.armed = append(d.armed, armedFault{op: op, left: n, n: n, oom: oom})
+	d.mu.Unlock()
+}
+
+func (d *faultyGPU) ClearFaults() {
+	d.mu.Lock()
+	d.armed = nil
+	d.mu.Unlock()
+}
+
+func (d *faultyGPU) InjectedFaults() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.fired
+}
+
+// fault counts a call of op against the armed faults and returns the
+// injected error if one fires (as sim.Device's fault does).
+func (d *faultyGPU) fault(op string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var hit *armedFault
+	kept := d.armed[:0]
+	for _, f := range d.armed {
+		if f.op == "" || f.op == op {
+			f.left--
+			if f.left == 0 {
+				if hit == nil {
+					hit = &f
+				}
+				continue
+			}
+		}
+		kept = append(kept, f)
+	}
+	d.armed = kept
+	if hit == nil {
+		return nil
+	}
+	d.fired++
+	err := fmt.Errorf("%w (FailNth(%q, %d))", device.ErrInjected, hit.op, hit.n)
+	if hit.oom {
+		err = fmt.Errorf("%w (%w by FailOOM(%q, %d))", device.ErrOutOfMemory, device.ErrInjected, hit.op, hit.n)
+	}
+	return &device.OpError{Op: "gputest." + op, Err: err}
+}
+
+func (d *faultyGPU) Alloc(size uint64) (device.Ptr, error) {
+	if err := d.fault("Alloc"); err != nil {
+		return 0, err
+	}
+	return d.Device.Alloc(size)
+}
+
+func (d *faultyGPU) Free(p device.Ptr) error {
+	if err := d.fault("Free"); err != nil {
+		return err
+	}
+	return d.Device.Free(p)
+}
+
+func (d *faultyGPU) MemInfo() (free, total uint64, err error) {
+	if err := d.fault("MemInfo"); err != nil {
+		return 0, 0, err
+	}
+	return d.Device.MemInfo()
+}
+
+func (d *faultyGPU) Synchronize() error {
+	if err := d.fault("Synchronize"); err != nil {
+		return err
+	}
+	return d.Device.Synchronize()
+}
+
+func (d *faultyGPU) Reserve(size, align uint64) (device.Ptr, error) {
+	if err := d.fault("Reserve"); err != nil {
+		return 0, err
+	}
+	return d.Device.Reserve(size, align)
+}
+
+func (d *faultyGPU) ReleaseAddress(p device.Ptr, size uint64) error {
+	if err := d.fault("ReleaseAddress"); err != nil {
+		return err
+	}
+	return d.Device.ReleaseAddress(p, size)
+}
+
+func (d *faultyGPU) Create(size uint64) (device.Handle, error) {
+	if err := d.fault("Create"); err != nil {
+		return 0, err
+	}
+	return d.Device.Create(size)
+}
+
+func (d *faultyGPU) Release(h device.Handle) error {
+	if err := d.fault("Release"); err != nil {
+		return err
+	}
+	return d.Device.Release(h)
+}
+
+func (d *faultyGPU) Map(p device.Ptr, size uint64, h device.Handle) error {
+	if err := d.fault("Map"); err != nil {
+		return err
+	}
+	return d.Device.Map(p, size, h)
+}
+
+func (d *faultyGPU) SetAccess(p device.Ptr, size uint64) error {
+	if err := d.fault("SetAccess"); err != nil {
+		return err
+	}
+	return d.Device.SetAccess(p, size)
+}
+
+func (d *faultyGPU) Unmap(p device.Ptr, size uint64) error {
+	if err := d.fault("Unmap"); err != nil {
+		return err
+	}
+	return d.Device.Unmap(p, size)
+}
+
+func (d *faultyGPU) NewEvent() (device.Event, error) {
+	if err := d.fault("NewEvent"); err != nil {
+		return 0, err
+	}
+	return d.Device.NewEvent()
+}
+
+func (d *faultyGPU) DestroyEvent(e device.Event) error {
+	if err := d.fault("DestroyEvent"); err != nil {
+		return err
+	}
+	return d.Device.DestroyEvent(e)
+}
+
+func (d *faultyGPU) Record(e device.Event, s device.Stream) error {
+	if err := d.fault("Record"); err != nil {
+		return err
+	}
+	return d.Device.Record(e, s)
+}
+
+func (d *faultyGPU) Query(e device.Event) (bool, error) {
+	if err := d.fault("Query"); err != nil {
+		return false, err
+	}
+	return d.Device.Query(e)
+}
+
+func (d *faultyGPU) Wait(e device.Event) error {
+	if err := d.fault("Wait"); err != nil {
+		return err
+	}
+	return d.Device.Wait(e)
+}
+
+func (d *faultyGPU) StreamWait(s device.Stream, e device.Event) error {
+	if err := d.fault("StreamWait"); err != nil {
+		return err
+	}
+	return d.Device.StreamWait(s, e)
+}
+
+func (d *faultyGPU) NewStream() (device.Stream, error) {
+	if err := d.fault("NewStream"); err != nil {
+		return 0, err
+	}
+	return d.Device.NewStream()
+}
+
+func (d *faultyGPU) DestroyStream(s device.Stream) error {
+	if err := d.fault("DestroyStream"); err != nil {
+		return err
+	}
+	return d.Device.DestroyStream(s)
+}
+
+func (d *faultyGPU) SynchronizeStream(s device.Stream) error {
+	if err := d.fault("SynchronizeStream"); err != nil {
+		return err
+	}
+	return d.Device.SynchronizeStream(s)
+}
