@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Synthetic allocation traces of four program shapes, to check that a policy
+"""Synthetic allocation traces of five program shapes, to check that a policy
 tuned on the six recorded traces holds on programs it was not tuned on.
 
-    python3 bench/synth/gen.py OUTDIR     # writes 20 traces (5 seeds x 4 families)
+    python3 bench/synth/gen.py OUTDIR     # writes 25 traces (5 seeds x 5 families)
 
 Families (gpumem-trace v1, one stream, deterministic seeds 100-104):
   kv      autoregressive generation: a KV cache per layer regrown one token at a
@@ -11,6 +11,8 @@ Families (gpumem-trace v1, one stream, deterministic seeds 100-104):
           scores, gradients freed in reverse
   cnn     convolutional training with fixed shapes per run
   sweep   build a random MLP, train a few steps, drop it; several times
+  serve   generation serving: 4-32 requests at once, each regrowing its own KV
+          cache, arriving and finishing at random (caches freed out of order)
 Sizes follow the shapes of real layers; lifetimes follow the program's order.
 """
 import gzip
@@ -135,9 +137,41 @@ def sweep(seed):
     return t.ev
 
 
+def serve(seed):
+    """Many requests generating at once, each with its own KV cache, arriving
+    and finishing at random: caches are freed out of the order they were made."""
+    r = random.Random(seed)
+    t = Trace()
+    layers = r.choice([12, 24])
+    hidden = r.choice([768, 1024, 2048])
+    for _ in range(layers * 4):  # weights
+        t.a(hidden * hidden * 2 * r.choice([1, 3, 4]))
+    active = {}  # request -> [remaining tokens, length, caches]
+    for step in range(r.randint(300, 600)):
+        while len(active) < r.randint(4, 32):  # arrivals
+            prompt = r.randint(16, 512)
+            active[t.nid] = [r.randint(16, 256), prompt,
+                             [t.a(prompt * hidden * 2 * 2) for _ in range(layers)]]
+        for req in list(active):  # one token for every active request
+            left, length, caches = active[req]
+            length += 1
+            for layer in range(layers):
+                new = t.a(length * hidden * 2 * 2)
+                t.f(caches[layer])
+                caches[layer] = new
+            t.f(t.a(50257 * 4))
+            if left == 1:
+                for c in caches:
+                    t.f(c)
+                del active[req]
+            else:
+                active[req] = [left - 1, length, caches]
+    return t.ev
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
-    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep}
+    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep, "serve": serve}
     for name, g in gens.items():
         for i in range(5):
             write(f"{name}{i}", g(100 + i))

@@ -30,7 +30,8 @@ type Device struct {
 
 	modMu      sync.Mutex
 	module     uintptr // CUmodule of the spin kernel, 0 until first Spin
-	spinFn     uintptr // CUfunction
+	spinFn     uintptr // CUfunction of Spin's kernel
+	holdFn     uintptr // CUfunction of HoldUntil's kernel
 	spinTarget string  // the PTX target the kernel was built for
 }
 
@@ -152,7 +153,7 @@ func (d *Device) Close() error {
 		if r := d.call(d.drv.cuModuleUnload, d.module); r != cudaSuccess {
 			err = d.fail("cuModuleUnload", r, "module=%#x", d.module)
 		}
-		d.module, d.spinFn = 0, 0
+		d.module, d.spinFn, d.holdFn = 0, 0, 0
 	}
 	d.closed.Store(true)
 	if r := ccall(d.drv.cuDevicePrimaryCtxRelease, uintptr(d.dev)); r != cudaSuccess && err == nil {

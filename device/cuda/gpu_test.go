@@ -442,6 +442,69 @@ func TestGPUEventsAndSpin(t *testing.T) {
 	}
 }
 
+// TestGPUHoldUntil: HoldUntil keeps a stream's work pending until its flag
+// is written from another stream, and no longer than its cycle bound.
+func TestGPUHoldUntil(t *testing.T) {
+	d := openGPU(t)
+	flag, err := d.Alloc(2 * MiB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(flag)
+	if err := d.Memset8(flag, 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(a)
+	ctrl, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(ctrl)
+	e, err := d.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyEvent(e)
+
+	if err := d.HoldUntil(a, flag, 100*spinCycles); err != nil {
+		t.Fatalf("HoldUntil: %v", err)
+	}
+	if err := d.Record(e, a); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if done, err := d.Query(e); done || err != nil {
+		t.Fatalf("Query 100 ms into a hold = %v, %v; want false", done, err)
+	}
+	start := time.Now()
+	if err := d.MemsetAsync(flag, 1, 4, ctrl); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SynchronizeStream(ctrl); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Wait(e); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 100*time.Millisecond {
+		t.Errorf("the hold ended %v after its flag was written, want at once", el)
+	}
+
+	// Never released: it ends by itself after its cycles.
+	start = time.Now()
+	if err := d.HoldUntil(a, flag+4, spinCycles/10); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SynchronizeStream(a); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("an unreleased hold of %d cycles ended after %v", spinCycles/10, time.Since(start))
+}
+
 func TestGPUStreamWaitOrdering(t *testing.T) {
 	d := openGPU(t)
 	a, err := d.NewStream()

@@ -9,10 +9,14 @@ import (
 	"github.com/gpumem/gpumem/device"
 )
 
-// spinPTX is the PTX source of the kernel behind Spin: one thread reads
-// %clock64, loops until cycles SM clock cycles have passed, then stores the
-// 32-bit value to *flag unless flag is 0. The driver JIT-compiles it for the
-// device at the first Spin; @VERSION@ and @TARGET@ come from spinTargets.
+// spinPTX is the PTX source of the kernels behind Spin and HoldUntil.
+// gpumem_spin: one thread reads %clock64, loops until cycles SM clock cycles
+// have passed, then stores the 32-bit value to *flag unless flag is 0.
+// gpumem_hold: one thread loops until the 32-bit word at flag (read
+// volatile, so that a write from the host or another stream is seen) is not
+// 0, or cycles SM clock cycles have passed. The driver JIT-compiles the
+// module for the device at the first use; @VERSION@ and @TARGET@ come from
+// spinTargets.
 const spinPTX = `//
 // gpumem spin kernel: busy-waits for a number of SM clock cycles, then
 // stores a 32-bit value to a device address (if it is not 0).
@@ -47,10 +51,38 @@ $L_spin:
 $L_done:
 	ret;
 }
+
+.visible .entry gpumem_hold(
+	.param .u64 gpumem_hold_param_flag,
+	.param .u64 gpumem_hold_param_cycles
+)
+{
+	.reg .pred 	%p<3>;
+	.reg .b32 	%r<2>;
+	.reg .b64 	%rd<6>;
+
+	ld.param.u64 	%rd1, [gpumem_hold_param_flag];
+	ld.param.u64 	%rd2, [gpumem_hold_param_cycles];
+	cvta.to.global.u64 	%rd3, %rd1;
+	mov.u64 	%rd4, %clock64;
+$L_hold:
+	ld.volatile.global.u32 	%r1, [%rd3];
+	setp.ne.s32 	%p1, %r1, 0;
+	@%p1 bra 	$L_released;
+	mov.u64 	%rd5, %clock64;
+	sub.s64 	%rd5, %rd5, %rd4;
+	setp.lt.u64 	%p2, %rd5, %rd2;
+	@%p2 bra 	$L_hold;
+$L_released:
+	ret;
+}
 `
 
-// spinKernelName is the entry point of spinPTX.
-const spinKernelName = "gpumem_spin"
+// spinKernelName and holdKernelName are the entry points of spinPTX.
+const (
+	spinKernelName = "gpumem_spin"
+	holdKernelName = "gpumem_hold"
+)
 
 // spinTargets are the (PTX ISA version, target) pairs tried in order: sm_50
 // PTX runs on every GPU a CUDA 12 or 13 driver supports (checked with driver
@@ -103,7 +135,39 @@ func (d *Device) Spin(s device.Stream, cycles uint64, flag device.Ptr) error {
 	return nil
 }
 
-// spinFunction loads the spin kernel's module on first use.
+// HoldUntil enqueues on stream s a kernel (one thread) that waits until
+// the 32-bit word at flag is not 0, or maxCycles SM clock cycles have
+// passed: work held pending at will, which the caller releases by writing
+// the flag from a stream that does not wait for s (MemsetAsync on a
+// non-blocking stream). Tests use it to keep a stream's work pending while
+// they check what the allocator does; maxCycles bounds a hold that is never
+// released. flag must be device memory of at least 4 bytes.
+func (d *Device) HoldUntil(s device.Stream, flag device.Ptr, maxCycles uint64) error {
+	if _, err := d.spinFunction(); err != nil {
+		return err
+	}
+	args := &struct{ flag, cycles uint64 }{uint64(flag), maxCycles}
+	var pin runtime.Pinner
+	pin.Pin(args)
+	defer pin.Unpin()
+	params := &[2]unsafe.Pointer{unsafe.Pointer(&args.flag), unsafe.Pointer(&args.cycles)}
+	r := d.call(d.drv.cuLaunchKernel, d.holdFn,
+		1, 1, 1, // grid
+		1, 1, 1, // block
+		0,          // shared memory
+		uintptr(s), // stream
+		uintptr(unsafe.Pointer(&params[0])),
+		0) // extra
+	runtime.KeepAlive(params)
+	runtime.KeepAlive(args)
+	if r != cudaSuccess {
+		return d.fail("cuLaunchKernel", r, "kernel=%s, flag=%#x, cycles=%d, stream=%#x", holdKernelName, uint64(flag), maxCycles, uint64(s))
+	}
+	return nil
+}
+
+// spinFunction loads the kernels' module on first use and returns the spin
+// kernel (the hold kernel is then in d.holdFn).
 func (d *Device) spinFunction() (uintptr, error) {
 	d.modMu.Lock()
 	defer d.modMu.Unlock()
@@ -122,14 +186,16 @@ func (d *Device) spinFunction() (uintptr, error) {
 			}
 			continue
 		}
-		name := append([]byte(spinKernelName), 0)
-		var fn uintptr
-		if r := d.call(d.drv.cuModuleGetFunction, uintptr(unsafe.Pointer(&fn)), mod, uintptr(unsafe.Pointer(&name[0]))); r != cudaSuccess {
-			d.call(d.drv.cuModuleUnload, mod)
-			return 0, d.fail("cuModuleGetFunction", r, "name=%s", spinKernelName)
+		var fns [2]uintptr
+		for i, kernel := range []string{spinKernelName, holdKernelName} {
+			name := append([]byte(kernel), 0)
+			if r := d.call(d.drv.cuModuleGetFunction, uintptr(unsafe.Pointer(&fns[i])), mod, uintptr(unsafe.Pointer(&name[0]))); r != cudaSuccess {
+				d.call(d.drv.cuModuleUnload, mod)
+				return 0, d.fail("cuModuleGetFunction", r, "name=%s", kernel)
+			}
 		}
-		d.module, d.spinFn, d.spinTarget = mod, fn, vt[1]
-		return fn, nil
+		d.module, d.spinFn, d.holdFn, d.spinTarget = mod, fns[0], fns[1], vt[1]
+		return fns[0], nil
 	}
 	return 0, firstErr
 }

@@ -42,6 +42,15 @@ func TestPTXSource(t *testing.T) {
 		if iC < 0 || iF < iC || iV < iF {
 			t.Errorf("%s: parameters missing or out of order", vt[1])
 		}
+		// The hold kernel: flag then cycles, and a volatile read of the flag.
+		iHF := strings.Index(src, ".param .u64 gpumem_hold_param_flag")
+		iHC := strings.Index(src, ".param .u64 gpumem_hold_param_cycles")
+		if !strings.Contains(src, ".visible .entry "+holdKernelName+"(") || iHF < 0 || iHC < iHF {
+			t.Errorf("%s: hold kernel or its parameters missing or out of order", vt[1])
+		}
+		if !strings.Contains(src, "ld.volatile.global.u32") {
+			t.Errorf("%s: the hold kernel's read of its flag is not volatile", vt[1])
+		}
 		// Every register used is declared: %rd1..%rd6, %r1, %p1..%p2.
 		if !strings.Contains(src, "%rd<7>") || !strings.Contains(src, "%p<3>") || !strings.Contains(src, "%r<2>") {
 			t.Errorf("%s: register declarations changed", vt[1])

@@ -52,14 +52,13 @@ func modes(d *cuda.Device) map[string]device.Device {
 }
 
 // TestConformanceCUDA runs the conformance suite on the GPU, each test on a
-// fresh faultyGPU (the real device with the suite's fault hooks), so that
-// the error-path tests run against the real driver too. Tests that need
-// work held pending at will (a conformance.Pender) or memory taken by
-// another process (a Shrinker) skip here; the GPU-only tests below cover
-// them with a real long-running kernel and the driver's own out-of-memory.
+// fresh suiteGPU: the real device with the suite's hooks for faults and for
+// work held pending (suite_test.go, pend_test.go). Only the test that needs
+// memory taken by another process (a Shrinker) skips here; the GPU-only
+// tests below cover the driver's own out-of-memory.
 func TestConformanceCUDA(t *testing.T) {
 	d := openGPU(t)
-	conformance.Run(t, func(t *testing.T) conformance.Device { return &faultyGPU{Device: d} })
+	conformance.Run(t, func(t *testing.T) conformance.Device { return newSuiteGPU(t, d) })
 }
 
 // Memory written through gpumem buffers reads back exactly, across chunk

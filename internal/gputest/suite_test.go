@@ -9,27 +9,36 @@ import (
 	"github.com/gpumem/gpumem/internal/conformance"
 )
 
-// faultyGPU is the CUDA device with the conformance suite's fault hooks
-// (conformance.Faulter and FaultCounter), so that the suite's error-path
-// tests run on the GPU: a fault armed on an operation makes its n-th future
-// call fail before it reaches the driver, with an error matching
-// device.ErrInjected (and device.ErrOutOfMemory for FailOOM), as the
-// simulated device's do. Everything else is the real driver: memory the
-// allocator fails to give back after a fault shows in the device's free
-// memory, which the suite checks after every test.
-type faultyGPU struct {
+// suiteGPU is the CUDA device with the conformance suite's hooks, so that
+// every test of the suite runs on the GPU but the one that needs memory
+// taken by another process (a Shrinker):
+//
+//   - faults (conformance.Faulter, FaultCounter): a fault armed on an
+//     operation makes its n-th future call fail before it reaches the
+//     driver, with an error matching device.ErrInjected (and
+//     device.ErrOutOfMemory for FailOOM), as the simulated device's do.
+//     Memory the allocator fails to give back after a fault shows in the
+//     device's free memory, which the suite checks after every test.
+//   - holds (conformance.Pender, pend_test.go): a held stream runs a kernel
+//     that waits for a flag; Touch writes the buffer on its stream;
+//     CheckHandoff asks the GPU whether a stream's work would run before
+//     work still pending on another stream.
+type suiteGPU struct {
 	*cuda.Device
 	mu    sync.Mutex
 	armed []armedFault
 	fired uint64
+
+	pend pendState // guarded by its own mutex (pend_test.go)
 }
 
 var (
-	_ conformance.Faulter      = (*faultyGPU)(nil)
-	_ conformance.FaultCounter = (*faultyGPU)(nil)
-	_ device.VirtualMemory     = (*faultyGPU)(nil)
-	_ device.Events            = (*faultyGPU)(nil)
-	_ device.Streams           = (*faultyGPU)(nil)
+	_ conformance.Faulter      = (*suiteGPU)(nil)
+	_ conformance.FaultCounter = (*suiteGPU)(nil)
+	_ conformance.Pender       = (*suiteGPU)(nil)
+	_ device.VirtualMemory     = (*suiteGPU)(nil)
+	_ device.Events            = (*suiteGPU)(nil)
+	_ device.Streams           = (*suiteGPU)(nil)
 )
 
 type armedFault struct {
@@ -50,10 +59,10 @@ var faultableOps = map[string]bool{
 	"SynchronizeStream": true,
 }
 
-func (d *faultyGPU) FailNth(op string, n int) { d.arm(op, n, false) }
-func (d *faultyGPU) FailOOM(op string, n int) { d.arm(op, n, true) }
+func (d *suiteGPU) FailNth(op string, n int) { d.arm(op, n, false) }
+func (d *suiteGPU) FailOOM(op string, n int) { d.arm(op, n, true) }
 
-func (d *faultyGPU) arm(op string, n int, oom bool) {
+func (d *suiteGPU) arm(op string, n int, oom bool) {
 	if !faultableOps[op] || n < 1 {
 		panic(fmt.Sprintf("gputest: cannot fail call %d of %q", n, op))
 	}
@@ -62,13 +71,13 @@ func (d *faultyGPU) arm(op string, n int, oom bool) {
 	d.mu.Unlock()
 }
 
-func (d *faultyGPU) ClearFaults() {
+func (d *suiteGPU) ClearFaults() {
 	d.mu.Lock()
 	d.armed = nil
 	d.mu.Unlock()
 }
 
-func (d *faultyGPU) InjectedFaults() uint64 {
+func (d *suiteGPU) InjectedFaults() uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.fired
@@ -76,7 +85,7 @@ func (d *faultyGPU) InjectedFaults() uint64 {
 
 // fault counts a call of op against the armed faults and returns the
 // injected error if one fires (as sim.Device's fault does).
-func (d *faultyGPU) fault(op string) error {
+func (d *suiteGPU) fault(op string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var hit *armedFault
@@ -105,142 +114,154 @@ func (d *faultyGPU) fault(op string) error {
 	return &device.OpError{Op: "gputest." + op, Err: err}
 }
 
-func (d *faultyGPU) Alloc(size uint64) (device.Ptr, error) {
+func (d *suiteGPU) Alloc(size uint64) (device.Ptr, error) {
 	if err := d.fault("Alloc"); err != nil {
 		return 0, err
 	}
 	return d.Device.Alloc(size)
 }
 
-func (d *faultyGPU) Free(p device.Ptr) error {
+func (d *suiteGPU) Free(p device.Ptr) error {
 	if err := d.fault("Free"); err != nil {
 		return err
 	}
+	d.releaseAll() // cuMemFree waits for all work on the device
 	return d.Device.Free(p)
 }
 
-func (d *faultyGPU) MemInfo() (free, total uint64, err error) {
+func (d *suiteGPU) MemInfo() (free, total uint64, err error) {
 	if err := d.fault("MemInfo"); err != nil {
 		return 0, 0, err
 	}
 	return d.Device.MemInfo()
 }
 
-func (d *faultyGPU) Synchronize() error {
+func (d *suiteGPU) Synchronize() error {
 	if err := d.fault("Synchronize"); err != nil {
 		return err
 	}
+	d.releaseAll()
 	return d.Device.Synchronize()
 }
 
-func (d *faultyGPU) Reserve(size, align uint64) (device.Ptr, error) {
+func (d *suiteGPU) Reserve(size, align uint64) (device.Ptr, error) {
 	if err := d.fault("Reserve"); err != nil {
 		return 0, err
 	}
 	return d.Device.Reserve(size, align)
 }
 
-func (d *faultyGPU) ReleaseAddress(p device.Ptr, size uint64) error {
+func (d *suiteGPU) ReleaseAddress(p device.Ptr, size uint64) error {
 	if err := d.fault("ReleaseAddress"); err != nil {
 		return err
 	}
 	return d.Device.ReleaseAddress(p, size)
 }
 
-func (d *faultyGPU) Create(size uint64) (device.Handle, error) {
+func (d *suiteGPU) Create(size uint64) (device.Handle, error) {
 	if err := d.fault("Create"); err != nil {
 		return 0, err
 	}
 	return d.Device.Create(size)
 }
 
-func (d *faultyGPU) Release(h device.Handle) error {
+func (d *suiteGPU) Release(h device.Handle) error {
 	if err := d.fault("Release"); err != nil {
 		return err
 	}
 	return d.Device.Release(h)
 }
 
-func (d *faultyGPU) Map(p device.Ptr, size uint64, h device.Handle) error {
+func (d *suiteGPU) Map(p device.Ptr, size uint64, h device.Handle) error {
 	if err := d.fault("Map"); err != nil {
 		return err
 	}
 	return d.Device.Map(p, size, h)
 }
 
-func (d *faultyGPU) SetAccess(p device.Ptr, size uint64) error {
+func (d *suiteGPU) SetAccess(p device.Ptr, size uint64) error {
 	if err := d.fault("SetAccess"); err != nil {
 		return err
 	}
 	return d.Device.SetAccess(p, size)
 }
 
-func (d *faultyGPU) Unmap(p device.Ptr, size uint64) error {
+func (d *suiteGPU) Unmap(p device.Ptr, size uint64) error {
 	if err := d.fault("Unmap"); err != nil {
 		return err
 	}
 	return d.Device.Unmap(p, size)
 }
 
-func (d *faultyGPU) NewEvent() (device.Event, error) {
+func (d *suiteGPU) NewEvent() (device.Event, error) {
 	if err := d.fault("NewEvent"); err != nil {
 		return 0, err
 	}
 	return d.Device.NewEvent()
 }
 
-func (d *faultyGPU) DestroyEvent(e device.Event) error {
+func (d *suiteGPU) DestroyEvent(e device.Event) error {
 	if err := d.fault("DestroyEvent"); err != nil {
 		return err
 	}
 	return d.Device.DestroyEvent(e)
 }
 
-func (d *faultyGPU) Record(e device.Event, s device.Stream) error {
+func (d *suiteGPU) Record(e device.Event, s device.Stream) error {
 	if err := d.fault("Record"); err != nil {
 		return err
 	}
-	return d.Device.Record(e, s)
+	if err := d.Device.Record(e, s); err != nil {
+		return err
+	}
+	d.recorded(e, s)
+	return nil
 }
 
-func (d *faultyGPU) Query(e device.Event) (bool, error) {
+func (d *suiteGPU) Query(e device.Event) (bool, error) {
 	if err := d.fault("Query"); err != nil {
 		return false, err
 	}
 	return d.Device.Query(e)
 }
 
-func (d *faultyGPU) Wait(e device.Event) error {
+func (d *suiteGPU) Wait(e device.Event) error {
 	if err := d.fault("Wait"); err != nil {
 		return err
 	}
+	d.releaseFor(e)
 	return d.Device.Wait(e)
 }
 
-func (d *faultyGPU) StreamWait(s device.Stream, e device.Event) error {
+func (d *suiteGPU) StreamWait(s device.Stream, e device.Event) error {
 	if err := d.fault("StreamWait"); err != nil {
 		return err
 	}
-	return d.Device.StreamWait(s, e)
+	if err := d.Device.StreamWait(s, e); err != nil {
+		return err
+	}
+	d.waited(s, e)
+	return nil
 }
 
-func (d *faultyGPU) NewStream() (device.Stream, error) {
+func (d *suiteGPU) NewStream() (device.Stream, error) {
 	if err := d.fault("NewStream"); err != nil {
 		return 0, err
 	}
 	return d.Device.NewStream()
 }
 
-func (d *faultyGPU) DestroyStream(s device.Stream) error {
+func (d *suiteGPU) DestroyStream(s device.Stream) error {
 	if err := d.fault("DestroyStream"); err != nil {
 		return err
 	}
 	return d.Device.DestroyStream(s)
 }
 
-func (d *faultyGPU) SynchronizeStream(s device.Stream) error {
+func (d *suiteGPU) SynchronizeStream(s device.Stream) error {
 	if err := d.fault("SynchronizeStream"); err != nil {
 		return err
 	}
+	d.releaseStream(s)
 	return d.Device.SynchronizeStream(s)
 }
