@@ -350,11 +350,12 @@ func (p *pool) back(b *block) error {
 // program's first pass spends its driver time, so a span starting there may
 // be twice the span size, and a span that ends the block there also takes
 // the chunks ahead of it, up to the span size: the requests that follow at
-// the frontier find memory mapped. The frontier holds at most one such partly used span,
-// and the threshold keeps small programs, for which a few spans are a large
-// share, on exact spans. Measured (docs/BENCHMARKS.md, "Growth at the
-// frontier"): about half the creates of a first pass on the shipped traces
-// and four synthetic families, every shipped ratio at most 1.0153.
+// the frontier find memory mapped. The frontier holds at most one such
+// partly used span, and the threshold keeps small programs, for which a few
+// spans are a large share, on exact spans. Measured (docs/BENCHMARKS.md,
+// "Growth at the frontier"): about half the creates of a first pass on the
+// shipped traces and five synthetic families, every shipped ratio at most
+// 1.0153; the cost is fit on programs that free at random (up to 2%).
 func (p *pool) runEnd(seg *segment, i, c1 int) int {
 	a := p.a
 	ch := seg.chunks
@@ -431,8 +432,8 @@ func (p *pool) newSpan(seg *segment, r0, r1 int) error {
 }
 
 // place maps handle h over chunks [r0, r1) of seg as a new span of p and
-// grants access. If mapping fails the handle
-// is released; if the grant fails the span stays, without access.
+// grants access. If mapping fails the handle is released; if the grant
+// fails the span stays, without access.
 func (p *pool) place(h device.Handle, seg *segment, r0, r1 int, prealloc bool) error {
 	a := p.a
 	k := int32(r1 - r0)
@@ -467,8 +468,9 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1 int, prealloc bool) e
 // requests can go. Without it, spans of the frontier's larger size would
 // rarely be reused (a run needs an exact size), and each would be released
 // while a new one is created: measured on sweep_create_dispose, a second
-// pass made 28 creates and 17 releases instead of 3 and 2 (docs/BENCHMARKS.md,
-// "Growth at the frontier").
+// pass made 28 creates and 17 releases instead of 3 and 2
+// (docs/BENCHMARKS.md, "Growth at the frontier"). Other pools' spans are
+// left to findEmpty's exact matches: moving them costs their stream a fence.
 func (p *pool) emptyToStretch(seg *segment, r0 int, k int32) int32 {
 	room := int32(0)
 	for j := r0; j < len(seg.chunks) && seg.chunks[j].span < 0 && room < 2*int32(p.a.spanChunks); j++ {
