@@ -29,14 +29,14 @@
 // arena of address space per stream, as large as the device, and backs only
 // the chunks under live blocks, in spans of at most Config.SpanSize (twice
 // that, and filled ahead, where a grown allocator extends its arena: see
-// runEnd in vm.go). When a
-// block is freed, a span left without live chunks stays mapped on the
-// pool's empty list: reused in place it costs nothing. When a block needs
-// backing, the allocator first looks for a free place already backed (a
-// cache hit, or on a miss a search over every fitting free block); then it
-// moves an empty span of exactly the size needed, or releases empty spans
-// (its own stream's first, oldest first) and only then asks the device for
-// a new one. So the device is asked for memory only when no empty span is
+// runEnd in vm.go). When a block is freed, a span left without live chunks
+// stays mapped on the pool's empty list: reused in place it costs nothing.
+// When a block needs backing, the allocator first looks for a free place
+// already backed (a cache hit, or on a miss a search over every fitting free
+// block); then it moves an empty span of exactly the size needed, or a
+// larger one of its own stream over the free address space after the run,
+// or releases empty spans (its own stream's first, oldest first) and only
+// then asks the device for a new one. So the device is asked for memory only when no empty span is
 // held, and a hole in the address space holds no memory once its spans have
 // emptied. Peak reserved memory is the peak of what the spans touched by
 // live blocks hold.
