@@ -51,11 +51,9 @@ func modes(d *cuda.Device) map[string]device.Device {
 	}
 }
 
-// TestConformanceCUDA runs the conformance suite on the GPU, each test on a
-// fresh suiteGPU: the real device with the suite's hooks for faults and for
-// work held pending (suite_test.go, pend_test.go). Only the test that needs
-// memory taken by another process (a Shrinker) skips here; the GPU-only
-// tests below cover the driver's own out-of-memory.
+// TestConformanceCUDA runs the whole conformance suite on the GPU, each test
+// on a fresh suiteGPU: the real device with the suite's hooks for faults,
+// work held pending and memory taken away (suite_test.go, pend_test.go).
 func TestConformanceCUDA(t *testing.T) {
 	d := openGPU(t)
 	conformance.Run(t, func(t *testing.T) conformance.Device { return newSuiteGPU(t, d) })

@@ -92,6 +92,7 @@ func newSuiteGPU(t *testing.T, d *cuda.Device) *suiteGPU {
 		t.Fatalf("suiteGPU: event: %v", err)
 	}
 	t.Cleanup(func() {
+		g.growAll()
 		g.releaseAll()
 		if err := d.Synchronize(); err != nil {
 			t.Errorf("suiteGPU: Synchronize: %v", err)

@@ -10,11 +10,7 @@ import (
 )
 
 // suiteGPU is the CUDA device with the conformance suite's hooks, so that
-// every test of the suite runs on the GPU but DeviceOOM, which needs memory
-// taken by another process to the byte (a Shrinker): the driver's free
-// memory is not that exact (on the H100, taking all but 4 MiB with
-// cuMemAlloc left 2.19 MiB free, and a 2 MiB cuMemAlloc then failed), and
-// TestGPULimitAndDriverOOM covers the driver's real out-of-memory instead.
+// every test of the suite runs on the GPU:
 //
 //   - faults (conformance.Faulter, FaultCounter): a fault armed on an
 //     operation makes its n-th future call fail before it reaches the
@@ -26,11 +22,14 @@ import (
 //     that waits for a flag; Touch writes the buffer on its stream;
 //     CheckHandoff asks the GPU whether a stream's work would run before
 //     work still pending on another stream.
+//   - memory taken away (conformance.Shrinker): real allocations of the
+//     GPU's free memory, given back by Grow, ClearFaults or the test's end.
 type suiteGPU struct {
 	*cuda.Device
-	mu    sync.Mutex
-	armed []armedFault
-	fired uint64
+	mu     sync.Mutex
+	armed  []armedFault
+	fired  uint64
+	shrunk []shrunk // memory Shrink holds, last taken last
 
 	pend pendState // guarded by its own mutex (pend_test.go)
 }
@@ -39,6 +38,7 @@ var (
 	_ conformance.Faulter      = (*suiteGPU)(nil)
 	_ conformance.FaultCounter = (*suiteGPU)(nil)
 	_ conformance.Pender       = (*suiteGPU)(nil)
+	_ conformance.Shrinker     = (*suiteGPU)(nil)
 	_ device.VirtualMemory     = (*suiteGPU)(nil)
 	_ device.Events            = (*suiteGPU)(nil)
 	_ device.Streams           = (*suiteGPU)(nil)
@@ -74,10 +74,12 @@ func (d *suiteGPU) arm(op string, n int, oom bool) {
 	d.mu.Unlock()
 }
 
+// ClearFaults disarms every fault and gives back what Shrink took.
 func (d *suiteGPU) ClearFaults() {
 	d.mu.Lock()
 	d.armed = nil
 	d.mu.Unlock()
+	d.growAll()
 }
 
 func (d *suiteGPU) InjectedFaults() uint64 {
@@ -267,4 +269,67 @@ func (d *suiteGPU) SynchronizeStream(s device.Stream) error {
 	}
 	d.releaseStream(s)
 	return d.Device.SynchronizeStream(s)
+}
+
+// Shrink takes bytes of the GPU's free memory away as another process
+// would, with real allocations (cuMemAlloc, in pieces of at most
+// shrinkPiece); if the driver refuses, it gives back what it took and fails
+// with the driver's error (which matches device.ErrOutOfMemory).
+func (d *suiteGPU) Shrink(bytes uint64) error {
+	var took []shrunk
+	for left := bytes; left > 0; {
+		n := min(left, shrinkPiece)
+		p, err := d.Device.Alloc(n)
+		if err != nil {
+			for _, s := range took {
+				d.Device.Free(s.p)
+			}
+			return &device.OpError{Op: "gputest.Shrink", Args: fmt.Sprintf("bytes=%d", bytes), Err: err}
+		}
+		took = append(took, shrunk{p, n})
+		left -= n
+	}
+	d.mu.Lock()
+	d.shrunk = append(d.shrunk, took...)
+	d.mu.Unlock()
+	return nil
+}
+
+// Grow gives back bytes taken by Shrink, last taken first; bytes must end
+// on a piece Shrink took.
+func (d *suiteGPU) Grow(bytes uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for bytes > 0 {
+		n := len(d.shrunk)
+		if n == 0 || d.shrunk[n-1].size > bytes {
+			return &device.OpError{Op: "gputest.Grow", Args: fmt.Sprintf("bytes=%d", bytes),
+				Err: fmt.Errorf("not what Shrink took: %w", device.ErrInvalid)}
+		}
+		s := d.shrunk[n-1]
+		if err := d.Device.Free(s.p); err != nil {
+			return err
+		}
+		d.shrunk = d.shrunk[:n-1]
+		bytes -= s.size
+	}
+	return nil
+}
+
+// growAll gives back everything Shrink took (ClearFaults, the end of a test).
+func (d *suiteGPU) growAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, s := range d.shrunk {
+		d.Device.Free(s.p)
+	}
+	d.shrunk = nil
+}
+
+// shrinkPiece is the most Shrink takes in one allocation.
+const shrinkPiece = 4 << 30
+
+type shrunk struct {
+	p    device.Ptr
+	size uint64
 }
