@@ -155,7 +155,13 @@ def build(peer_rows, gpumem_rows=None, warm=False, peers=None):
                 notes.append("gpumem on %s replayed %s events, %s replayed %s" % (
                     t, g["events"], best[1], best[2]["events"]))
             else:
-                beats = "yes" if g["ratio"] < best[0] else "NO"
+                # Peers' ratios are rounded to 4 decimals: compare the bytes
+                # held where both sides give them, so that a tie is a tie.
+                gb, pb = g.get("peak_reserved_bytes"), best[2].get("peak_reserved_bytes")
+                if gb is not None and pb is not None and g.get("peak_live_bytes") == best[2].get("peak_live_bytes"):
+                    beats = "yes" if gb < pb else ("tie" if gb == pb else "NO")
+                else:
+                    beats = "yes" if g["ratio"] < best[0] else "NO"
             cells.append(beats)
             base = by.get((t, TIME_BASELINE))
             gns, bns = ns_of(g, warm), ns_of(base, warm)
