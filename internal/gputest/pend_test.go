@@ -144,11 +144,10 @@ func (d *suiteGPU) CheckHandoff(ptr device.Ptr, size uint64, s device.Stream) er
 	p := &d.pend
 	p.mu.Lock()
 	lo, hi := uint64(ptr), uint64(ptr)+size
-	var other *touch
-	for i := range p.work {
-		w := &p.work[i]
+	var other *touch // a copy: p.work changes once mu is released
+	for _, w := range p.work {
 		if w.s != s && w.lo < hi && lo < w.hi && w.pending() {
-			other = w
+			other = &w
 			break
 		}
 	}
