@@ -154,6 +154,13 @@ def test_table(tmp):
     check(g["beats all on ratio"] == "NO", "gpumem loses: %r" % g["beats all on ratio"])
     check(g["<= 1/2 torch-native-cxx time"] == "—", "no baseline")
     check("timeout after 150s" in text and "first 20 of 50 events" in text, "notes:\n" + text)
+    # Equal bytes held is a tie, though the peer's ratio is rounded.
+    tie_rows = [{"peer": "torch-expandable", "trace": "kv4", "events": 10, "ratio": 1.1335,
+                 "peak_live_bytes": 327481344, "peak_reserved_bytes": 371195904, "ns_per_op": 1.0, "ooms": 0}]
+    tie_gm = [{"trace": "kv4", "events": 10, "peak_live_bytes": 327481344, "peak_reserved_bytes": 371195904,
+               "ratio": 371195904 / 327481344, "ooms": 0, "ns_per_op": 1.0}]
+    tie = [l for l in table.build(tie_rows, tie_gm).splitlines() if l.startswith("| kv4")]
+    check(len(tie) == 1 and "| tie |" in tie[0], "equal bytes held is a tie: %r" % tie)
     warm = table.build(rows, gm, warm=True)
     check("| 80.0 |" in warm, "--warm uses ns_per_op_warm")
     check("NO (1.12x)" in warm, "time target vs warm baseline: 90 > 40")
