@@ -500,7 +500,10 @@ def main(argv=None):
         apply_env(_torch_env(None))
         t = time.perf_counter()
         try:
-            load_cxx(verbose=True)
+            # Quiet: a successful build's compiler lines name the GPU
+            # machine's paths; a failed build raises with the compiler's
+            # output, which the traceback below prints.
+            load_cxx(verbose=False)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             emit(out, {"build": "torch_cxx", "error": "%s: %s" % (type(e).__name__, e)})
