@@ -29,9 +29,8 @@ type Device struct {
 	books vmBooks // reservations and mappings, see vmstate.go
 
 	modMu      sync.Mutex
-	module     uintptr // CUmodule of the spin kernel, 0 until first Spin
-	spinFn     uintptr // CUfunction of Spin's kernel
-	holdFn     uintptr // CUfunction of HoldUntil's kernel
+	module     uintptr // CUmodule of the kernels, 0 until first Spin or HoldUntil
+	kernels    kernels // its CUfunctions
 	spinTarget string  // the PTX target the kernel was built for
 }
 
@@ -153,7 +152,7 @@ func (d *Device) Close() error {
 		if r := d.call(d.drv.cuModuleUnload, d.module); r != cudaSuccess {
 			err = d.fail("cuModuleUnload", r, "module=%#x", d.module)
 		}
-		d.module, d.spinFn, d.holdFn = 0, 0, 0
+		d.module, d.kernels = 0, kernels{}
 	}
 	d.closed.Store(true)
 	if r := ccall(d.drv.cuDevicePrimaryCtxRelease, uintptr(d.dev)); r != cudaSuccess && err == nil {

@@ -105,13 +105,10 @@ const SpinValue uint32 = 1
 // long-running work tests and replay use to prove stream ordering. The
 // kernel is JIT-compiled from embedded PTX at the first call.
 func (d *Device) Spin(s device.Stream, cycles uint64, flag device.Ptr) error {
-	fn, err := d.spinFunction()
+	k, err := d.loadKernels()
 	if err != nil {
 		return err
 	}
-	// kernelParams is an array of pointers to the argument values; the
-	// driver copies the values during cuLaunchKernel. The values live in Go
-	// memory referenced from Go memory handed to C, so they are pinned.
 	args := &struct {
 		cycles, flag uint64
 		value        uint32
@@ -119,17 +116,7 @@ func (d *Device) Spin(s device.Stream, cycles uint64, flag device.Ptr) error {
 	var pin runtime.Pinner
 	pin.Pin(args)
 	defer pin.Unpin()
-	params := &[3]unsafe.Pointer{unsafe.Pointer(&args.cycles), unsafe.Pointer(&args.flag), unsafe.Pointer(&args.value)}
-	r := d.call(d.drv.cuLaunchKernel, fn,
-		1, 1, 1, // grid
-		1, 1, 1, // block
-		0,          // shared memory
-		uintptr(s), // stream
-		uintptr(unsafe.Pointer(&params[0])),
-		0) // extra
-	runtime.KeepAlive(params)
-	runtime.KeepAlive(args)
-	if r != cudaSuccess {
+	if r := d.launchOne(k.spin, s, unsafe.Pointer(&args.cycles), unsafe.Pointer(&args.flag), unsafe.Pointer(&args.value)); r != cudaSuccess {
 		return d.fail("cuLaunchKernel", r, "kernel=%s, cycles=%d, flag=%#x, stream=%#x", spinKernelName, cycles, uint64(flag), uint64(s))
 	}
 	return nil
@@ -143,15 +130,26 @@ func (d *Device) Spin(s device.Stream, cycles uint64, flag device.Ptr) error {
 // they check what the allocator does; maxCycles bounds a hold that is never
 // released. flag must be device memory of at least 4 bytes.
 func (d *Device) HoldUntil(s device.Stream, flag device.Ptr, maxCycles uint64) error {
-	if _, err := d.spinFunction(); err != nil {
+	k, err := d.loadKernels()
+	if err != nil {
 		return err
 	}
 	args := &struct{ flag, cycles uint64 }{uint64(flag), maxCycles}
 	var pin runtime.Pinner
 	pin.Pin(args)
 	defer pin.Unpin()
-	params := &[2]unsafe.Pointer{unsafe.Pointer(&args.flag), unsafe.Pointer(&args.cycles)}
-	r := d.call(d.drv.cuLaunchKernel, d.holdFn,
+	if r := d.launchOne(k.hold, s, unsafe.Pointer(&args.flag), unsafe.Pointer(&args.cycles)); r != cudaSuccess {
+		return d.fail("cuLaunchKernel", r, "kernel=%s, flag=%#x, cycles=%d, stream=%#x", holdKernelName, uint64(flag), maxCycles, uint64(s))
+	}
+	return nil
+}
+
+// launchOne launches fn as one thread on stream s (cuLaunchKernel). params
+// point to the kernel's argument values, in its parameter order; the
+// driver copies the values during the call. The values live in Go memory
+// referenced from Go memory handed to C, so the caller pins them.
+func (d *Device) launchOne(fn uintptr, s device.Stream, params ...unsafe.Pointer) result {
+	r := d.call(d.drv.cuLaunchKernel, fn,
 		1, 1, 1, // grid
 		1, 1, 1, // block
 		0,          // shared memory
@@ -159,23 +157,21 @@ func (d *Device) HoldUntil(s device.Stream, flag device.Ptr, maxCycles uint64) e
 		uintptr(unsafe.Pointer(&params[0])),
 		0) // extra
 	runtime.KeepAlive(params)
-	runtime.KeepAlive(args)
-	if r != cudaSuccess {
-		return d.fail("cuLaunchKernel", r, "kernel=%s, flag=%#x, cycles=%d, stream=%#x", holdKernelName, uint64(flag), maxCycles, uint64(s))
-	}
-	return nil
+	return r
 }
 
-// spinFunction loads the kernels' module on first use and returns the spin
-// kernel (the hold kernel is then in d.holdFn).
-func (d *Device) spinFunction() (uintptr, error) {
+// kernels are the entry points of the module built from spinPTX.
+type kernels struct{ spin, hold uintptr }
+
+// loadKernels loads the kernels' module on first use.
+func (d *Device) loadKernels() (kernels, error) {
 	d.modMu.Lock()
 	defer d.modMu.Unlock()
 	if d.closed.Load() {
-		return 0, opError(d.drv, "cuModuleLoadData", resultClosed, "")
+		return kernels{}, opError(d.drv, "cuModuleLoadData", resultClosed, "")
 	}
-	if d.spinFn != 0 {
-		return d.spinFn, nil
+	if d.module != 0 {
+		return d.kernels, nil
 	}
 	var firstErr error
 	for _, vt := range spinTargets {
@@ -186,18 +182,21 @@ func (d *Device) spinFunction() (uintptr, error) {
 			}
 			continue
 		}
-		var fns [2]uintptr
-		for i, kernel := range []string{spinKernelName, holdKernelName} {
-			name := append([]byte(kernel), 0)
-			if r := d.call(d.drv.cuModuleGetFunction, uintptr(unsafe.Pointer(&fns[i])), mod, uintptr(unsafe.Pointer(&name[0]))); r != cudaSuccess {
+		var k kernels
+		for _, e := range []struct {
+			name string
+			fn   *uintptr
+		}{{spinKernelName, &k.spin}, {holdKernelName, &k.hold}} {
+			name := append([]byte(e.name), 0)
+			if r := d.call(d.drv.cuModuleGetFunction, uintptr(unsafe.Pointer(e.fn)), mod, uintptr(unsafe.Pointer(&name[0]))); r != cudaSuccess {
 				d.call(d.drv.cuModuleUnload, mod)
-				return 0, d.fail("cuModuleGetFunction", r, "name=%s", kernel)
+				return kernels{}, d.fail("cuModuleGetFunction", r, "name=%s", e.name)
 			}
 		}
-		d.module, d.spinFn, d.holdFn, d.spinTarget = mod, fns[0], fns[1], vt[1]
-		return fns[0], nil
+		d.module, d.kernels, d.spinTarget = mod, k, vt[1]
+		return k, nil
 	}
-	return 0, firstErr
+	return kernels{}, firstErr
 }
 
 // loadModule JIT-compiles PTX text (cuModuleLoadDataEx), keeping the JIT's
