@@ -268,15 +268,7 @@ func testTrim(t *testing.T, s *suite) {
 	e.verify("Trim with live buffers")
 	// A pending free (RecordStream on a held stream) is waited for by Trim.
 	if e.pend != nil && len(streams) > 1 {
-		x := e.alloc(8*kiB, streams[0])
-		if err := e.a.RecordStream(x, streams[1]); err != nil {
-			t.Fatal(err)
-		}
-		e.hold(streams[1])
-		if err := e.pend.Touch(streams[1], x.Ptr(), x.Size()); err != nil {
-			t.Fatal(err)
-		}
-		e.free(x)
+		e.pendingFree(8*kiB, streams[0], streams[1])
 	}
 	for _, b := range bufs {
 		e.free(b)

@@ -236,6 +236,24 @@ func (e *env) admit(b gpumem.Buffer, size uint64, s device.Stream, sc *gpumem.Sc
 	e.verify(fmt.Sprintf("Alloc(%d, %d)", size, s))
 }
 
+// pendingFree allocates size bytes on stream s, records their use on stream
+// other (RecordStream), holds other with work on them pending, and frees
+// them: a free the allocator must not reuse until other's work is done. It
+// returns the freed buffer's address.
+func (e *env) pendingFree(size uint64, s, other device.Stream) device.Ptr {
+	e.t.Helper()
+	x := e.alloc(size, s)
+	if err := e.a.RecordStream(x, other); err != nil {
+		e.t.Fatalf("RecordStream: %v", err)
+	}
+	e.hold(other)
+	if err := e.pend.Touch(other, x.Ptr(), x.Size()); err != nil {
+		e.t.Fatalf("Touch on stream %d: %v", other, err)
+	}
+	e.free(x)
+	return x.Ptr()
+}
+
 // free frees b through the allocator and fails the test on an error.
 func (e *env) free(b gpumem.Buffer) {
 	e.t.Helper()

@@ -435,15 +435,7 @@ func testClose(t *testing.T, s *suite) {
 		// with work pending on another stream.
 		e.hold(streams[1])
 		e.alloc(2*miB, streams[1])
-		x := e.alloc(64*kiB, streams[0])
-		if err := e.a.RecordStream(x, streams[2]); err != nil {
-			t.Fatal(err)
-		}
-		e.hold(streams[2])
-		if err := e.pend.Touch(streams[2], x.Ptr(), x.Size()); err != nil {
-			t.Fatal(err)
-		}
-		e.free(x)
+		e.pendingFree(64*kiB, streams[0], streams[2])
 	}
 	live := map[device.Ptr]liveBuf{}
 	for p, l := range e.live {

@@ -118,16 +118,7 @@ func testSnapshot(t *testing.T, s *suite) {
 	pendingAt := device.Ptr(0)
 	_, hasEvents := device.AsEvents(e.dev)
 	if e.pend != nil && len(streams) > 2 && hasEvents {
-		x := e.alloc(8*kiB, streams[1])
-		if err := e.a.RecordStream(x, streams[2]); err != nil {
-			t.Fatal(err)
-		}
-		e.hold(streams[2])
-		if err := e.pend.Touch(streams[2], x.Ptr(), x.Size()); err != nil {
-			t.Fatal(err)
-		}
-		e.free(x)
-		pendingAt = x.Ptr()
+		pendingAt = e.pendingFree(8*kiB, streams[1], streams[2])
 	}
 	snap := e.a.Snapshot()
 
