@@ -260,24 +260,24 @@ func (p *pool) release(b *block, occupied bool) {
 	}
 	if n := b.next; n != nil && n.state == blockFree {
 		h.remove(n)
-		b.size += n.size
-		b.next = n.next
-		if n.next != nil {
-			n.next.prev = b
-		}
-		p.putBlock(n)
+		p.absorb(b, n)
 	}
 	if pr := b.prev; pr != nil && pr.state == blockFree {
 		h.remove(pr)
-		pr.size += b.size
-		pr.next = b.next
-		if b.next != nil {
-			b.next.prev = pr
-		}
-		p.putBlock(b)
+		p.absorb(pr, b)
 		b = pr
 	}
 	h.insert(b)
+}
+
+// absorb merges block n, b's successor, into b and recycles n.
+func (p *pool) absorb(b, n *block) {
+	b.size += n.size
+	b.next = n.next
+	if n.next != nil {
+		n.next.prev = b
+	}
+	p.putBlock(n)
 }
 
 // deferFree parks b on the pending list until the work of the other
