@@ -11,14 +11,21 @@ import (
 	"github.com/gpumem/gpumem/device"
 )
 
+// openForTiming opens the GPU for a driver measurement, which runs only with
+// GPUMEM_DRIVER_PHASES=1 (it checks nothing; scripts/gpu.sh sets it).
+func openForTiming(t *testing.T) *Device {
+	t.Helper()
+	if os.Getenv("GPUMEM_DRIVER_PHASES") == "" {
+		t.Skip("set GPUMEM_DRIVER_PHASES=1 to time the driver's calls")
+	}
+	return openGPU(t)
+}
+
 // TestDriverPhases times each virtual-memory call on its own, at the sizes
 // and in the patterns gpumem uses, and prints one line per measurement. It
 // is a measurement, not a check: it runs only with GPUMEM_DRIVER_PHASES=1.
 func TestDriverPhases(t *testing.T) {
-	if os.Getenv("GPUMEM_DRIVER_PHASES") == "" {
-		t.Skip("set GPUMEM_DRIVER_PHASES=1 to time the driver's calls")
-	}
-	d := openGPU(t)
+	d := openForTiming(t)
 	g := d.Granularity()
 	const reps = 5
 	report := func(what string, n int, took time.Duration) {
@@ -144,10 +151,7 @@ func TestDriverPhases(t *testing.T) {
 // many-span growth can be spread over threads. A measurement: it runs only
 // with GPUMEM_DRIVER_PHASES=1.
 func TestDriverParallel(t *testing.T) {
-	if os.Getenv("GPUMEM_DRIVER_PHASES") == "" {
-		t.Skip("set GPUMEM_DRIVER_PHASES=1 to time the driver's calls")
-	}
-	d := openGPU(t)
+	d := openForTiming(t)
 	g := d.Granularity()
 	const n = 128
 	for _, spanChunks := range []uint64{1, 8} {
