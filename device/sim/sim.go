@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/internal/faults"
 )
 
 // Defaults applied by New to zero fields of Config.
@@ -59,7 +60,7 @@ type Device struct {
 	busy           []*stream // streams with pending items
 	pendingTouches int
 
-	faults []fault
+	faults *faults.Injector // FailNth, FailOOM
 	st     Stats
 
 	// scratch, reused to keep the hot paths allocation-free
@@ -132,6 +133,7 @@ func New(cfg Config) (*Device, error) {
 		nextVA:    vaBase,
 		handles:   make(map[device.Handle]handleRec),
 		events:    make(map[device.Event]eventRec),
+		faults:    faults.New(faults.DeviceOps...),
 	}
 	d.streams = []*stream{{id: 0, busyIdx: -1}}
 	return d, nil

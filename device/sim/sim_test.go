@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/internal/faults"
 )
 
 const (
@@ -203,10 +204,7 @@ func TestOOMAndShrink(t *testing.T) {
 
 func TestFaultInjection(t *testing.T) {
 	d := newDev(t, Config{Capacity: 16 * G})
-	for _, name := range opNames {
-		if name == "" {
-			continue
-		}
+	for _, name := range faults.DeviceOps {
 		d.FailNth(name, 1)
 		d.ClearFaults()
 	}

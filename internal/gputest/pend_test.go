@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/cuda"
+	"github.com/gpumem/gpumem/internal/faults"
 )
 
 // Holds on the GPU (conformance.Pender).
@@ -75,7 +76,7 @@ func (w *touch) pending() bool {
 // newSuiteGPU wraps d for one test; what it takes from the device (a page
 // of flags, a stream, events) is given back when the test ends.
 func newSuiteGPU(t *testing.T, d *cuda.Device) *suiteGPU {
-	g := &suiteGPU{Device: d}
+	g := &suiteGPU{Device: d, faults: faults.New(faults.DeviceOps...)}
 	p := &g.pend
 	p.t = t
 	p.holds = map[device.Stream]*hold{}

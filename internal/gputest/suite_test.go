@@ -7,6 +7,7 @@ import (
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/cuda"
 	"github.com/gpumem/gpumem/internal/conformance"
+	"github.com/gpumem/gpumem/internal/faults"
 )
 
 // suiteGPU is the CUDA device with the conformance suite's hooks, so that
@@ -14,8 +15,8 @@ import (
 //
 //   - faults (conformance.Faulter, FaultCounter): a fault armed on an
 //     operation makes its n-th future call fail before it reaches the
-//     driver, with an error matching device.ErrInjected (and
-//     device.ErrOutOfMemory for FailOOM), as the simulated device's do.
+//     driver, with the simulated device's errors (internal/faults, which
+//     both use).
 //     Memory the allocator fails to give back after a fault shows in the
 //     device's free memory, which the suite checks after every test.
 //   - holds (conformance.Pender, pend_test.go): a held stream runs a kernel
@@ -26,9 +27,9 @@ import (
 //     GPU's free memory, given back by Grow, ClearFaults or the test's end.
 type suiteGPU struct {
 	*cuda.Device
+	faults *faults.Injector
+
 	mu     sync.Mutex
-	armed  []armedFault
-	fired  uint64
 	shrunk []shrunk // memory Shrink holds, last taken last
 
 	pend pendState // guarded by its own mutex (pend_test.go)
@@ -44,79 +45,23 @@ var (
 	_ device.Streams           = (*suiteGPU)(nil)
 )
 
-type armedFault struct {
-	op   string // a device method name, "" for any
-	left int    // calls to go, this one included
-	n    int    // as armed, for the message
-	oom  bool
-}
-
-// faultableOps are the method names FailNth accepts (the simulated
-// device's list).
-var faultableOps = map[string]bool{
-	"": true, "Alloc": true, "Free": true, "MemInfo": true, "Synchronize": true,
-	"Reserve": true, "ReleaseAddress": true, "Create": true, "Release": true,
-	"Map": true, "SetAccess": true, "Unmap": true, "NewEvent": true,
-	"DestroyEvent": true, "Record": true, "Query": true, "Wait": true,
-	"StreamWait": true, "NewStream": true, "DestroyStream": true,
-	"SynchronizeStream": true,
-}
-
-func (d *suiteGPU) FailNth(op string, n int) { d.arm(op, n, false) }
-func (d *suiteGPU) FailOOM(op string, n int) { d.arm(op, n, true) }
-
-func (d *suiteGPU) arm(op string, n int, oom bool) {
-	if !faultableOps[op] || n < 1 {
-		panic(fmt.Sprintf("gputest: cannot fail call %d of %q", n, op))
-	}
-	d.mu.Lock()
-	d.armed = append(d.armed, armedFault{op: op, left: n, n: n, oom: oom})
-	d.mu.Unlock()
-}
+func (d *suiteGPU) FailNth(op string, n int) { d.faults.FailNth(op, n) }
+func (d *suiteGPU) FailOOM(op string, n int) { d.faults.FailOOM(op, n) }
+func (d *suiteGPU) InjectedFaults() uint64   { return d.faults.Fired() }
 
 // ClearFaults disarms every fault and gives back what Shrink took.
 func (d *suiteGPU) ClearFaults() {
-	d.mu.Lock()
-	d.armed = nil
-	d.mu.Unlock()
+	d.faults.Clear()
 	d.growAll()
 }
 
-func (d *suiteGPU) InjectedFaults() uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.fired
-}
-
 // fault counts a call of op against the armed faults and returns the
-// injected error if one fires (as sim.Device's fault does).
+// injected error if one fires.
 func (d *suiteGPU) fault(op string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var hit *armedFault
-	kept := d.armed[:0]
-	for _, f := range d.armed {
-		if f.op == "" || f.op == op {
-			f.left--
-			if f.left == 0 {
-				if hit == nil {
-					hit = &f
-				}
-				continue
-			}
-		}
-		kept = append(kept, f)
+	if err := d.faults.Hit(op); err != nil {
+		return &device.OpError{Op: "gputest." + op, Err: err}
 	}
-	d.armed = kept
-	if hit == nil {
-		return nil
-	}
-	d.fired++
-	err := fmt.Errorf("%w (FailNth(%q, %d))", device.ErrInjected, hit.op, hit.n)
-	if hit.oom {
-		err = fmt.Errorf("%w (%w by FailOOM(%q, %d))", device.ErrOutOfMemory, device.ErrInjected, hit.op, hit.n)
-	}
-	return &device.OpError{Op: "gputest." + op, Err: err}
+	return nil
 }
 
 func (d *suiteGPU) Alloc(size uint64) (device.Ptr, error) {
