@@ -50,6 +50,7 @@ type Allocator struct {
 
 	closed      atomic.Bool
 	closedClean bool        // Close gave everything back (guarded by mu)
+	broken      atomic.Bool // the checker found an invariant violated (Config.CheckInvariants)
 	multi       atomic.Bool // more than one pool: frees publish at once
 	stopIdle    chan struct{}
 	idleDone    chan struct{}
@@ -488,6 +489,10 @@ func (a *Allocator) releaseTo(target uint64) {
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.broken.Load() {
+		a.closed.Store(true)
+		return errors.New("gpumem: Close: an invariant was violated (the checker panicked); the allocator's books cannot be trusted, so nothing is given back")
+	}
 	if a.closed.Swap(true) {
 		if a.closedClean {
 			return nil

@@ -76,8 +76,13 @@ func (a *Allocator) Check() error {
 	return errors.Join(errs...)
 }
 
+// mustCheckPool panics if p breaks an invariant. Called with p.mu held; it
+// unlocks p before panicking, so that a test's cleanup (Close) reports the
+// broken allocator instead of waiting forever on the pool.
 func (a *Allocator) mustCheckPool(p *pool) {
 	if err := p.check(); err != nil {
+		a.broken.Store(true)
+		p.mu.Unlock()
 		panic(fmt.Sprintf("gpumem: invariant violated after an operation on stream %d:\n%v", p.stream, err))
 	}
 }
