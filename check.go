@@ -97,6 +97,8 @@ func (p *pool) check() error {
 		}
 	}
 	pending := 0
+	partIn := map[*segment][]int32{} // per chunk, from the blocks: non-free blocks covering it in part
+	fullIn := map[*segment][]bool{}  // per chunk: a non-free block covers it whole
 	for k := range p.heaps {
 		h := &p.heaps[k]
 		if h.pool != p || h.kind != k {
@@ -107,9 +109,11 @@ func (p *pool) check() error {
 			if seg.heap != h {
 				bad("segment 0x%x in heap %s points to another heap", seg.base, heapName(k))
 			}
-			var live []int32
+			var part []int32
+			var full []bool
 			if seg.virtual {
-				live = make([]int32, len(seg.chunks))
+				part, full = make([]int32, len(seg.chunks)), make([]bool, len(seg.chunks))
+				partIn[seg], fullIn[seg] = part, full
 			}
 			addr := seg.base
 			var prev *block
@@ -150,7 +154,11 @@ func (p *pool) check() error {
 					if seg.virtual {
 						c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
 						for i := c0; i <= c1; i++ {
-							live[i]++
+							if b.addr <= seg.chunkAddr(i, a.gran) && b.end() >= seg.chunkAddr(i+1, a.gran) {
+								full[i] = true
+							} else {
+								part[i]++
+							}
 						}
 					}
 				default:
@@ -162,10 +170,10 @@ func (p *pool) check() error {
 			}
 			for i := range seg.chunks {
 				c := &seg.chunks[i]
-				if c.live != live[i] {
-					bad("chunk %d of segment 0x%x: live %d, blocks say %d", i, seg.base, c.live, live[i])
+				if c.part != part[i] {
+					bad("chunk %d of segment 0x%x: %d blocks cover it in part, blocks say %d", i, seg.base, c.part, part[i])
 				}
-				if c.live > 0 && !c.ready {
+				if (part[i] > 0 || full[i]) && !c.ready {
 					bad("chunk %d of segment 0x%x holds live blocks but is not ready (span %d)", i, seg.base, c.span)
 				}
 				if c.span >= 0 {
@@ -206,8 +214,8 @@ func (p *pool) check() error {
 			bad("heap %s: index lists %d blocks, counts %d", heapName(k), n, h.free.count)
 		}
 	}
-	// Spans: each covers its chunks, counts their live ones, and the empty
-	// list holds exactly the empty spans, oldest first.
+	// Spans: each covers its chunks, counts the live blocks over them, and
+	// the empty list holds exactly the empty spans, oldest first.
 	mapped, empties := 0, 0
 	for i := range p.spans {
 		s := &p.spans[i]
@@ -215,18 +223,23 @@ func (p *pool) check() error {
 			continue
 		}
 		mapped += int(s.n)
+		part, full := partIn[s.seg], fullIn[s.seg]
+		if part == nil {
+			bad("span %d lies in segment 0x%x, not one of this pool's virtual segments", i, s.seg.base)
+			continue
+		}
 		occ := int32(0)
 		for j := s.c0; j < s.c0+s.n; j++ {
 			if int(j) >= len(s.seg.chunks) || s.seg.chunks[j].span != int32(i) {
 				bad("span %d [%d, %d) of 0x%x: chunk %d does not point back", i, s.c0, s.c0+s.n, s.seg.base, j)
 				break
 			}
-			if s.seg.chunks[j].live > 0 {
+			if part[j] > 0 || full[j] {
 				occ++
 			}
 		}
 		if occ != s.occupied {
-			bad("span %d: %d live chunks, counts %d", i, occ, s.occupied)
+			bad("span %d: %d occupied chunks, counts %d", i, occ, s.occupied)
 		}
 		if s.occupied == 0 {
 			empties++

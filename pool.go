@@ -131,7 +131,7 @@ func (p *pool) allocFast(rounded uint64) *block {
 		b.state = blockAllocated
 		return b
 	}
-	if b.seg.unmappedIn(b.addr, rounded, p.a.gran, 0) > 0 {
+	if p.unmappedIn(b.seg, b.addr, rounded, 0) > 0 {
 		return nil
 	}
 	b = p.carve(h, b, rounded, 0)

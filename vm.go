@@ -46,17 +46,24 @@ import (
 //
 //	chunk.span == i ⇔ the chunk lies in [spans[i].c0, spans[i].c0+spans[i].n) of spans[i].seg
 //	chunk.ready ⇔ chunk.span ≥ 0 and that span has access
-//	chunk.live == number of non-free blocks that overlap the chunk
-//	chunk.live > 0 ⇒ chunk.ready
-//	span.occupied == number of its chunks with live > 0
+//	chunk.part == number of non-free blocks that overlap the chunk but do not cover it
+//	a chunk is occupied ⇔ chunk.part > 0 or a non-free block covers it whole
+//	an occupied chunk is ready
+//	span.occupied == number of its chunks that are occupied
 //	span is on its pool's empty list ⇔ span.occupied == 0
 //	Reserved == Σ plain segment sizes + Σ span sizes + Σ unreleased handles
+//
+// A chunk that a block covers whole is that block's alone, so occupying or
+// vacating a block counts its whole chunks span by span (a 64 MiB block:
+// 32 chunks, 2-4 spans), and only its one or two edge chunks one by one.
+// Small blocks share chunks: they touch their chunk's count and reach the
+// span only when the chunk's first block comes or its last one goes.
 //
 // Guarded by the owning pool's mu. Chunks and span links hold no Go
 // pointers (indices), so the collector neither scans the arrays nor puts
 // write barriers on the hot path.
 type chunk struct {
-	live  int32
+	part  int32 // non-free blocks that overlap the chunk without covering it
 	span  int32 // index in pool.spans; -1 when unmapped
 	ready bool  // mapped with access: what the cache-hit path checks
 }
@@ -66,7 +73,7 @@ type span struct {
 	seg        *segment
 	c0, n      int32
 	h          device.Handle
-	occupied   int32 // chunks with live > 0
+	occupied   int32 // chunks that are occupied (see the invariants above)
 	access     bool  // SetAccess done since it was mapped here
 	prealloc   bool  // Config.Preallocate: released only by Trim and Close
 	inUse      bool  // the slot holds a span
@@ -139,16 +146,24 @@ func (seg *segment) chunkSpan(addr, size, gran uint64) (int, int) {
 }
 
 // unmappedIn counts the chunks under [addr, addr+size) of seg that are not
-// ready (unmapped, or mapped without access),
-// stopping once it passes limit.
-func (seg *segment) unmappedIn(addr, size, gran uint64, limit int) int {
-	c0, c1 := seg.chunkSpan(addr, size, gran)
+// ready (unmapped, or mapped without access), stopping once it passes
+// limit. A ready chunk's span is ready whole, so it steps span by span over
+// mapped memory.
+func (p *pool) unmappedIn(seg *segment, addr, size uint64, limit int) int {
+	c0, c1 := seg.chunkSpan(addr, size, p.a.gran)
 	ch := seg.chunks
 	n := 0
-	for i := c0; i <= c1 && n <= limit; i++ {
-		if !ch[i].ready {
-			n++
+	for i := c0; i <= c1 && n <= limit; {
+		if c := ch[i]; c.ready {
+			if i == c1 {
+				break // most requests lie in one chunk: no span to look up
+			}
+			s := &p.spans[c.span]
+			i = int(s.c0 + s.n)
+			continue
 		}
+		n++
+		i++
 	}
 	return n
 }
@@ -161,7 +176,7 @@ func (seg *segment) unmappedIn(addr, size, gran uint64, limit int) int {
 func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missing int) {
 	g := p.a.gran
 	seg := b.seg
-	missing = seg.unmappedIn(b.addr, rounded, g, limit)
+	missing = p.unmappedIn(seg, b.addr, rounded, limit)
 	if missing == 0 || b.size == rounded {
 		return 0, missing
 	}
@@ -169,7 +184,7 @@ func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missi
 	// (Past the highest chunk any span ever covered nothing is ready.)
 	if lo, _ := seg.chunkSpan(b.end()-rounded, rounded, g); lo > int(seg.hiSpan) {
 		// every window from here on lies past the mapped part
-	} else if m := seg.unmappedIn(b.end()-rounded, rounded, g, missing-1); m < missing {
+	} else if m := p.unmappedIn(seg, b.end()-rounded, rounded, missing-1); m < missing {
 		off, missing = b.size-rounded, m
 		if m == 0 {
 			return off, 0
@@ -242,44 +257,61 @@ func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64
 	return best, bestOff, bestMissing
 }
 
-// occupy counts b as live in its chunks; every chunk must be ready.
-func (p *pool) occupy(b *block) {
-	c0, c1 := b.seg.chunkSpan(b.addr, b.size, p.a.gran)
-	ch := b.seg.chunks
-	for i := c0; i <= c1; i++ {
-		c := &ch[i]
-		if c.live == 0 {
-			s := &p.spans[c.span]
-			if s.occupied == 0 {
-				p.removeEmpty(c.span)
-			}
-			s.occupied++
-		}
-		c.live++
-	}
-}
+// occupy counts b as live in its chunks and their spans; every chunk must
+// be ready.
+func (p *pool) occupy(b *block) { p.count(b, 1) }
 
 // vacate uncounts b from its chunks. A span left with no live chunk joins
 // the pool's empty list, still mapped: reused in place it costs nothing;
 // growth elsewhere remaps or releases it.
-func (p *pool) vacate(b *block) {
-	c0, c1 := b.seg.chunkSpan(b.addr, b.size, p.a.gran)
-	p.vacateChunks(b.seg, c0, c1)
+func (p *pool) vacate(b *block) { p.count(b, -1) }
+
+// count adds d (1 or -1) live blocks, b, to b's chunks: one by one to the
+// edge chunks b covers in part, span by span to the chunks it covers whole.
+// Unmapped chunks change no span (newSpan counts them when it maps them).
+func (p *pool) count(b *block, d int32) {
+	seg, g := b.seg, p.a.gran
+	c0, c1 := seg.chunkSpan(b.addr, b.size, g)
+	ch := seg.chunks
+	if (b.addr-seg.base)&(g-1) != 0 { // starts inside chunk c0
+		c := &ch[c0]
+		c.part += d
+		if c.span >= 0 && (c.part == 0 || c.part == d) { // c0's first or last block
+			p.occupyBy(c.span, d)
+		}
+		c0++
+	}
+	if c1 >= c0 && (b.end()-seg.base)&(g-1) != 0 { // ends inside chunk c1
+		c := &ch[c1]
+		c.part += d
+		if c.span >= 0 && (c.part == 0 || c.part == d) {
+			p.occupyBy(c.span, d)
+		}
+		c1--
+	}
+	for i := c0; i <= c1; {
+		si := ch[i].span
+		if si < 0 {
+			i++
+			continue
+		}
+		s := &p.spans[si]
+		end := min(int(s.c0+s.n)-1, c1)
+		p.occupyBy(si, d*int32(end-i+1))
+		i = end + 1
+	}
 }
 
-// vacateChunks uncounts one live block from chunks [c0, c1] of seg.
-func (p *pool) vacateChunks(seg *segment, c0, c1 int) {
-	ch := seg.chunks
-	for i := c0; i <= c1; i++ {
-		c := &ch[i]
-		c.live--
-		if c.live == 0 && c.span >= 0 {
-			s := &p.spans[c.span]
-			s.occupied--
-			if s.occupied == 0 {
-				p.pushEmpty(c.span)
-			}
-		}
+// occupyBy adds d occupied chunks to span i, moving it off or onto the
+// empty list when it leaves or reaches zero.
+func (p *pool) occupyBy(i int32, d int32) {
+	s := &p.spans[i]
+	if s.occupied == 0 {
+		p.removeEmpty(i)
+	}
+	s.occupied += d
+	if s.occupied == 0 {
+		p.pushEmpty(i)
 	}
 }
 
@@ -291,22 +323,10 @@ func (p *pool) back(b *block) error {
 	seg := b.seg
 	c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
 	ch := seg.chunks
-	need := false
-	for i := c0; i <= c1; i++ {
-		c := &ch[i]
-		if c.live == 0 && c.span >= 0 {
-			s := &p.spans[c.span]
-			if s.occupied == 0 {
-				p.removeEmpty(c.span)
-			}
-			s.occupied++
-		}
-		c.live++
-		if !c.ready {
-			need = true
-		}
-	}
-	if !need {
+	// Count b in the spans already under it first, so that making spans
+	// for the rest cannot move or release them.
+	p.occupy(b)
+	if p.unmappedIn(seg, b.addr, b.size, 0) == 0 {
 		return nil
 	}
 	p.made = p.made[:0] // place records the spans this call creates or moves here
@@ -322,7 +342,7 @@ func (p *pool) back(b *block) error {
 			i = int(s.c0 + s.n)
 		default:
 			r1 := p.runEnd(seg, i, c1)
-			err = p.newSpan(seg, i, r1)
+			err = p.newSpan(seg, i, r1, c1)
 			i = r1
 		}
 	}
@@ -330,7 +350,7 @@ func (p *pool) back(b *block) error {
 		// Undo the counts, then give back what this call took: a failed
 		// request leaves nothing behind. (A span whose release fails stays,
 		// empty, for the next request.)
-		p.vacateChunks(seg, c0, c1)
+		p.vacate(b)
 		for _, si := range p.made {
 			if p.spans[si].inUse && p.spans[si].occupied == 0 {
 				_ = p.releaseSpan(si)
@@ -397,23 +417,24 @@ func (p *pool) grant(i int32) error {
 }
 
 // newSpan backs chunks [r0, r1) of seg, all unmapped, with one span (the
-// chunks under the block being backed are live, those ahead of it at the
-// frontier are not): an empty span of exactly that size moved here (remap),
-// else a larger empty span stretched over the unmapped chunks after r1,
-// else new memory from the device after releasing what empty spans hold.
-func (p *pool) newSpan(seg *segment, r0, r1 int) error {
+// chunks up to c1 lie under the block being backed and count it as live;
+// those after, ahead of it at the frontier, are free): an empty span of
+// exactly that size moved here (remap), else a larger empty span stretched
+// over the unmapped chunks after r1, else new memory from the device after
+// releasing what empty spans hold.
+func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
 	a := p.a
 	k := int32(r1 - r0)
 	size := uint64(k) * a.gran
 	if q, i := p.findEmpty(k); q != nil {
-		err := q.moveSpan(i, p, seg, r0)
+		err := q.moveSpan(i, p, seg, r0, c1)
 		if q != p {
 			q.mu.Unlock()
 		}
 		return err
 	}
 	if i := p.emptyToStretch(seg, r0, k); i >= 0 {
-		return p.moveSpan(i, p, seg, r0)
+		return p.moveSpan(i, p, seg, r0, c1)
 	}
 	p.makeRoom(size)
 	if !a.takeBudget(size) {
@@ -428,13 +449,14 @@ func (p *pool) newSpan(seg *segment, r0, r1 int) error {
 		return err
 	}
 	a.c.creates.Add(1)
-	return p.place(h, seg, r0, r1, false)
+	return p.place(h, seg, r0, r1, c1, false)
 }
 
 // place maps handle h over chunks [r0, r1) of seg as a new span of p and
-// grants access. If mapping fails the handle is released; if the grant
-// fails the span stays, without access.
-func (p *pool) place(h device.Handle, seg *segment, r0, r1 int, prealloc bool) error {
+// grants access; the chunks up to c1 hold the one live block being backed
+// (none for c1 < r0). If mapping fails the handle is released; if the
+// grant fails the span stays, without access.
+func (p *pool) place(h device.Handle, seg *segment, r0, r1, c1 int, prealloc bool) error {
 	a := p.a
 	k := int32(r1 - r0)
 	size := uint64(k) * a.gran
@@ -449,12 +471,9 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1 int, prealloc bool) e
 	s := &p.spans[i]
 	seg.hiSpan = max(seg.hiSpan, int32(r1-1))
 	for j := r0; j < r1; j++ {
-		c := &seg.chunks[j]
-		c.span = i
-		if c.live > 0 {
-			s.occupied++
-		}
+		seg.chunks[j].span = i
 	}
+	s.occupied = int32(max(0, min(r1-1, c1)-r0+1)) // every chunk of the block is occupied
 	p.mappedChunks += int(k)
 	if s.occupied == 0 {
 		p.pushEmpty(i)
@@ -514,14 +533,14 @@ func (p *pool) emptyOfSize(k int32) int32 {
 }
 
 // moveSpan unmaps empty span i of q and maps its handle over chunks
-// [r0, r0+n) of seg, as a span of p. q's stream is fenced first: unmapping
-// is not stream-ordered.
-func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0 int) error {
+// [r0, r0+n) of seg, as a span of p, whose chunks up to c1 are live (see
+// place). q's stream is fenced first: unmapping is not stream-ordered.
+func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 	s := q.spans[i]
 	if err := q.unmapSpan(i); err != nil {
 		return err
 	}
-	return p.place(s.h, seg, r0, r0+int(s.n), false)
+	return p.place(s.h, seg, r0, r0+int(s.n), c1, false)
 }
 
 // unmapSpan fences q's stream if the span emptied after the last fence,
@@ -724,7 +743,7 @@ func (a *Allocator) preallocate() error {
 		return err
 	}
 	seg := hp.segs[len(hp.segs)-1]
-	if err := p.place(h, seg, 0, int(n/a.gran), true); err != nil {
+	if err := p.place(h, seg, 0, int(n/a.gran), -1, true); err != nil {
 		return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
 	}
 	return nil
