@@ -161,6 +161,17 @@ func TestReplayShippedTrace(t *testing.T) {
 	}
 }
 
+func TestReplayPasses(t *testing.T) {
+	code, out, errs := run(t, nil, "replay", "--device", "sim", "--passes", "3", "--json", "testdata/tiny.trace")
+	if code != 0 || errs != "" || !strings.Contains(out, `"passes":3,`) || !strings.Contains(out, `"ratio_all_passes":`) {
+		t.Errorf("--json: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	code, out, errs = run(t, nil, "replay", "--device", "sim", "--passes", "3", "testdata/tiny.trace")
+	if code != 0 || errs != "" || !strings.Contains(out, "ratio (all passes)") {
+		t.Errorf("table: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
 func TestReplayFlagsAfterTraces(t *testing.T) {
 	code, out, errs := run(t, nil, "replay", "testdata/tiny.trace", "--device", "sim", "-json", "--", "testdata/tiny.trace")
 	if code != 0 || errs != "" || strings.Count(out, `"trace":"tiny"`) != 2 {
@@ -210,6 +221,8 @@ func TestReplayErrors(t *testing.T) {
 			`^gpumem replay: flag needs an argument: --limit\n`, ""},
 		{"bad repeat", []string{"replay", "--repeat", "0", "testdata/tiny.trace"}, 2,
 			`^gpumem replay: invalid value 0 for flag --repeat: want 1 or more\n`, ""},
+		{"bad passes", []string{"replay", "--passes", "-1", "testdata/tiny.trace"}, 2,
+			`^gpumem replay: invalid value -1 for flag --passes: want 1 or more\n`, ""},
 		{"bad mode", []string{"replay", "--mode", "fast", "testdata/tiny.trace"}, 2,
 			`^gpumem replay: invalid value "fast" for flag --mode: want auto, plain or virtual\n`, ""},
 		{"bad device", []string{"replay", "--device", "tpu", "testdata/tiny.trace"}, 2,

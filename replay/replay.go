@@ -28,6 +28,13 @@ type Options struct {
 	// as NsPerOpWarm: the allocator's speed once its cache is populated
 	// (the peers' benchmark reports the same).
 	Warm bool
+	// Passes replays the trace this many times in all on the same
+	// allocator, freeing what each pass left live before the next (Warm
+	// asks for at least 2): a program that runs longer than its trace. The
+	// peak over every pass and the device calls of the passes after the
+	// first are reported in the *AllPasses and *LaterPasses fields. 0 and 1
+	// mean one pass (two with Warm).
+	Passes int
 	// Repeat (Run only) replays the trace this many times (at least once),
 	// each on a new allocator, and reports the median times, with every run's in
 	// NsPerOpRuns and NsPerOpWarmRuns: one pass on a shared machine varies
@@ -62,6 +69,17 @@ type Result struct {
 	// Options.Repeat is above 1; NsPerOp and NsPerOpWarm are their medians.
 	NsPerOpRuns     []float64 `json:"ns_per_op_runs,omitempty"`
 	NsPerOpWarmRuns []float64 `json:"ns_per_op_warm_runs,omitempty"`
+	// With more than one pass (Options.Passes, Options.Warm): how many ran, the peak reserved
+	// over all of them and its ratio to the trace's peak live bytes (the
+	// first-pass figures above do not see a peak that rises in later
+	// passes), and the creates, maps and releases of the passes after the
+	// first.
+	Passes                int     `json:"passes,omitempty"`
+	PeakReservedAllPasses uint64  `json:"peak_reserved_bytes_all_passes,omitempty"`
+	RatioAllPasses        float64 `json:"ratio_all_passes,omitempty"`
+	CreatesLaterPasses    uint64  `json:"creates_later_passes,omitempty"`
+	MapsLaterPasses       uint64  `json:"maps_later_passes,omitempty"`
+	ReleasesLaterPasses   uint64  `json:"releases_later_passes,omitempty"`
 }
 
 // Run replays tr on dev with a new allocator configured by cfg, and closes
@@ -95,7 +113,8 @@ func Run(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Re
 func sameDecisions(a, b Result) bool {
 	return a.PeakReservedBytes == b.PeakReservedBytes && a.OOMs == b.OOMs &&
 		a.Creates == b.Creates && a.Releases == b.Releases && a.Maps == b.Maps &&
-		a.Unmaps == b.Unmaps && a.EndReservedBytes == b.EndReservedBytes
+		a.Unmaps == b.Unmaps && a.EndReservedBytes == b.EndReservedBytes &&
+		a.PeakReservedAllPasses == b.PeakReservedAllPasses && a.MapsLaterPasses == b.MapsLaterPasses
 }
 
 // median returns the median of xs (the mean of the middle two for an even
@@ -172,25 +191,40 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	if len(tr.Events) > 0 {
 		r.NsPerOp = float64(elapsed.Nanoseconds()) / float64(len(tr.Events))
 	}
+	passes := max(opt.Passes, 1)
 	if opt.Warm {
+		passes = max(passes, 2)
+	}
+	for n := 2; n <= passes; n++ {
 		for i, b := range bufs {
 			if !b.IsZero() {
 				if err := a.Free(b); err != nil {
-					return Result{}, fmt.Errorf("replay %s: freeing what the first pass left: %w", tr.Name, err)
+					return Result{}, fmt.Errorf("replay %s: freeing what pass %d left: %w", tr.Name, n-1, err)
 				}
 				bufs[i] = gpumem.Buffer{}
 			}
 		}
-		warm, _, err := pass(tr, a, streams, bufs, opt)
+		elapsed, _, err := pass(tr, a, streams, bufs, opt)
 		if err != nil {
-			return Result{}, err
+			return Result{}, fmt.Errorf("pass %d of %d: %w", n, passes, err)
 		}
-		if len(tr.Events) > 0 {
-			r.NsPerOpWarm = float64(warm.Nanoseconds()) / float64(len(tr.Events))
+		if n == 2 && opt.Warm && len(tr.Events) > 0 {
+			r.NsPerOpWarm = float64(elapsed.Nanoseconds()) / float64(len(tr.Events))
 		}
 	}
 	if r.PeakLiveBytes > 0 {
 		r.Ratio = float64(r.PeakReservedBytes) / float64(r.PeakLiveBytes)
+	}
+	if passes > 1 {
+		end := a.Stats()
+		r.Passes = passes
+		r.PeakReservedAllPasses = end.PeakReserved
+		r.CreatesLaterPasses = end.Creates - st.Creates
+		r.MapsLaterPasses = end.Maps - st.Maps
+		r.ReleasesLaterPasses = end.Releases - st.Releases
+		if r.PeakLiveBytes > 0 {
+			r.RatioAllPasses = float64(r.PeakReservedAllPasses) / float64(r.PeakLiveBytes)
+		}
 	}
 	return r, nil
 }

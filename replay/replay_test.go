@@ -177,6 +177,48 @@ func TestReplayWarm(t *testing.T) {
 	}
 }
 
+// TestReplayPasses: Options.Passes replays on one allocator, frees what a
+// pass leaves live before the next, and reports the peak over all passes.
+func TestReplayPasses(t *testing.T) {
+	// 20 MiB never freed: if a pass's leftovers were kept, each pass would
+	// add 20 MiB to the peak.
+	tr := readTrace(t, "# gpumem-trace v1\na 0 20971520 0 1\na 1 4096 0 2\nf 1 3\n")
+	res, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{}, replay.Options{Passes: 3, Check: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Passes != 3 || res.PeakReservedAllPasses != res.PeakReservedBytes || res.PeakReservedBytes < 20<<20 || res.PeakReservedBytes >= 40<<20 {
+		t.Errorf("3 passes: passes %d, peak %d first pass, %d all passes: want 3 and one pass's peak (the leftover freed between passes)",
+			res.Passes, res.PeakReservedBytes, res.PeakReservedAllPasses)
+	}
+	if res.NsPerOpWarm != 0 {
+		t.Errorf("ns_per_op_warm %v without Warm", res.NsPerOpWarm)
+	}
+
+	// gpt2_generate's peak rises in its third pass (docs/BENCHMARKS.md,
+	// "Later passes"): the first-pass figures must not hide it.
+	gen, err := trace.Load("../testdata/traces/gpt2_generate.trace.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = replay.Run(gen, sim.MustNew(sim.Config{}), gpumem.Config{}, replay.Options{Passes: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RatioAllPasses <= res.Ratio || res.CreatesLaterPasses == 0 || res.MapsLaterPasses < res.CreatesLaterPasses {
+		t.Errorf("gpt2_generate, 3 passes: ratio %.4f first, %.4f all passes, %d creates and %d maps later: want the later rise reported",
+			res.Ratio, res.RatioAllPasses, res.CreatesLaterPasses, res.MapsLaterPasses)
+	}
+	once, err := replay.Run(gen, sim.MustNew(sim.Config{}), gpumem.Config{}, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if once.PeakReservedBytes != res.PeakReservedBytes || once.Passes != 0 || once.RatioAllPasses != 0 {
+		t.Errorf("one pass: peak %d (%d with 3 passes), passes %d, ratio_all_passes %v: want the first pass alike and no all-pass figures",
+			once.PeakReservedBytes, res.PeakReservedBytes, once.Passes, once.RatioAllPasses)
+	}
+}
+
 // TestReplayRepeat: Options.Repeat replays on new allocators, reports every
 // run's times and their median, and the decisions of the first run.
 func TestReplayRepeat(t *testing.T) {
