@@ -163,7 +163,7 @@ func TestReplayShippedTrace(t *testing.T) {
 
 func TestReplayPasses(t *testing.T) {
 	code, out, errs := run(t, nil, "replay", "--device", "sim", "--passes", "3", "--json", "testdata/tiny.trace")
-	if code != 0 || errs != "" || !strings.Contains(out, `"passes":3,`) || !strings.Contains(out, `"ratio_all_passes":`) {
+	if code != 0 || errs != "" || !strings.Contains(out, `"passes":{"n":3,"peak_reserved_bytes":`) {
 		t.Errorf("--json: exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	code, out, errs = run(t, nil, "replay", "--device", "sim", "--passes", "3", "testdata/tiny.trace")

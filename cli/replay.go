@@ -33,10 +33,10 @@ With --json, each trace is one JSON object on one line, with the keys trace,
 device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
 ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
 peak_active_bytes and end_reserved_bytes; with --warm or --passes also
-passes, peak_reserved_bytes_all_passes, ratio_all_passes and the creates,
-maps and releases of the later passes. The first-pass ratio is what a
-program as long as its trace holds; ratio_all_passes is what it holds if it
-goes on doing the same (its peak may rise as its cache is rearranged).
+passes: {n, peak_reserved_bytes and ratio over all passes, creates_later,
+maps_later, releases_later}. The first-pass ratio is what a program as long
+as its trace holds; passes.ratio is what it holds if it goes on doing the
+same (its peak may rise as its cache is rearranged).
 
 A trace that cannot be read is reported and skipped; a replay that fails
 stops the command. Either way the exit status is 1. SIZE is bytes with an
@@ -62,7 +62,7 @@ func (e *env) replay(args []string) int {
 	touch := fs.Bool("touch", false, "write every allocation (an asynchronous memset on its stream) so it is truly backed (the time per event includes it); CUDA only")
 	check := fs.Bool("check", false, "run the allocator's invariant checker after each replay")
 	warm := fs.Bool("warm", false, "replay each trace a second time on the same allocator and report that pass's time too (ns_per_op_warm)")
-	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what a pass leaves live is freed before the next) and report the peak over all passes (ratio_all_passes): a program that runs longer than its trace")
+	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what a pass leaves live is freed before the next) and report the peak over all passes (passes.ratio): a program that runs longer than its trace")
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
 
 	paths, code := e.parse(fs, args)
@@ -186,11 +186,11 @@ func (e *env) replay(args []string) int {
 // left-aligned and the figures right-aligned.
 func writeReplayTable(w io.Writer, results []replay.Result) error {
 	t := table{header: []string{"trace", "events", "peak live", "peak reserved", "ratio", "OOMs", "maps", "unmaps", "ns/op"}}
-	passes := 0
+	passes := false
 	for _, r := range results {
-		passes = max(passes, r.Passes)
+		passes = passes || r.Passes != nil
 	}
-	if passes > 1 {
+	if passes {
 		t.header = append(t.header, "passes", "ratio (all passes)", "maps (later passes)")
 	}
 	for _, r := range results {
@@ -205,8 +205,10 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 			strconv.FormatUint(r.Unmaps, 10),
 			strconv.FormatFloat(r.NsPerOp, 'f', 1, 64),
 		}
-		if passes > 1 {
-			row = append(row, strconv.Itoa(r.Passes), strconv.FormatFloat(r.RatioAllPasses, 'f', 3, 64), strconv.FormatUint(r.MapsLaterPasses, 10))
+		if ps := r.Passes; ps != nil {
+			row = append(row, strconv.Itoa(ps.N), strconv.FormatFloat(ps.Ratio, 'f', 3, 64), strconv.FormatUint(ps.MapsLater, 10))
+		} else if passes {
+			row = append(row, "1", "", "")
 		}
 		t.rows = append(t.rows, row)
 	}

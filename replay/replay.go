@@ -32,7 +32,7 @@ type Options struct {
 	// allocator, freeing what each pass left live before the next (Warm
 	// asks for at least 2): a program that runs longer than its trace. The
 	// peak over every pass and the device calls of the passes after the
-	// first are reported in the *AllPasses and *LaterPasses fields. 0 and 1
+	// first are reported in Result.Passes. 0 and 1
 	// mean one pass (two with Warm).
 	Passes int
 	// Repeat (Run only) replays the trace this many times (at least once),
@@ -69,17 +69,22 @@ type Result struct {
 	// Options.Repeat is above 1; NsPerOp and NsPerOpWarm are their medians.
 	NsPerOpRuns     []float64 `json:"ns_per_op_runs,omitempty"`
 	NsPerOpWarmRuns []float64 `json:"ns_per_op_warm_runs,omitempty"`
-	// With more than one pass (Options.Passes, Options.Warm): how many ran, the peak reserved
-	// over all of them and its ratio to the trace's peak live bytes (the
-	// first-pass figures above do not see a peak that rises in later
-	// passes), and the creates, maps and releases of the passes after the
-	// first.
-	Passes                int     `json:"passes,omitempty"`
-	PeakReservedAllPasses uint64  `json:"peak_reserved_bytes_all_passes,omitempty"`
-	RatioAllPasses        float64 `json:"ratio_all_passes,omitempty"`
-	CreatesLaterPasses    uint64  `json:"creates_later_passes,omitempty"`
-	MapsLaterPasses       uint64  `json:"maps_later_passes,omitempty"`
-	ReleasesLaterPasses   uint64  `json:"releases_later_passes,omitempty"`
+	// Passes is set when more than one pass ran (Options.Passes,
+	// Options.Warm).
+	Passes *PassesResult `json:"passes,omitempty"`
+}
+
+// PassesResult is what a replay of several passes on one allocator held
+// and did after its first pass: the first-pass figures of Result do not see
+// a peak that rises later, as a program's cache is rearranged by running
+// longer than its trace.
+type PassesResult struct {
+	N                 int     `json:"n"`
+	PeakReservedBytes uint64  `json:"peak_reserved_bytes"` // over all passes
+	Ratio             float64 `json:"ratio"`               // PeakReservedBytes / the trace's peak live bytes
+	CreatesLater      uint64  `json:"creates_later"`       // in the passes after the first
+	MapsLater         uint64  `json:"maps_later"`
+	ReleasesLater     uint64  `json:"releases_later"`
 }
 
 // Run replays tr on dev with a new allocator configured by cfg, and closes
@@ -114,7 +119,7 @@ func sameDecisions(a, b Result) bool {
 	return a.PeakReservedBytes == b.PeakReservedBytes && a.OOMs == b.OOMs &&
 		a.Creates == b.Creates && a.Releases == b.Releases && a.Maps == b.Maps &&
 		a.Unmaps == b.Unmaps && a.EndReservedBytes == b.EndReservedBytes &&
-		a.PeakReservedAllPasses == b.PeakReservedAllPasses && a.MapsLaterPasses == b.MapsLaterPasses
+		(a.Passes == nil) == (b.Passes == nil) && (a.Passes == nil || *a.Passes == *b.Passes)
 }
 
 // median returns the median of xs (the mean of the middle two for an even
@@ -217,13 +222,10 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	}
 	if passes > 1 {
 		end := a.Stats()
-		r.Passes = passes
-		r.PeakReservedAllPasses = end.PeakReserved
-		r.CreatesLaterPasses = end.Creates - st.Creates
-		r.MapsLaterPasses = end.Maps - st.Maps
-		r.ReleasesLaterPasses = end.Releases - st.Releases
+		r.Passes = &PassesResult{N: passes, PeakReservedBytes: end.PeakReserved,
+			CreatesLater: end.Creates - st.Creates, MapsLater: end.Maps - st.Maps, ReleasesLater: end.Releases - st.Releases}
 		if r.PeakLiveBytes > 0 {
-			r.RatioAllPasses = float64(r.PeakReservedAllPasses) / float64(r.PeakLiveBytes)
+			r.Passes.Ratio = float64(end.PeakReserved) / float64(r.PeakLiveBytes)
 		}
 	}
 	return r, nil
