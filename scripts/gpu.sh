@@ -8,8 +8,10 @@
 #                                   the repository root: runs the PARTs and
 #                                   writes everything under $OUT (default
 #                                   build/gpu/out). PARTs: tests, cost,
-#                                   cpubench, replay, peers, table; default
-#                                   all.
+#                                   cpubench, replay, peers, table (the
+#                                   default: all six), and passes (the
+#                                   peak over PASSES=10 passes in a row,
+#                                   gpumem and PyTorch's allocators).
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
@@ -79,6 +81,16 @@ run() {
 			OUT="$out" bash bench/peers/run_all.sh --repeat "$repeat" || true
 			rm -f "$out/peers_table.md" # table.md holds it, with gpumem
 			;;
+		passes)
+			# Not in the default set (the device tool brings back at most 8
+			# files): gpumem and PyTorch's allocators over PASSES (10) passes
+			# of each trace in a row, the peak over all of them.
+			local n=${PASSES:-10}
+			"$bin/gpumem" replay --device cuda --json --passes "$n" testdata/traces/*.trace.gz >"$out/passes.jsonl" || true
+			OUT="$out" PEERS=${PEERS:-torch-native,torch-expandable,torch-async,torch-native-cxx,torch-expandable-cxx} \
+				bash bench/peers/run_all.sh --no-warm --passes "$n" --out "$out/passes_peers.jsonl" || true
+			rm -f "$out/peers_table.md"
+			;;
 		table)
 			{
 				echo "## First pass (cold)"
@@ -100,5 +112,5 @@ run() {
 case ${1:-} in
 build) build ;;
 run) shift; run "$@" ;;
-*) sed -n '2,17p' "$0"; exit 2 ;;
+*) sed -n '2,19p' "$0"; exit 2 ;;
 esac

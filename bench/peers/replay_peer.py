@@ -19,6 +19,8 @@ The JSON line (on stdout; everything else goes to stderr) holds:
     ns_per_op                    timed loop / events, first pass from an empty pool
     ns_per_op_warm               the same trace again in the same process, with the
                                  pool the first pass left (absent where not run)
+    passes                       with --passes N (PyTorch peers): {n, peak_reserved_bytes,
+                                 ratio} over N passes in a row from an emptied cache
     empty_loop_ns_per_op         the same Python loop with no allocator in it
     ooms                         requests the peer refused (their frees are skipped)
     peak_reserved_source         how peak_reserved_bytes was read
@@ -190,6 +192,27 @@ def run_torch(tr, opts, res):
         ns2, _, live = one_pass()
         del live
         res["ns_per_op_warm"] = ns2 / max(1, len(tr))
+    if opts.passes > 1:
+        def replay():
+            _, _, live = one_pass()
+            del live
+        _torch_passes(torch, dev, tr, opts.passes, replay, res)
+
+
+def _torch_passes(torch, dev, tr, n, replay, res):
+    """res["passes"]: the peak PyTorch reserved over n passes of the trace in a
+    row from an emptied cache, what each pass left live freed before the next
+    (gpumem replay --passes N reports the same): a program that runs longer
+    than its trace."""
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(dev)
+    for _ in range(n):
+        replay()
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_reserved(dev)
+    res["passes"] = {"n": n, "peak_reserved_bytes": peak,
+                     "ratio": peak / tr.peak_live_bytes if tr.peak_live_bytes else None}
 
 
 # --------------------------------------------------------------------------
@@ -250,6 +273,9 @@ def run_torch_cxx(tr, opts, res):
                allocator_name=mod.allocator_name())
     if warm:
         res["ns_per_op_warm"] = statistics.median(warm)
+    if opts.passes > 1:
+        _torch_passes(torch, dev, tr, opts.passes,
+                      lambda: mod.replay(kinds, ids, sizes, tr.n_ids), res)
     if len(cold) > 1:
         res["ns_per_op_runs"] = [round(x, 1) for x in cold]
         if warm:
@@ -482,6 +508,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1,
                     help="C++ peers: replay N times, each from an emptied cache, and "
                          "report the median times (every run's in ns_per_op_runs)")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="PyTorch peers: also replay N passes in a row from an emptied "
+                         "cache and report their peak (key passes), as gpumem replay --passes")
     ap.add_argument("--build-cxx", action="store_true",
                     help="build torch_cxx.cpp with torch.utils.cpp_extension and exit")
     ap.add_argument("--list", action="store_true", help="print the peer names")

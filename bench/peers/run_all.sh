@@ -25,6 +25,8 @@
 #   --no-warm         no second (warm) timed pass
 #   --repeat N        C++ peers: N runs from an emptied cache, median times
 #                     reported [REPEAT, default 1]
+#   --passes N        PyTorch peers: also the peak over N passes in a row
+#                     (key passes), as gpumem replay --passes [PASSES, default 1]
 #   --out FILE        result file (overrides the default above)
 set -u
 
@@ -40,6 +42,7 @@ SKIPS=${SKIPS:-}
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-300}
 WARM=()
 REPEAT=${REPEAT:-1}
+PASSES=${PASSES:-1}
 RESULT=""
 
 TRACES=()
@@ -52,6 +55,7 @@ while [ $# -gt 0 ]; do
     --skip) SKIPS="${SKIPS:+$SKIPS,}$2"; shift 2 ;;
     --no-warm) WARM=(--no-warm); shift ;;
     --repeat) REPEAT=$2; shift 2 ;;
+    --passes) PASSES=$2; shift 2 ;;
     --out) RESULT=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     --) shift; TRACES+=("$@"); break ;;
@@ -140,6 +144,7 @@ for trace in "${TRACES[@]}"; do
     fi
     extra=("${WARM[@]}")
     [ "${peer%-cxx}" != "$peer" ] && [ "$REPEAT" -gt 1 ] && extra+=(--repeat "$REPEAT")
+    [ "${peer#torch}" != "$peer" ] && [ "$PASSES" -gt 1 ] && extra+=(--passes "$PASSES")
     cap=$(cap_for "$peer")
     [ -n "$cap" ] && extra+=(--max-events "$cap")
     echo "=== $peer $name (limit ${limit}s ${extra[*]})" >>"$LOG"
