@@ -34,7 +34,7 @@ device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
 ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
 peak_active_bytes and end_reserved_bytes; with --warm or --passes also
 passes: {n, peak_reserved_bytes and ratio over all passes, creates_later,
-maps_later, releases_later}. The first-pass ratio is what a program as long
+maps_later, releases_later, ns_per_op_later}. The first-pass ratio is what a program as long
 as its trace holds; passes.ratio is what it holds if it goes on doing the
 same (its peak may rise as its cache is rearranged).
 

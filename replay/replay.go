@@ -85,6 +85,10 @@ type PassesResult struct {
 	CreatesLater      uint64  `json:"creates_later"`       // in the passes after the first
 	MapsLater         uint64  `json:"maps_later"`
 	ReleasesLater     uint64  `json:"releases_later"`
+	// NsPerOpLater is the time per event of the passes after the first,
+	// together (with Options.Repeat, the median over the runs): the
+	// allocator's speed in a program's steady state.
+	NsPerOpLater float64 `json:"ns_per_op_later"`
 }
 
 // Run replays tr on dev with a new allocator configured by cfg, and closes
@@ -96,6 +100,10 @@ func Run(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Re
 		return first, err
 	}
 	cold, warm := []float64{first.NsPerOp}, []float64{first.NsPerOpWarm}
+	var later []float64
+	if first.Passes != nil {
+		later = append(later, first.Passes.NsPerOpLater)
+	}
 	for run := 2; run <= opt.Repeat; run++ {
 		r, err := runOnce(tr, dev, cfg, opt)
 		if err != nil {
@@ -106,6 +114,12 @@ func Run(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Re
 				tr.Name, run, r.PeakReservedBytes, first.PeakReservedBytes, r.Creates, first.Creates, r.Maps, first.Maps)
 		}
 		cold, warm = append(cold, r.NsPerOp), append(warm, r.NsPerOpWarm)
+		if r.Passes != nil {
+			later = append(later, r.Passes.NsPerOpLater)
+		}
+	}
+	if first.Passes != nil {
+		first.Passes.NsPerOpLater = median(later)
 	}
 	first.NsPerOpRuns, first.NsPerOp = cold, median(cold)
 	if opt.Warm {
@@ -114,12 +128,19 @@ func Run(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Re
 	return first, nil
 }
 
+// decisions is p without its time.
+func (p *PassesResult) decisions() PassesResult {
+	d := *p
+	d.NsPerOpLater = 0
+	return d
+}
+
 // sameDecisions reports whether two runs of one trace held and did the same.
 func sameDecisions(a, b Result) bool {
 	return a.PeakReservedBytes == b.PeakReservedBytes && a.OOMs == b.OOMs &&
 		a.Creates == b.Creates && a.Releases == b.Releases && a.Maps == b.Maps &&
 		a.Unmaps == b.Unmaps && a.EndReservedBytes == b.EndReservedBytes &&
-		(a.Passes == nil) == (b.Passes == nil) && (a.Passes == nil || *a.Passes == *b.Passes)
+		(a.Passes == nil) == (b.Passes == nil) && (a.Passes == nil || a.Passes.decisions() == b.Passes.decisions())
 }
 
 // median returns the median of xs (the mean of the middle two for an even
@@ -200,6 +221,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	if opt.Warm {
 		passes = max(passes, 2)
 	}
+	var later time.Duration
 	for n := 2; n <= passes; n++ {
 		for i, b := range bufs {
 			if !b.IsZero() {
@@ -213,6 +235,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		if err != nil {
 			return Result{}, fmt.Errorf("pass %d of %d: %w", n, passes, err)
 		}
+		later += elapsed
 		if n == 2 && opt.Warm && len(tr.Events) > 0 {
 			r.NsPerOpWarm = float64(elapsed.Nanoseconds()) / float64(len(tr.Events))
 		}
@@ -226,6 +249,9 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 			CreatesLater: end.Creates - st.Creates, MapsLater: end.Maps - st.Maps, ReleasesLater: end.Releases - st.Releases}
 		if r.PeakLiveBytes > 0 {
 			r.Passes.Ratio = float64(end.PeakReserved) / float64(r.PeakLiveBytes)
+		}
+		if len(tr.Events) > 0 {
+			r.Passes.NsPerOpLater = float64(later.Nanoseconds()) / float64((passes-1)*len(tr.Events))
 		}
 	}
 	return r, nil

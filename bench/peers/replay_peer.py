@@ -20,7 +20,8 @@ The JSON line (on stdout; everything else goes to stderr) holds:
     ns_per_op_warm               the same trace again in the same process, with the
                                  pool the first pass left (absent where not run)
     passes                       with --passes N (PyTorch peers): {n, peak_reserved_bytes,
-                                 ratio} over N passes in a row from an emptied cache
+                                 ratio, ns_per_op_later} over N passes in a row from an
+                                 emptied cache (the time: passes 2..N together)
     empty_loop_ns_per_op         the same Python loop with no allocator in it
     ooms                         requests the peer refused (their frees are skipped)
     peak_reserved_source         how peak_reserved_bytes was read
@@ -194,25 +195,31 @@ def run_torch(tr, opts, res):
         res["ns_per_op_warm"] = ns2 / max(1, len(tr))
     if opts.passes > 1:
         def replay():
-            _, _, live = one_pass()
+            ns, _, live = one_pass()
             del live
+            return ns
         _torch_passes(torch, dev, tr, opts.passes, replay, res)
 
 
 def _torch_passes(torch, dev, tr, n, replay, res):
     """res["passes"]: the peak PyTorch reserved over n passes of the trace in a
-    row from an emptied cache, what each pass left live freed before the next
-    (gpumem replay --passes N reports the same): a program that runs longer
-    than its trace."""
+    row from an emptied cache, what each pass left live freed before the next,
+    and the time per event of passes 2..n (gpumem replay --passes N reports
+    the same): a program that runs longer than its trace. replay() runs one
+    pass and returns its time in ns."""
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
-    for _ in range(n):
-        replay()
+    later = 0
+    for i in range(n):
+        ns = replay()
+        if i > 0:
+            later += ns
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_reserved(dev)
     res["passes"] = {"n": n, "peak_reserved_bytes": peak,
-                     "ratio": peak / tr.peak_live_bytes if tr.peak_live_bytes else None}
+                     "ratio": peak / tr.peak_live_bytes if tr.peak_live_bytes else None,
+                     "ns_per_op_later": later / max(1, (n - 1) * len(tr))}
 
 
 # --------------------------------------------------------------------------
@@ -275,7 +282,7 @@ def run_torch_cxx(tr, opts, res):
         res["ns_per_op_warm"] = statistics.median(warm)
     if opts.passes > 1:
         _torch_passes(torch, dev, tr, opts.passes,
-                      lambda: mod.replay(kinds, ids, sizes, tr.n_ids), res)
+                      lambda: mod.replay(kinds, ids, sizes, tr.n_ids)[0], res)
     if len(cold) > 1:
         res["ns_per_op_runs"] = [round(x, 1) for x in cold]
         if warm:
