@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Synthetic allocation traces of five program shapes, to check that a policy
-tuned on the six recorded traces holds on programs it was not tuned on.
+"""Synthetic allocation traces of five program shapes and one of none, to
+check that a policy tuned on the six recorded traces holds on programs it was
+not tuned on.
 
-    python3 bench/synth/gen.py OUTDIR     # writes 25 traces (5 seeds x 5 families)
+    python3 bench/synth/gen.py OUTDIR     # writes 30 traces (5 seeds x 6 families)
 
 Families (gpumem-trace v1, one stream, deterministic seeds 100-104):
   kv      autoregressive generation: a KV cache per layer regrown one token at a
@@ -13,7 +14,10 @@ Families (gpumem-trace v1, one stream, deterministic seeds 100-104):
   sweep   build a random MLP, train a few steps, drop it; several times
   serve   generation serving: 4-32 requests at once, each regrowing its own KV
           cache, arriving and finishing at random (caches freed out of order)
-Sizes follow the shapes of real layers; lifetimes follow the program's order.
+  rand    no program's shape: log-uniform sizes (512 B to 512 MiB), frees in
+          random order, about 8 GiB live, 60,000 events
+Sizes follow the shapes of real layers and lifetimes the program's order,
+except in rand.
 """
 import gzip
 import os
@@ -169,9 +173,33 @@ def serve(seed):
     return t.ev
 
 
+def rand(seed):
+    """No program's shape: sizes log-uniform from 512 B to 512 MiB, freed in
+    random order, about 8 GiB live once warm. The family on which policies
+    that help ordered growth (training, generation) show what they cost
+    programs that free at random."""
+    import math
+    r = random.Random(seed)
+    t = Trace()
+    live, cur, target = [], 0, 8 << 30
+    lo, hi = math.log(512), math.log(512 << 20)
+    while len(t.ev) < 60000:
+        if cur < target or (r.random() < 0.5 and cur < target * 1.1):
+            size = int(math.exp(r.uniform(lo, hi)))
+            live.append((t.a(size), size))
+            cur += size
+        else:
+            k = r.randrange(len(live))
+            (i, size), live[k] = live[k], live[-1]
+            live.pop()
+            t.f(i)
+            cur -= size
+    return t.ev
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
-    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep, "serve": serve}
+    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep, "serve": serve, "rand": rand}
     for name, g in gens.items():
         for i in range(5):
             write(f"{name}{i}", g(100 + i))
