@@ -64,29 +64,14 @@ func (a *Allocator) Snapshot() Snapshot {
 					Pool: heapName(k), Kind: "plain", Preallocate: seg.prealloc, MappedBytes: seg.size}
 				if seg.virtual {
 					ss.Kind, ss.MappedBytes = "virtual", 0
-					held := make([]bool, len(seg.chunks)) // chunks holding a live block
-					for b := seg.first; b != nil; b = b.next {
-						if b.state != blockFree {
-							c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
-							for i := c0; i <= c1; i++ {
-								held[i] = true
-							}
-						}
-					}
 					for i := range p.spans {
 						sp := &p.spans[i]
 						if !sp.inUse || sp.seg != seg {
 							continue
 						}
 						ss.MappedBytes += uint64(sp.n) * a.gran
-						var liveChunks uint64
-						for j := sp.c0; j < sp.c0+sp.n; j++ {
-							if held[j] {
-								liveChunks++
-							}
-						}
 						ss.Spans = append(ss.Spans, SpanSnapshot{Address: seg.chunkAddr(int(sp.c0), a.gran),
-							Size: uint64(sp.n) * a.gran, LiveBytes: liveChunks * a.gran, Preallocate: sp.prealloc})
+							Size: uint64(sp.n) * a.gran, LiveBytes: uint64(sp.occupied) * a.gran, Preallocate: sp.prealloc})
 					}
 					sort.Slice(ss.Spans, func(i, j int) bool { return ss.Spans[i].Address < ss.Spans[j].Address })
 				}

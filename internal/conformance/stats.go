@@ -181,6 +181,22 @@ func testSnapshot(t *testing.T, s *suite) {
 		if seg.Kind != "plain" && seg.Kind != "virtual" || seg.Pool != "small" && seg.Pool != "large" {
 			t.Errorf("segment 0x%x: kind %q pool %q", seg.Address, seg.Kind, seg.Pool)
 		}
+		// A span's live_chunk_bytes: its chunks that a non-free block touches.
+		g := snap.Granularity
+		for _, sp := range seg.Spans {
+			var want uint64
+			for c := sp.Address; c < sp.Address+sp.Size; c += g {
+				for _, b := range seg.Blocks {
+					if b.State != "free" && b.Address < c+g && c < b.Address+b.Size {
+						want += g
+						break
+					}
+				}
+			}
+			if sp.LiveBytes != want {
+				t.Errorf("span 0x%x of %d bytes: live_chunk_bytes %d, its blocks touch %d", sp.Address, sp.Size, sp.LiveBytes, want)
+			}
+		}
 	}
 	if allocated != len(e.live) || uint64(allocated) != snap.Stats.LiveBuffers {
 		t.Errorf("snapshot lists %d allocated blocks; %d buffers are live (stats %d)", allocated, len(e.live), snap.Stats.LiveBuffers)
