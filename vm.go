@@ -155,9 +155,6 @@ func (p *pool) unmappedIn(seg *segment, addr, size uint64, limit int) int {
 	n := 0
 	for i := c0; i <= c1 && n <= limit; {
 		if c := ch[i]; c.ready {
-			if i == c1 {
-				break // most requests lie in one chunk: no span to look up
-			}
 			s := &p.spans[c.span]
 			i = int(s.c0 + s.n)
 			continue
