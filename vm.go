@@ -270,6 +270,8 @@ func (p *pool) count(b *block, d int32) {
 	seg, g := b.seg, p.a.gran
 	c0, c1 := seg.chunkSpan(b.addr, b.size, g)
 	ch := seg.chunks
+	// The two edge cases are written out: as a helper (not inlined: it
+	// calls occupyBy) the small pair measured about 1 ns slower.
 	if (b.addr-seg.base)&(g-1) != 0 { // starts inside chunk c0
 		c := &ch[c0]
 		c.part += d
