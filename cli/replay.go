@@ -34,9 +34,9 @@ device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
 ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
 peak_active_bytes and end_reserved_bytes; with --warm or --passes also
 passes: {n, peak_reserved_bytes and ratio over all passes, creates_later,
-maps_later, releases_later, ns_per_op_later}. The first-pass ratio is what a program as long
-as its trace holds; passes.ratio is what it holds if it goes on doing the
-same (its peak may rise as its cache is rearranged).
+maps_later, releases_later, ns_per_op_later}. The first-pass ratio is what
+a program as long as its trace holds; passes.ratio is what it holds if it
+goes on doing the same (its peak may rise as its cache is rearranged).
 
 A trace that cannot be read is reported and skipped; a replay that fails
 stops the command. Either way the exit status is 1. SIZE is bytes with an

@@ -31,9 +31,9 @@ type Options struct {
 	// Passes replays the trace this many times in all on the same
 	// allocator, freeing what each pass left live before the next (Warm
 	// asks for at least 2): a program that runs longer than its trace. The
-	// peak over every pass and the device calls of the passes after the
-	// first are reported in Result.Passes. 0 and 1
-	// mean one pass (two with Warm).
+	// peak over every pass, the device calls and the time of the passes
+	// after the first are reported in Result.Passes. 0 and 1 mean one pass
+	// (two with Warm).
 	Passes int
 	// Repeat (Run only) replays the trace this many times (at least once),
 	// each on a new allocator, and reports the median times, with every run's in
@@ -231,13 +231,13 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 				bufs[i] = gpumem.Buffer{}
 			}
 		}
-		elapsed, _, err := pass(tr, a, streams, bufs, opt)
+		took, _, err := pass(tr, a, streams, bufs, opt)
 		if err != nil {
 			return Result{}, fmt.Errorf("pass %d of %d: %w", n, passes, err)
 		}
-		later += elapsed
+		later += took
 		if n == 2 && opt.Warm && len(tr.Events) > 0 {
-			r.NsPerOpWarm = float64(elapsed.Nanoseconds()) / float64(len(tr.Events))
+			r.NsPerOpWarm = float64(took.Nanoseconds()) / float64(len(tr.Events))
 		}
 	}
 	if r.PeakLiveBytes > 0 {
