@@ -20,6 +20,7 @@ Sizes follow the shapes of real layers and lifetimes the program's order,
 except in rand.
 """
 import gzip
+import math
 import os
 import random
 import sys
@@ -178,7 +179,6 @@ def rand(seed):
     random order, about 8 GiB live once warm. The family on which policies
     that help ordered growth (training, generation) show what they cost
     programs that free at random."""
-    import math
     r = random.Random(seed)
     t = Trace()
     live, cur, target = [], 0, 8 << 30
