@@ -15,8 +15,8 @@
 //	gpumem help [command]            print the usage
 //
 // Each command has its own flag set (package flag); flags take one dash or
-// two, and may follow the arguments. Sizes are written as ParseSize reads
-// them ("80GiB", "512MiB", "1.5GB", "1024") and printed as FormatSize
+// two, and may follow the arguments. Sizes are written as units.Parse reads
+// them ("80GiB", "512MiB", "1.5GB", "1024") and printed as units.Format
 // writes them ("12.17 GiB"). Results go to standard output (a readable
 // table, or with --json one JSON object per line); diagnostics go to
 // standard error, one line each, prefixed by "gpumem" and the command (a

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml"
 )
 
@@ -267,12 +268,12 @@ func (e *env) usageError(fs *cmdFlags, msg string) int {
 	return ExitUsage
 }
 
-// sizeFlag is a flag.Value holding a size in bytes, set with ParseSize's
+// sizeFlag is a flag.Value holding a size in bytes, set with units.Parse's
 // syntax.
 type sizeFlag uint64
 
 func (s *sizeFlag) Set(v string) error {
-	n, err := parseSize(v)
+	n, err := units.ParseBare(v)
 	if err != nil {
 		return err
 	}
@@ -284,7 +285,7 @@ func (s *sizeFlag) String() string {
 	if s == nil || *s == 0 {
 		return "0"
 	}
-	return FormatSize(uint64(*s))
+	return units.Format(uint64(*s))
 }
 
 // Get implements flag.Getter.

@@ -11,6 +11,7 @@ import (
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/replay"
 	"github.com/gpumem/gpumem/trace"
 )
@@ -197,8 +198,8 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 		row := []string{
 			r.Trace,
 			strconv.Itoa(r.Events),
-			FormatSize(r.PeakLiveBytes),
-			FormatSize(r.PeakReservedBytes),
+			units.Format(r.PeakLiveBytes),
+			units.Format(r.PeakReservedBytes),
 			strconv.FormatFloat(r.Ratio, 'f', 3, 64),
 			strconv.Itoa(r.OOMs),
 			strconv.FormatUint(r.Maps, 10),

@@ -1,4 +1,7 @@
-package cli
+// Package units reads and writes byte sizes as people write them: "80GiB",
+// "512MiB", "1.5GB". It serves the command line and the GPUMEM_CONFIG
+// string of the C library alike.
+package units
 
 import (
 	"errors"
@@ -29,13 +32,13 @@ var sizeUnits = map[string]uint64{
 	"eib": 1 << 60,
 }
 
-// maxSizeLen bounds the text ParseSize looks at, so that a long string of
+// maxSizeLen bounds the text Parse looks at, so that a long string of
 // digits costs nothing.
 const maxSizeLen = 64
 
 const sizeSyntax = "want a number of bytes with an optional unit, e.g. 80GiB, 512MiB, 1.5GB or 1024"
 
-// ParseSize parses a size in bytes: a decimal number, optionally with a
+// Parse parses a size in bytes: a decimal number, optionally with a
 // fraction, optionally followed by a unit: "1024", "80GiB", "512MiB",
 // "1.5GB", "2 MiB". Units are B, the decimal KB, MB, GB, TB, PB, EB
 // (powers of 1000) and the binary KiB, MiB, GiB, TiB, PiB, EiB (powers of
@@ -43,17 +46,17 @@ const sizeSyntax = "want a number of bytes with an optional unit, e.g. 80GiB, 51
 // ambiguous. A fraction of a byte is dropped ("1.5KiB" is 1536, "0.1KiB" is
 // 102). Negative numbers, exponents, garbage and sizes above 2^64-1 bytes
 // are errors.
-func ParseSize(s string) (uint64, error) {
-	n, err := parseSize(s)
+func Parse(s string) (uint64, error) {
+	n, err := ParseBare(s)
 	if err != nil {
 		return 0, fmt.Errorf("invalid size %q: %w", s, err)
 	}
 	return n, nil
 }
 
-// parseSize is ParseSize with an error that does not repeat the input (the
+// parseSize is Parse with an error that does not repeat the input (the
 // flag package quotes the value itself).
-func parseSize(s string) (uint64, error) {
+func ParseBare(s string) (uint64, error) {
 	t := strings.TrimSpace(s)
 	switch {
 	case t == "":
@@ -104,10 +107,10 @@ func parseSize(s string) (uint64, error) {
 
 var errTooLarge = errors.New("too large (the most is 2^64-1 bytes, about 16 EiB)")
 
-// FormatSize writes n bytes in binary units with two decimals: "512 B",
-// "2.00 MiB", "12.17 GiB". ParseSize reads it back (to within the
+// Format writes n bytes in binary units with two decimals: "512 B",
+// "2.00 MiB", "12.17 GiB". Parse reads it back (to within the
 // rounding).
-func FormatSize(n uint64) string {
+func Format(n uint64) string {
 	const units = "KMGTPE"
 	if n < 1024 {
 		return strconv.FormatUint(n, 10) + " B"

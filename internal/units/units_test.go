@@ -1,4 +1,4 @@
-package cli
+package units
 
 import (
 	"math"
@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-func TestParseSize(t *testing.T) {
+func TestParse(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want uint64
@@ -33,17 +33,17 @@ func TestParseSize(t *testing.T) {
 		{"18446744073709551615", math.MaxUint64},
 		{"18446744073709551615B", math.MaxUint64},
 		{"18.446744073709551615EB", math.MaxUint64},
-		{"12.17 GiB", 13067437998}, // FormatSize's output reads back
+		{"12.17 GiB", 13067437998}, // Format's output reads back
 		{"007", 7},
 	} {
-		got, err := ParseSize(tc.in)
+		got, err := Parse(tc.in)
 		if err != nil || got != tc.want {
-			t.Errorf("ParseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+			t.Errorf("Parse(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
 		}
 	}
 }
 
-func TestParseSizeErrors(t *testing.T) {
+func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct{ in, msg string }{
 		{"", "empty"},
 		{"   ", "empty"},
@@ -69,18 +69,18 @@ func TestParseSizeErrors(t *testing.T) {
 		{"1.5EiB0", `unknown unit`},
 		{strings.Repeat("9", 100), "too long"},
 	} {
-		got, err := ParseSize(tc.in)
+		got, err := Parse(tc.in)
 		if err == nil {
-			t.Errorf("ParseSize(%q) = %d, want an error", tc.in, got)
+			t.Errorf("Parse(%q) = %d, want an error", tc.in, got)
 			continue
 		}
 		if !strings.Contains(err.Error(), tc.msg) || !strings.HasPrefix(err.Error(), "invalid size ") {
-			t.Errorf("ParseSize(%q): error %q, want it to contain %q", tc.in, err, tc.msg)
+			t.Errorf("Parse(%q): error %q, want it to contain %q", tc.in, err, tc.msg)
 		}
 	}
 }
 
-func TestFormatSize(t *testing.T) {
+func TestFormat(t *testing.T) {
 	for _, tc := range []struct {
 		in   uint64
 		want string
@@ -96,36 +96,36 @@ func TestFormatSize(t *testing.T) {
 		{1 << 50, "1.00 PiB"},
 		{math.MaxUint64, "16.00 EiB"},
 	} {
-		if got := FormatSize(tc.in); got != tc.want {
-			t.Errorf("FormatSize(%d) = %q, want %q", tc.in, got, tc.want)
+		if got := Format(tc.in); got != tc.want {
+			t.Errorf("Format(%d) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }
 
-func TestFormatSizeReadsBack(t *testing.T) {
+func TestFormatReadsBack(t *testing.T) {
 	for _, n := range []uint64{0, 1, 1000, 4096, 123456789, 13_064_770_840, 80 << 30, 1 << 62} {
-		s := FormatSize(n)
-		got, err := ParseSize(s)
+		s := Format(n)
+		got, err := Parse(s)
 		if err != nil {
-			t.Fatalf("ParseSize(FormatSize(%d) = %q): %v", n, s, err)
+			t.Fatalf("Parse(Format(%d) = %q): %v", n, s, err)
 		}
 		if d := math.Abs(float64(got) - float64(n)); d > 0.005*float64(n) {
-			t.Errorf("ParseSize(FormatSize(%d) = %q) = %d: off by %.0f", n, s, got, d)
+			t.Errorf("Parse(Format(%d) = %q) = %d: off by %.0f", n, s, got, d)
 		}
 	}
 }
 
-func FuzzParseSize(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	for _, s := range []string{"80GiB", "1.5GB", "1024", "0.1KiB", "18446744073709551615", "-1", "1e9"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		n, err := ParseSize(s)
+		n, err := Parse(s)
 		if err != nil {
 			return
 		}
-		if n2, err := ParseSize(s + " "); err != nil || n2 != n {
-			t.Errorf("ParseSize(%q) = %d but ParseSize(%q) = %d, %v", s, n, s+" ", n2, err)
+		if n2, err := Parse(s + " "); err != nil || n2 != n {
+			t.Errorf("Parse(%q) = %d but Parse(%q) = %d, %v", s, n, s+" ", n2, err)
 		}
 	})
 }
