@@ -113,9 +113,10 @@ func formatUUID(u [16]byte) string {
 	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
-// call makes the primary context current on this OS thread and calls fn,
-// with the goroutine locked to the thread in between so that fn runs where
-// the context was made current. See the package documentation.
+// call makes the primary context current on this OS thread, calls fn, and
+// puts back the context that was current before, with the goroutine locked
+// to the thread in between so that fn runs where the context was made
+// current. See the package documentation.
 //
 //go:uintptrescapes
 func (d *Device) call(fn uintptr, args ...uintptr) result {
@@ -124,10 +125,19 @@ func (d *Device) call(fn uintptr, args ...uintptr) result {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	var prev uintptr
+	if r := ccall(d.drv.cuCtxGetCurrent, uintptr(unsafe.Pointer(&prev))); r != cudaSuccess {
+		return r
+	}
+	if prev == d.ctx {
+		return ccall(fn, args...)
+	}
 	if r := ccall(d.drv.cuCtxSetCurrent, d.ctx); r != cudaSuccess {
 		return r
 	}
-	return ccall(fn, args...)
+	r := ccall(fn, args...)
+	ccall(d.drv.cuCtxSetCurrent, prev) // prev was current a moment ago: cannot fail
+	return r
 }
 
 // fail builds the *device.OpError for a failed call; the arguments are only

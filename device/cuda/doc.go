@@ -34,12 +34,15 @@
 // Goroutines migrate between OS threads while the driver keeps the current
 // context per thread, so every driver call that needs a context is made with
 // the goroutine locked to its thread (runtime.LockOSThread) after
-// cuCtxSetCurrent(primary) on that thread. cuCtxSetCurrent was chosen over
-// cuCtxPushCurrent/cuCtxPopCurrent: it is one cheap call instead of two, and
-// the context it leaves current is the primary context the CUDA runtime would
-// make current itself. Go code that drives another context on the same
-// threads must therefore set its own context before each of its calls, which
-// it has to do anyway since it cannot choose its thread.
+// cuCtxSetCurrent(primary) on that thread, and the context that was current
+// before is made current again after the call (cuCtxGetCurrent first; when
+// the primary context is already current, as it is on a thread of PyTorch
+// working on this device, nothing is set at all). The restore matters where
+// gpumem runs on its host's threads, as the C library does: a free of
+// device 1's memory called from a thread working on device 0 must leave
+// that thread on device 0, or the host's next runtime call would go to the
+// wrong GPU. cuCtxSetCurrent was chosen over cuCtxPushCurrent/cuCtxPopCurrent:
+// each is one cheap call, and the pair is skipped in the common case.
 //
 // # Errors
 //

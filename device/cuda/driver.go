@@ -22,7 +22,7 @@ type driver struct {
 	cuDeviceGetAttribute, cuDeviceGetUuid                            uintptr
 
 	cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease uintptr
-	cuCtxSetCurrent, cuCtxSynchronize                   uintptr
+	cuCtxGetCurrent, cuCtxSetCurrent, cuCtxSynchronize  uintptr
 
 	cuMemAlloc, cuMemFree, cuMemGetInfo uintptr
 
@@ -53,6 +53,7 @@ func (d *driver) symbols() []dl.Symbol {
 		{Addr: &d.cuDeviceGetUuid, Names: []string{"cuDeviceGetUuid_v2", "cuDeviceGetUuid"}},
 		{Addr: &d.cuDevicePrimaryCtxRetain, Names: []string{"cuDevicePrimaryCtxRetain"}},
 		{Addr: &d.cuDevicePrimaryCtxRelease, Names: []string{"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"}},
+		{Addr: &d.cuCtxGetCurrent, Names: []string{"cuCtxGetCurrent"}},
 		{Addr: &d.cuCtxSetCurrent, Names: []string{"cuCtxSetCurrent"}},
 		{Addr: &d.cuCtxSynchronize, Names: []string{"cuCtxSynchronize"}},
 		{Addr: &d.cuMemAlloc, Names: []string{"cuMemAlloc_v2"}},

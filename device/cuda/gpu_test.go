@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -745,4 +746,32 @@ func TestGPUOpenErrors(t *testing.T) {
 	mustInvalid(t, "Open(9999)", err)
 	_, err = Open(-1)
 	mustInvalid(t, "Open(-1)", err)
+}
+
+// TestCallRestoresContext: a driver call leaves the thread's current context
+// as it found it, whether that was none or the primary context. The C
+// library runs on its host's threads, where a changed context would send
+// the host's next runtime call to the wrong device.
+func TestCallRestoresContext(t *testing.T) {
+	d := openGPU(t)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	current := func() uintptr {
+		var c uintptr
+		if r := ccall(d.drv.cuCtxGetCurrent, uintptr(unsafe.Pointer(&c))); r != cudaSuccess {
+			t.Fatalf("cuCtxGetCurrent: %v", r)
+		}
+		return c
+	}
+	for _, before := range []uintptr{0, d.ctx} {
+		if r := ccall(d.drv.cuCtxSetCurrent, before); r != cudaSuccess {
+			t.Fatalf("cuCtxSetCurrent(%#x): %v", before, r)
+		}
+		if _, _, err := d.MemInfo(); err != nil {
+			t.Fatalf("MemInfo with context %#x current: %v", before, err)
+		}
+		if got := current(); got != before {
+			t.Errorf("after MemInfo with context %#x current, the current context is %#x", before, got)
+		}
+	}
 }
