@@ -23,8 +23,11 @@ type Allocator struct {
 	mode  Mode
 	cfg   Config
 	gran  uint64 // chunk size, the device's granularity (ModeVirtual), or segmentRound
-	limit uint64 // cap on reserved bytes
 	total uint64 // device capacity
+	// limit caps reserved bytes (SetLimit may change it). overhang is what
+	// was reserved when SetLimit last lowered the limit below it: memory
+	// taken before, which reserved may still exceed the limit by.
+	limit, overhang atomic.Uint64
 	small uint64 // SmallSize
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
 	spanChunks int
@@ -78,10 +81,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 		}
 		a.total = t
 	}
-	a.limit = cfg.Limit
-	if a.limit == 0 || a.limit > a.total {
-		a.limit = a.total
-	}
+	a.limit.Store(a.capLimit(cfg.Limit))
 	a.small = cfg.SmallSize
 	if a.small == 0 {
 		a.small = defaultSmallSize
@@ -430,7 +430,7 @@ func maxTo(peak *atomic.Uint64, v uint64) {
 func (a *Allocator) takeBudget(n uint64) bool {
 	for {
 		r := a.reserved.Load()
-		if r+n > a.limit {
+		if r+n > a.limit.Load() {
 			return false
 		}
 		if a.reserved.CompareAndSwap(r, r+n) {
@@ -441,6 +441,44 @@ func (a *Allocator) takeBudget(n uint64) bool {
 }
 
 func (a *Allocator) giveBudget(n uint64) { a.reserved.Add(-n) }
+
+// capLimit is the limit that n asks for: the device's capacity for 0 or
+// anything larger.
+func (a *Allocator) capLimit(n uint64) uint64 {
+	if n == 0 || n > a.total {
+		return a.total
+	}
+	return n
+}
+
+// Limit reports the cap on the bytes held from the device (Config.Limit,
+// or the device's capacity).
+func (a *Allocator) Limit() uint64 { return a.limit.Load() }
+
+// SetLimit changes the cap on the bytes held from the device (0: the
+// device's capacity), as torch.cuda.set_per_process_memory_fraction does.
+// Lowering it below what is held first returns cached memory to the device,
+// preallocated memory included; if live buffers still hold more than the
+// new limit, the limit is set all the same (nothing more is taken from the
+// device until enough is freed) and SetLimit reports how much is over.
+func (a *Allocator) SetLimit(n uint64) error {
+	if a.closed.Load() {
+		return fmt.Errorf("%w: SetLimit on a closed allocator", ErrClosed)
+	}
+	n = a.capLimit(n)
+	a.limit.Store(n)
+	r := a.reserved.Load()
+	if r <= n {
+		return nil
+	}
+	err := a.Trim()
+	if r = a.reserved.Load(); r > n {
+		a.overhang.Store(r)
+		return errors.Join(err, fmt.Errorf("gpumem: SetLimit(%s): live buffers hold %s, more than the new limit; nothing more is taken from the device until they are freed",
+			fmtBytes(n), fmtBytes(r)))
+	}
+	return err
+}
 
 // Trim returns every cached byte it can to the device now: pending frees
 // are waited for, empty spans unmapped and released, free segments freed,

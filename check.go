@@ -50,8 +50,8 @@ func (a *Allocator) Check() error {
 	if r := a.reserved.Load(); r != plain+mappedBytes+spare {
 		errs = append(errs, fmt.Errorf("reserved %d != plain %d + mapped %d + spare %d", r, plain, mappedBytes, spare))
 	}
-	if r := a.reserved.Load(); r > a.limit {
-		errs = append(errs, fmt.Errorf("reserved %d > limit %d", r, a.limit))
+	if r, l := a.reserved.Load(), a.limit.Load(); r > l && r > a.overhang.Load() {
+		errs = append(errs, fmt.Errorf("reserved %d > limit %d (and above the %d held when the limit was lowered)", r, l, a.overhang.Load()))
 	}
 	var pa, pr uint64
 	var flushedAct, flushedReq int64

@@ -66,6 +66,10 @@ type OutOfMemoryError struct {
 	Allocated   uint64 // bytes held by live buffers (of the scope, for CauseQuota)
 	Cached      uint64 // Reserved - Active: held but unused
 	LargestFree uint64 // largest request that would have fit without growing
+	// WouldFit is the largest request that would have succeeded at the
+	// failure: a free block as large (LargestFree), or room to grow within
+	// both the limit and the device's free memory.
+	WouldFit uint64
 	Scope       string // for CauseQuota: the scope whose quota was hit
 	Cause       Cause
 	Err         error // the device error, if any
@@ -76,9 +80,9 @@ func (e *OutOfMemoryError) Error() string {
 		return fmt.Sprintf("gpumem: out of memory (scope quota): scope %s holds %s of its quota of %s; requested %s",
 			e.Scope, fmtBytes(e.Allocated), fmtBytes(e.Limit), fmtBytes(e.Requested))
 	}
-	s := fmt.Sprintf("gpumem: out of memory (%s): requested %s on stream %d; limit %s, device free %s, reserved %s, allocated %s, cached %s, largest free block %s",
+	s := fmt.Sprintf("gpumem: out of memory (%s): requested %s on stream %d; limit %s, device free %s, reserved %s, allocated %s, cached %s, largest free block %s; the largest request that would have fit: %s",
 		e.Cause, fmtBytes(e.Requested), e.Stream, fmtBytes(e.Limit), fmtBytes(e.DeviceFree), fmtBytes(e.Reserved),
-		fmtBytes(e.Allocated), fmtBytes(e.Cached), fmtBytes(e.LargestFree))
+		fmtBytes(e.Allocated), fmtBytes(e.Cached), fmtBytes(e.LargestFree), fmtBytes(e.WouldFit))
 	if e.Scope != "" {
 		s += ", scope " + e.Scope
 	}

@@ -54,7 +54,7 @@ type BlockSnapshot struct {
 // Snapshot captures every segment and block. Free blocks of a virtual arena
 // are included: the tail block of an arena is its unused address space.
 func (a *Allocator) Snapshot() Snapshot {
-	s := Snapshot{Mode: a.mode.String(), Granularity: a.gran, Limit: a.limit}
+	s := Snapshot{Mode: a.mode.String(), Granularity: a.gran, Limit: a.limit.Load()}
 	s.Stats = a.Stats()
 	for _, p := range a.allPools() {
 		p.mu.Lock()

@@ -604,7 +604,7 @@ type heldHandle struct {
 func (p *pool) makeRoom(size uint64) {
 	// Preallocated spans yield only when the limit would refuse the request.
 	for _, prealloc := range []bool{false, true} {
-		if prealloc && p.a.reserved.Load()+size <= p.a.limit {
+		if prealloc && p.a.reserved.Load()+size <= p.a.limit.Load() {
 			return
 		}
 		if p.releaseOldest(size, prealloc) {
@@ -714,8 +714,8 @@ func (a *Allocator) preallocate() error {
 		return nil
 	}
 	n = (n + a.gran - 1) &^ (a.gran - 1)
-	if n > a.limit || !a.takeBudget(n) {
-		return fmt.Errorf("gpumem: preallocating %d bytes: more than the limit of %d", n, a.limit)
+	if l := a.limit.Load(); n > l || !a.takeBudget(n) {
+		return fmt.Errorf("gpumem: preallocating %d bytes: more than the limit of %d", n, l)
 	}
 	p := a.poolFor(0)
 	p.mu.Lock()

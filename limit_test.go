@@ -1,0 +1,102 @@
+package gpumem_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/gpumem/gpumem"
+)
+
+// TestSetLimit: lowering the limit below what is held returns the cache;
+// below what live buffers hold it is set all the same and reported, and
+// nothing more is taken from the device until enough is freed; raising it
+// lets growth resume.
+func TestSetLimit(t *testing.T) {
+	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dev := newSim(1 << 30)
+			a := newAlloc(t, dev, gpumem.Config{Mode: mode})
+			if got := a.Limit(); got != 1<<30 {
+				t.Fatalf("Limit() = %d, want the device's 1 GiB", got)
+			}
+			keep, err := a.Alloc(64*miB, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			drop, err := a.Alloc(128*miB, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Free(drop); err != nil {
+				t.Fatal(err)
+			}
+			// Cache (128 MiB) released to fit 100 MiB.
+			if err := a.SetLimit(100 * miB); err != nil {
+				t.Fatalf("SetLimit(100 MiB) with 64 MiB live: %v", err)
+			}
+			if r := a.Stats().Reserved; r > 100*miB {
+				t.Errorf("reserved %d after SetLimit(100 MiB), want the cache returned", r)
+			}
+			mustCheck(t, a, "SetLimit below the cache")
+			_, err = a.Alloc(64*miB, 0)
+			var oom *gpumem.OutOfMemoryError
+			if !errors.As(err, &oom) || oom.Cause != gpumem.CauseLimit || oom.Limit != 100*miB {
+				t.Fatalf("Alloc(64 MiB) with 64 of 100 MiB live: %v, want CauseLimit with limit 100 MiB", err)
+			}
+			// Below what is live: set, reported, and no growth.
+			err = a.SetLimit(32 * miB)
+			if err == nil || !strings.Contains(err.Error(), "live buffers hold") {
+				t.Fatalf("SetLimit(32 MiB) with 64 MiB live: %v, want it reported", err)
+			}
+			if a.Limit() != 32*miB {
+				t.Errorf("Limit() = %d after SetLimit(32 MiB)", a.Limit())
+			}
+			mustCheck(t, a, "SetLimit below what is live")
+			if _, err := a.Alloc(16*miB, 0); !errors.Is(err, gpumem.ErrOutOfMemory) {
+				t.Errorf("Alloc(16 MiB) over a lowered limit: %v, want out of memory", err)
+			}
+			if err := a.Free(keep); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.SetLimit(0); err != nil {
+				t.Fatalf("SetLimit(0): %v", err)
+			}
+			if a.Limit() != 1<<30 {
+				t.Errorf("Limit() = %d after SetLimit(0), want the device's 1 GiB", a.Limit())
+			}
+			b, err := a.Alloc(512*miB, 0)
+			if err != nil {
+				t.Fatalf("Alloc(512 MiB) after the limit was raised: %v", err)
+			}
+			_ = a.Free(b)
+			mustCheck(t, a, "growth after raising the limit")
+		})
+	}
+}
+
+// TestOOMWouldFit: the error says what would have fit: a cached block, or
+// room left under the limit.
+func TestOOMWouldFit(t *testing.T) {
+	dev := newSim(1 << 30)
+	a := newAlloc(t, dev, gpumem.Config{Limit: 256 * miB})
+	b, err := a.Alloc(200*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Alloc(100*miB, 0)
+	var oom *gpumem.OutOfMemoryError
+	if !errors.As(err, &oom) {
+		t.Fatalf("Alloc(100 MiB) with 200 of 256 MiB live: %v, want an OutOfMemoryError", err)
+	}
+	if oom.WouldFit < 50*miB || oom.WouldFit > 56*miB {
+		t.Errorf("WouldFit = %d, want the 56 MiB left under the limit (to a chunk)", oom.WouldFit)
+	}
+	if !strings.Contains(oom.Error(), "would have fit") {
+		t.Errorf("message %q does not say what would have fit", oom.Error())
+	}
+	if _, err := a.Alloc(oom.WouldFit, 0); err != nil {
+		t.Errorf("Alloc(WouldFit = %d): %v", oom.WouldFit, err)
+	}
+	_ = a.Free(b)
+}
