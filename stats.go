@@ -181,3 +181,21 @@ func (h *heap) anyVirtual() bool {
 	}
 	return false
 }
+
+// ResetPeaks starts the peaks over from what is held now, as
+// torch.cuda.reset_peak_memory_stats does: PeakAllocated, PeakActive and
+// PeakReserved become the current gauges. Counters are kept.
+func (a *Allocator) ResetPeaks() {
+	var allocated, active int64
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		p.flush()
+		p.peakAllocated, p.peakActive = p.allocated, p.active
+		allocated += int64(p.allocated)
+		active += int64(p.active)
+		p.mu.Unlock()
+	}
+	a.peakAllocated.Store(uint64(max(allocated, 0)))
+	a.peakActive.Store(uint64(max(active, 0)))
+	a.peakReserved.Store(a.reserved.Load())
+}

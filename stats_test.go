@@ -89,3 +89,45 @@ func TestStatsSingleStreamExact(t *testing.T) {
 		})
 	}
 }
+
+// TestResetPeaks: after ResetPeaks the peaks are the current gauges, and
+// they grow again from there.
+func TestResetPeaks(t *testing.T) {
+	a := newAlloc(t, newSim(1<<30), gpumem.Config{})
+	big, err := a.Alloc(256*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := a.Alloc(miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(big); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.PeakAllocated < 257*miB || st.PeakReserved < 257*miB {
+		t.Fatalf("before reset: peaks %d allocated, %d reserved; want at least 257 MiB", st.PeakAllocated, st.PeakReserved)
+	}
+	a.ResetPeaks()
+	st := a.Stats()
+	if st.PeakAllocated != st.Allocated || st.PeakActive != st.Active || st.PeakReserved != st.Reserved {
+		t.Errorf("after reset: peaks %d/%d/%d, want the gauges %d/%d/%d (allocated/active/reserved)",
+			st.PeakAllocated, st.PeakActive, st.PeakReserved, st.Allocated, st.Active, st.Reserved)
+	}
+	if st.Allocs != 2 || st.Frees != 1 {
+		t.Errorf("counters changed by ResetPeaks: %d allocs, %d frees", st.Allocs, st.Frees)
+	}
+	mid, err := a.Alloc(64*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.PeakAllocated != miB+64*miB {
+		t.Errorf("peak after a new allocation: %d, want %d", st.PeakAllocated, miB+64*miB)
+	}
+	_ = a.Free(mid)
+	_ = a.Free(small)
+	mustCheck(t, a, "ResetPeaks")
+}
