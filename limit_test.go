@@ -100,3 +100,42 @@ func TestOOMWouldFit(t *testing.T) {
 	}
 	_ = a.Free(b)
 }
+
+// TestHopelessRequestTakesNothing: a request that could never fit, under
+// the limit or on the device, fails without creating a span or raising the
+// peak (before, it created spans up to the limit and gave them back).
+func TestHopelessRequestTakesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		limit uint64
+		size  uint64
+		cause gpumem.Cause
+	}{
+		{"over the limit", 1 << 30, 1536 * miB, gpumem.CauseLimit},
+		{"over the device", 0, 3 << 30, gpumem.CauseDevice},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dev := newSim(4 << 30)
+			if err := dev.Shrink(2 << 30); err != nil { // another process's memory
+				t.Fatal(err)
+			}
+			a := newAlloc(t, dev, gpumem.Config{Limit: tc.limit})
+			live, err := a.Alloc(64*miB, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := a.Stats()
+			_, err = a.Alloc(tc.size, 0)
+			var oom *gpumem.OutOfMemoryError
+			if !errors.As(err, &oom) || oom.Cause != tc.cause {
+				t.Fatalf("Alloc(%d): %v, want an out-of-memory error for %v", tc.size, err, tc.cause)
+			}
+			after := a.Stats()
+			if after.Creates != before.Creates || after.PeakReserved != before.PeakReserved {
+				t.Errorf("a hopeless request created %d spans and raised the peak from %d to %d",
+					after.Creates-before.Creates, before.PeakReserved, after.PeakReserved)
+			}
+			_ = a.Free(live)
+		})
+	}
+}
