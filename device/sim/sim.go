@@ -20,12 +20,17 @@ const (
 
 // Address layout. Plain allocations and reservations come from disjoint
 // ranges and are never reused; both stay below 1<<63 so that addresses fit
-// in an int64 as well.
+// in an int64 as well. As under CUDA's unified addressing, devices of
+// different ordinals get disjoint parts of each range (maxOrdinals parts),
+// so an address names its device.
 const (
-	plainBase  = 1 << 40
-	plainLimit = 1 << 60
-	vaBase     = 1 << 60
-	vaLimit    = 1 << 63
+	plainBase   = 1 << 40
+	plainLimit  = 1 << 60
+	vaBase      = 1 << 60
+	vaLimit     = 1 << 63
+	maxOrdinals = 64
+	plainPart   = (plainLimit - plainBase) / maxOrdinals
+	vaPart      = (vaLimit - vaBase) / maxOrdinals
 )
 
 // Config configures a simulated device. Zero fields take the defaults.
@@ -33,20 +38,24 @@ type Config struct {
 	Capacity    uint64 // bytes of device memory; default 80 GiB
 	Granularity uint64 // VM granularity and Alloc rounding; power of two >= 4096; default 2 MiB
 	Name        string // Info().Name; default "sim"
+	Ordinal     int    // Info().Ordinal, 0 to 63; picks the device's part of the address space
 }
 
 // Device is a simulated GPU. It implements device.Device,
 // device.VirtualMemory, device.Events and device.Streams. Create one with New.
 type Device struct {
-	name string
-	cap  uint64
-	gran uint64
+	name    string
+	ordinal int
+	cap     uint64
+	gran    uint64
 
 	mu        sync.Mutex
 	used      uint64
 	shrunk    uint64
 	nextPlain uint64
 	nextVA    uint64
+	plainEnd  uint64        // the end of this device's part of the plain range
+	vaEnd     uint64        // and of the virtual range
 	nextH     device.Handle // last handle given out
 	nextE     device.Event  // last event given out
 
@@ -122,15 +131,22 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Capacity < g {
 		return nil, fmt.Errorf("sim: capacity %d is smaller than one granule (%d)", cfg.Capacity, g)
 	}
-	if cfg.Capacity > plainLimit-plainBase {
+	if cfg.Capacity > plainPart/2 {
 		return nil, fmt.Errorf("sim: capacity %d is too large", cfg.Capacity)
 	}
+	if cfg.Ordinal < 0 || cfg.Ordinal >= maxOrdinals {
+		return nil, fmt.Errorf("sim: ordinal %d: want 0 to %d", cfg.Ordinal, maxOrdinals-1)
+	}
+	o := uint64(cfg.Ordinal)
 	d := &Device{
 		name:      cfg.Name,
 		cap:       cfg.Capacity,
 		gran:      g,
-		nextPlain: plainBase,
-		nextVA:    vaBase,
+		ordinal:   cfg.Ordinal,
+		nextPlain: plainBase + o*plainPart,
+		plainEnd:  plainBase + (o+1)*plainPart,
+		nextVA:    vaBase + o*vaPart,
+		vaEnd:     vaBase + (o+1)*vaPart,
 		handles:   make(map[device.Handle]handleRec),
 		events:    make(map[device.Event]eventRec),
 		faults:    faults.New(faults.DeviceOps...),
@@ -150,7 +166,7 @@ func MustNew(cfg Config) *Device {
 
 // Info describes the device: its name, ordinal 0 and its capacity.
 func (d *Device) Info() device.Info {
-	return device.Info{Name: d.name, Ordinal: 0, Total: d.cap}
+	return device.Info{Name: d.name, Ordinal: d.ordinal, Total: d.cap}
 }
 
 // Granularity returns Config.Granularity.
@@ -209,7 +225,7 @@ func (d *Device) alloc(size uint64) (device.Ptr, error) {
 	}
 	rounded := roundUp(size, d.gran)
 	p := d.nextPlain
-	if rounded+d.gran > plainLimit-p {
+	if rounded+d.gran > d.plainEnd-p {
 		return 0, errf(device.ErrOutOfMemory, "simulated address space for plain allocations exhausted")
 	}
 	if err := d.charge(rounded); err != nil {

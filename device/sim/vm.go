@@ -61,11 +61,11 @@ func (d *Device) reserve(size, align uint64) (device.Ptr, error) {
 	if align < d.gran {
 		align = d.gran
 	}
-	if align > vaLimit-vaBase || size > vaLimit-vaBase {
+	if align > vaPart || size > vaPart {
 		return 0, errf(device.ErrOutOfMemory, "simulated virtual address space too small for size %#x, alignment %#x", size, align)
 	}
-	p := roundUp(d.nextVA, align) // nextVA, align <= 1<<60: no overflow
-	if p > vaLimit || size+d.gran > vaLimit-p {
+	p := roundUp(d.nextVA, align) // nextVA < 1<<63, align <= vaPart: no overflow
+	if p > d.vaEnd || size+d.gran > d.vaEnd-p {
 		return 0, errf(device.ErrOutOfMemory, "simulated virtual address space exhausted")
 	}
 	d.nextVA = p + size + d.gran

@@ -178,14 +178,15 @@ func TestReservationsNeverReusedOrAdjacent(t *testing.T) {
 	if r2 == r1+G {
 		t.Fatal("reservations are adjacent")
 	}
-	// Address space runs out eventually.
+	// Address space runs out eventually (a device has 1/64 of the
+	// virtual range, 2^57 bytes).
 	for i := 0; ; i++ {
-		if _, err := d.Reserve(1<<61, 0); err != nil {
+		if _, err := d.Reserve(1<<55, 0); err != nil {
 			wantErr(t, err, "sim.Reserve", device.ErrOutOfMemory, "exhausted")
 			break
 		}
 		if i > 4 {
-			t.Fatal("reserved more than 2^63 bytes")
+			t.Fatal("reserved more than 2^57 bytes")
 		}
 	}
 }
@@ -213,5 +214,26 @@ func TestAccessibleEdges(t *testing.T) {
 	must(t, d.SetAccess(r, 3*G)) // again, overlapping: fine
 	if !d.Accessible(r+G/2, 2*G) || d.Accessible(r, 3*G+1) {
 		t.Error("access after the second SetAccess")
+	}
+}
+
+// TestOrdinalsDisjoint: devices of different ordinals hand out addresses
+// from disjoint ranges, as under CUDA's unified addressing, so an address
+// names its device.
+func TestOrdinalsDisjoint(t *testing.T) {
+	d0 := MustNew(Config{Capacity: 1 << 30})
+	d1 := MustNew(Config{Capacity: 1 << 30, Ordinal: 1})
+	if d1.Info().Ordinal != 1 {
+		t.Errorf("Info().Ordinal = %d, want 1", d1.Info().Ordinal)
+	}
+	p0 := must1[device.Ptr](t)(d0.Alloc(G))
+	p1 := must1[device.Ptr](t)(d1.Alloc(G))
+	r0 := must1[device.Ptr](t)(d0.Reserve(G, 0))
+	r1 := must1[device.Ptr](t)(d1.Reserve(G, 0))
+	if p0 == p1 || r0 == r1 {
+		t.Errorf("two devices handed out the same address: plain %#x %#x, reserved %#x %#x", p0, p1, r0, r1)
+	}
+	if _, err := New(Config{Ordinal: 64}); err == nil {
+		t.Error("New with ordinal 64: no error")
 	}
 }
