@@ -1,0 +1,154 @@
+/* capi.c: the functions of gpumem.h. Each forwards to its Go side in
+ * export.go (gpumemGo_*), keeping gpumem.h's exact signature; this file also
+ * holds the per-thread last error and the PyTorch entry points. See
+ * main.go for the overview. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "_cgo_export.h"
+#include "internal.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* The calling thread's last failure. The message buffer is fixed so that
+ * recording a failure never allocates. */
+static __thread gpumem_status last_status;
+static __thread char last_msg[2048];
+static __thread gpumem_oom last_oom;
+
+void gpumem_set_error(gpumem_status status, const char *msg, size_t n, const gpumem_oom *oom) {
+	last_status = status;
+	if (n >= sizeof last_msg) n = sizeof last_msg - 1;
+	memcpy(last_msg, msg, n);
+	last_msg[n] = 0;
+	if (oom) last_oom = *oom;
+	else memset(&last_oom, 0, sizeof last_oom);
+}
+
+EXPORT const char *gpumem_last_error(void) { return last_msg; }
+EXPORT gpumem_status gpumem_last_status(void) { return last_status; }
+
+EXPORT gpumem_status gpumem_last_oom(gpumem_oom *out, size_t size) {
+	if (!out) return GPUMEM_ERROR_INVALID_VALUE;
+	memcpy(out, &last_oom, size < sizeof last_oom ? size : sizeof last_oom);
+	return GPUMEM_SUCCESS;
+}
+
+/* Call sites while recording: the callback, and how many recordings run
+ * (so that gpumem_alloc reads one atomic when none does). */
+static uint32_t (*_Atomic site_fn)(int);
+static atomic_int recordings;
+
+EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
+	uintptr_t p = 0;
+	uint32_t site = 0;
+	if (atomic_load_explicit(&recordings, memory_order_relaxed) > 0) {
+		uint32_t (*fn)(int) = atomic_load(&site_fn);
+		if (fn) site = fn(device);
+	}
+	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, site);
+	if (st != GPUMEM_SUCCESS && gpumem_torch_enabled())
+		gpumem_torch_raise(st, last_msg); /* does not return */
+	return (void *)p;
+}
+
+EXPORT void gpumem_free(void *ptr, size_t size, int device, void *stream) {
+	(void)size;
+	(void)stream;
+	if (gpumemGo_free((uintptr_t)ptr, device) != GPUMEM_SUCCESS) {
+		/* PyTorch frees from destructors: nothing may be thrown here. */
+		static atomic_int said;
+		if (atomic_exchange(&said, 1) == 0)
+			fprintf(stderr, "gpumem: %s (reported once)\n", last_msg);
+	}
+}
+
+EXPORT gpumem_status gpumem_allocate(void **ptr, size_t size, int device, void *stream) {
+	if (!ptr) return GPUMEM_ERROR_INVALID_VALUE;
+	uintptr_t p = 0;
+	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, 0);
+	*ptr = (void *)p;
+	return st;
+}
+
+EXPORT gpumem_status gpumem_deallocate(void *ptr, int device) {
+	return gpumemGo_free((uintptr_t)ptr, device);
+}
+
+EXPORT gpumem_status gpumem_record_stream(void *ptr, int device, void *stream) {
+	return gpumemGo_record_stream((uintptr_t)ptr, device, (uintptr_t)stream);
+}
+
+EXPORT gpumem_status gpumem_configure(const char *config) {
+	return gpumemGo_configure((char *)config);
+}
+
+EXPORT gpumem_status gpumem_set_limit(int device, uint64_t bytes) {
+	return gpumemGo_set_limit(device, bytes);
+}
+
+EXPORT gpumem_status gpumem_set_memory_fraction(int device, double fraction) {
+	return gpumemGo_set_memory_fraction(device, fraction);
+}
+
+EXPORT gpumem_status gpumem_trim(int device) { return gpumemGo_trim(device); }
+EXPORT gpumem_status gpumem_reset_peaks(int device) { return gpumemGo_reset_peaks(device); }
+
+EXPORT gpumem_status gpumem_get_stats(int device, gpumem_stats *out, size_t size) {
+	if (!out) return GPUMEM_ERROR_INVALID_VALUE;
+	gpumem_stats s;
+	memset(&s, 0, sizeof s);
+	gpumem_status st = gpumemGo_get_stats(device, &s);
+	memcpy(out, &s, size < sizeof s ? size : sizeof s);
+	return st;
+}
+
+EXPORT gpumem_status gpumem_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+	uint64_t f = 0, t = 0;
+	gpumem_status st = gpumemGo_mem_info(device, &f, &t);
+	if (free_bytes) *free_bytes = f;
+	if (total_bytes) *total_bytes = t;
+	return st;
+}
+
+EXPORT char *gpumem_snapshot_json(int device) { return gpumemGo_json(device, 0); }
+EXPORT char *gpumem_stats_json(int device) { return gpumemGo_json(device, 1); }
+EXPORT void gpumem_string_free(char *s) { free(s); }
+
+EXPORT gpumem_status gpumem_record_start(int device, const char *path) {
+	gpumem_status st = gpumemGo_record_start(device, (char *)path);
+	if (st == GPUMEM_SUCCESS) atomic_fetch_add(&recordings, 1);
+	return st;
+}
+
+EXPORT gpumem_status gpumem_record_stop(int device) {
+	gpumem_status st = gpumemGo_record_stop(device);
+	/* A recording that ended with a write error has still ended. */
+	if (st == GPUMEM_SUCCESS || st == GPUMEM_ERROR_IO) atomic_fetch_sub(&recordings, 1);
+	return st;
+}
+
+EXPORT gpumem_status gpumem_record_site(int device, uint32_t id, const char *text) {
+	return gpumemGo_record_site(device, id, (char *)text);
+}
+
+EXPORT gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device)) {
+	atomic_store(&site_fn, fn);
+	return GPUMEM_SUCCESS;
+}
+
+EXPORT const char *gpumem_status_name(gpumem_status s) {
+	static const char *names[] = {
+		"GPUMEM_SUCCESS", "GPUMEM_ERROR_OUT_OF_MEMORY", "GPUMEM_ERROR_INVALID_VALUE",
+		"GPUMEM_ERROR_INVALID_POINTER", "GPUMEM_ERROR_NO_DRIVER", "GPUMEM_ERROR_DEVICE",
+		"GPUMEM_ERROR_CONFIG", "GPUMEM_ERROR_CLOSED", "GPUMEM_ERROR_BUFFER_TOO_SMALL",
+		"GPUMEM_ERROR_INTERNAL", "GPUMEM_ERROR_IO",
+	};
+	if (s < 0 || (size_t)s >= sizeof names / sizeof names[0]) return "GPUMEM_ERROR_UNKNOWN";
+	return names[s];
+}
+
+EXPORT const char *gpumem_version(void) { return gpumemGo_version(); }
+EXPORT int gpumem_api_version(void) { return GPUMEM_API_VERSION; }

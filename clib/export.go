@@ -1,0 +1,236 @@
+package main
+
+// The Go side of gpumem.h: each gpumemGo_* function is called by its C
+// function in capi.c, converts, calls the host and converts back. On a
+// failure it records the thread's last error through gpumem_set_error and
+// returns the status.
+
+/*
+#cgo CFLAGS: -O2 -fexceptions -Wall
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "internal.h"
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"runtime/debug"
+	"sync"
+	"unsafe"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/internal/host"
+)
+
+// theHost is the process's host, made at the first call: GPUMEM_CONFIG is
+// read then (as the environment was when the library was loaded).
+var theHost = sync.OnceValue(func() *host.Host {
+	return host.New(os.Getenv("GPUMEM_CONFIG"), nil)
+})
+
+// fail records err as the calling thread's last error and returns its
+// status.
+func fail(err error, device C.int) C.gpumem_status {
+	st := host.Code(err)
+	msg := err.Error()
+	var oom *gpumem.OutOfMemoryError
+	if errors.As(err, &oom) {
+		v := C.gpumem_oom{
+			cause:        C.int(oomCause(oom.Cause)),
+			device:       device,
+			requested:    C.uint64_t(oom.Requested),
+			stream:       C.uint64_t(oom.Stream),
+			limit:        C.uint64_t(oom.Limit),
+			device_free:  C.uint64_t(oom.DeviceFree),
+			reserved:     C.uint64_t(oom.Reserved),
+			allocated:    C.uint64_t(oom.Allocated),
+			cached:       C.uint64_t(oom.Cached),
+			largest_free: C.uint64_t(oom.LargestFree),
+			would_fit:    C.uint64_t(oom.WouldFit),
+		}
+		C.gpumem_set_error(C.gpumem_status(st), (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)), &v)
+	} else {
+		C.gpumem_set_error(C.gpumem_status(st), (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)), nil)
+	}
+	return C.gpumem_status(st)
+}
+
+// oomCause numbers a cause as gpumem.h does (GPUMEM_OOM_*).
+func oomCause(c gpumem.Cause) int {
+	switch c {
+	case gpumem.CauseDevice:
+		return 1
+	case gpumem.CauseLimit, gpumem.CauseQuota:
+		return 2
+	case gpumem.CauseFragmentation:
+		return 3
+	}
+	return 0
+}
+
+func status(err error, device C.int) C.gpumem_status {
+	if err == nil {
+		return 0
+	}
+	return fail(err, device)
+}
+
+//export gpumemGo_alloc
+func gpumemGo_alloc(out *C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t, site C.uint32_t) C.gpumem_status {
+	p, err := theHost().Alloc(int(device), uint64(size), uint64(stream), uint32(site))
+	if err != nil {
+		return fail(err, device)
+	}
+	*out = C.uintptr_t(p)
+	return 0
+}
+
+//export gpumemGo_free
+func gpumemGo_free(ptr C.uintptr_t, device C.int) C.gpumem_status {
+	if err := theHost().Free(int(device), uint64(ptr)); err != nil {
+		return fail(err, device)
+	}
+	return 0
+}
+
+//export gpumemGo_record_stream
+func gpumemGo_record_stream(ptr C.uintptr_t, device C.int, stream C.uintptr_t) C.gpumem_status {
+	return status(theHost().RecordStream(int(device), uint64(ptr), uint64(stream)), device)
+}
+
+//export gpumemGo_configure
+func gpumemGo_configure(cfg *C.char) C.gpumem_status {
+	if cfg == nil {
+		return fail(host.ErrConfig, -1)
+	}
+	return status(theHost().Configure(C.GoString(cfg)), -1)
+}
+
+//export gpumemGo_set_limit
+func gpumemGo_set_limit(device C.int, n C.uint64_t) C.gpumem_status {
+	return status(theHost().SetLimit(int(device), uint64(n)), device)
+}
+
+//export gpumemGo_set_memory_fraction
+func gpumemGo_set_memory_fraction(device C.int, f C.double) C.gpumem_status {
+	return status(theHost().SetLimitFraction(int(device), float64(f)), device)
+}
+
+//export gpumemGo_trim
+func gpumemGo_trim(device C.int) C.gpumem_status {
+	return status(theHost().Trim(int(device)), device)
+}
+
+//export gpumemGo_reset_peaks
+func gpumemGo_reset_peaks(device C.int) C.gpumem_status {
+	theHost().ResetPeaks(int(device))
+	return 0
+}
+
+//export gpumemGo_get_stats
+func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
+	h := theHost()
+	s, err := h.Stats(int(device))
+	if err != nil {
+		return fail(err, device)
+	}
+	var limit uint64
+	if d, err := h.Device(int(device)); err == nil && s.Allocs > 0 {
+		limit = d.Alloc.Limit()
+	}
+	*out = C.gpumem_stats{
+		allocated: C.uint64_t(s.Allocated), peak_allocated: C.uint64_t(s.PeakAllocated),
+		active: C.uint64_t(s.Active), peak_active: C.uint64_t(s.PeakActive),
+		reserved: C.uint64_t(s.Reserved), peak_reserved: C.uint64_t(s.PeakReserved),
+		cached: C.uint64_t(s.Cached), releasable: C.uint64_t(s.Releasable),
+		largest_free: C.uint64_t(s.LargestFree), fragmentation: C.double(s.Fragmentation),
+		live_buffers: C.uint64_t(s.LiveBuffers), allocs: C.uint64_t(s.Allocs), frees: C.uint64_t(s.Frees),
+		device_calls: C.uint64_t(s.DeviceCalls()), ooms: C.uint64_t(s.OOMs), trims: C.uint64_t(s.Trims),
+		limit: C.uint64_t(limit),
+	}
+	return 0
+}
+
+//export gpumemGo_mem_info
+func gpumemGo_mem_info(device C.int, free, total *C.uint64_t) C.gpumem_status {
+	f, t, err := theHost().MemInfo(int(device))
+	if err != nil {
+		return fail(err, device)
+	}
+	*free, *total = C.uint64_t(f), C.uint64_t(t)
+	return 0
+}
+
+// gpumemGo_json returns device's snapshot (what 0) or stats (what 1) as a
+// JSON string in C memory, which the caller frees; NULL on failure.
+//
+//export gpumemGo_json
+func gpumemGo_json(device C.int, what C.int) *C.char {
+	h := theHost()
+	var v any
+	var err error
+	if what == 0 {
+		v, err = h.Snapshot(int(device))
+	} else {
+		var s gpumem.Stats
+		s, err = h.Stats(int(device))
+		v = s
+	}
+	if err != nil {
+		fail(err, device)
+		return nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		fail(err, device)
+		return nil
+	}
+	return C.CString(string(b))
+}
+
+//export gpumemGo_record_start
+func gpumemGo_record_start(device C.int, path *C.char) C.gpumem_status {
+	if path == nil {
+		return fail(errors.New("gpumem: record: no path"), device)
+	}
+	return status(theHost().StartRecording(int(device), C.GoString(path)), device)
+}
+
+//export gpumemGo_record_stop
+func gpumemGo_record_stop(device C.int) C.gpumem_status {
+	_, err := theHost().StopRecording(int(device))
+	return status(err, device)
+}
+
+//export gpumemGo_record_site
+func gpumemGo_record_site(device C.int, id C.uint32_t, text *C.char) C.gpumem_status {
+	if text == nil {
+		return fail(errors.New("gpumem: record site: no text"), device)
+	}
+	return status(theHost().DefineSite(int(device), uint32(id), C.GoString(text)), device)
+}
+
+var version = sync.OnceValue(func() *C.char {
+	v := "gpumem (devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		rev := ""
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				rev = s.Value[:12]
+			}
+		}
+		switch {
+		case bi.Main.Version != "" && bi.Main.Version != "(devel)":
+			v = "gpumem " + bi.Main.Version
+		case rev != "":
+			v = "gpumem (devel " + rev + ")"
+		}
+	}
+	return C.CString(v) // kept for the life of the process
+})
+
+//export gpumemGo_version
+func gpumemGo_version() *C.char { return version() }

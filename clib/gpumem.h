@@ -1,0 +1,214 @@
+/*
+ * gpumem.h: the C interface of gpumem, a GPU memory manager.
+ *
+ * libgpumem.so holds one allocator per CUDA device, made on the first call
+ * that names the device, on the device's primary context (the one the CUDA
+ * runtime, PyTorch and CuPy use, so pointers and streams are shared with
+ * them). It is configured by the environment variable GPUMEM_CONFIG and by
+ * gpumem_configure, both in the form
+ *
+ *     limit=40GiB,release_after=30s,mode=virtual
+ *
+ * (keys: device, capacity, mode, limit, preallocate, release_threshold,
+ * release_after, span_size, record_sites, check; see gpumem_configure).
+ *
+ * Conventions, after the CUDA driver's and SQLite's:
+ *   - Every function that can fail returns a gpumem_status; GPUMEM_SUCCESS
+ *     is 0. The two PyTorch entry points, which have no status by PyTorch's
+ *     contract, set it too.
+ *   - After a failure, gpumem_last_error() describes it in one line and
+ *     gpumem_last_status() repeats its status; after an out-of-memory,
+ *     gpumem_last_oom() gives the verdict (limit, device or fragmentation)
+ *     with the numbers. All three are per thread, and stay until the
+ *     thread's next failing call.
+ *   - Every function is safe to call from any thread at any time, unless
+ *     its comment says otherwise. The library never keeps a pointer the
+ *     caller passed in, and owns nothing the caller must free except the
+ *     strings documented so.
+ *   - Streams are CUDA streams (cudaStream_t or CUstream, the same handle);
+ *     0 is the default stream. Memory from an allocation on stream s is
+ *     valid for work on s; freeing it makes it reusable on s at once, and on
+ *     other streams only after the work of the streams recorded with
+ *     gpumem_record_stream.
+ *   - A device is a CUDA device ordinal as the runtime numbers it (after
+ *     CUDA_VISIBLE_DEVICES); -1 means "every device" where a function says
+ *     so.
+ *
+ * Build: go build -buildmode=c-shared -o libgpumem.so ./clib (see README).
+ */
+#ifndef GPUMEM_H
+#define GPUMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this interface; gpumem_version() returns the library's. */
+#define GPUMEM_API_VERSION 1
+
+typedef int gpumem_status;
+
+enum {
+	GPUMEM_SUCCESS = 0,
+	GPUMEM_ERROR_OUT_OF_MEMORY = 1,  /* see gpumem_last_oom */
+	GPUMEM_ERROR_INVALID_VALUE = 2,  /* a size of 0 or absurd, a bad device, a bad fraction */
+	GPUMEM_ERROR_INVALID_POINTER = 3,/* not allocated by gpumem, or freed already */
+	GPUMEM_ERROR_NO_DRIVER = 4,      /* libcuda.so.1 missing or unusable */
+	GPUMEM_ERROR_DEVICE = 5,         /* the CUDA driver failed */
+	GPUMEM_ERROR_CONFIG = 6,         /* a bad configuration, or a key that cannot change now */
+	GPUMEM_ERROR_CLOSED = 7,         /* the allocator was shut down */
+	GPUMEM_ERROR_BUFFER_TOO_SMALL = 8,
+	GPUMEM_ERROR_INTERNAL = 9,       /* a bug in gpumem: please report it with the message */
+	GPUMEM_ERROR_IO = 10             /* a file could not be read or written */
+};
+
+/* Why an allocation ran out of memory. */
+enum {
+	GPUMEM_OOM_NONE = 0,
+	GPUMEM_OOM_DEVICE = 1,        /* the GPU has no more memory to give */
+	GPUMEM_OOM_LIMIT = 2,         /* the configured limit is reached: live buffers + request > limit */
+	GPUMEM_OOM_FRAGMENTATION = 3  /* enough memory is held or allowed, but not in one usable piece */
+};
+
+/* The verdict of the calling thread's last out-of-memory. */
+typedef struct gpumem_oom {
+	int cause;             /* GPUMEM_OOM_* */
+	int device;
+	uint64_t requested;    /* bytes asked for */
+	uint64_t stream;
+	uint64_t limit;        /* the allocator's limit */
+	uint64_t device_free;  /* the driver's free memory at the failure */
+	uint64_t reserved;     /* bytes gpumem held from the driver */
+	uint64_t allocated;    /* bytes of live buffers */
+	uint64_t cached;       /* reserved - in use: held but free */
+	uint64_t largest_free; /* largest request that would have fit without growing */
+	uint64_t would_fit;    /* largest request that would have succeeded */
+} gpumem_oom;
+
+/* An allocator's numbers (see gpumem.Stats in the Go package). Gauges are
+ * bytes now; peaks since the start or gpumem_reset_peaks; counters only
+ * grow. reserved == active + cached. */
+typedef struct gpumem_stats {
+	uint64_t allocated, peak_allocated; /* bytes requested by live buffers */
+	uint64_t active, peak_active;       /* their blocks (requests rounded to 512 B) */
+	uint64_t reserved, peak_reserved;   /* bytes held from the driver */
+	uint64_t cached;                    /* reserved - active */
+	uint64_t releasable;                /* the part of cached gpumem_trim gives back */
+	uint64_t largest_free;              /* largest request served now without the driver */
+	double fragmentation;               /* 1 - largest_free / cached */
+	uint64_t live_buffers;
+	uint64_t allocs, frees;             /* successful allocations and frees */
+	uint64_t device_calls;              /* memory-management calls made to the driver */
+	uint64_t ooms, trims;
+	uint64_t limit;                     /* the allocator's limit */
+} gpumem_stats;
+
+/* --- PyTorch's CUDAPluggableAllocator entry points ------------------------
+ * torch.cuda.memory.CUDAPluggableAllocator("libgpumem.so", "gpumem_alloc",
+ * "gpumem_free"); the Python package (gpumem.torch.use) does this and more.
+ *
+ * gpumem_alloc returns size bytes on device for work on stream; NULL for
+ * size 0. On failure it returns NULL and sets the last error, unless
+ * gpumem_torch_errors enabled PyTorch's exceptions: then it raises
+ * torch.cuda.OutOfMemoryError (c10::OutOfMemoryError) with gpumem's verdict,
+ * or RuntimeError for other failures, as PyTorch's own allocator does.
+ * gpumem_free frees what gpumem_alloc returned (NULL is a no-op); size,
+ * device and stream are PyTorch's record of the allocation and may be left
+ * 0: the pointer alone identifies the buffer. A pointer gpumem did not hand
+ * out is reported once on stderr and otherwise ignored. */
+void *gpumem_alloc(size_t size, int device, void *stream);
+void gpumem_free(void *ptr, size_t size, int device, void *stream);
+
+/* --- Allocation with a status -------------------------------------------- */
+
+/* Allocates size bytes on device for work on stream into *ptr (NULL for
+ * size 0). */
+gpumem_status gpumem_allocate(void **ptr, size_t size, int device, void *stream);
+/* Frees ptr (NULL: nothing). device may be -1 when unknown. A pointer not
+ * allocated by gpumem, or freed already: GPUMEM_ERROR_INVALID_POINTER, and
+ * nothing changes. */
+gpumem_status gpumem_deallocate(void *ptr, int device);
+/* ptr (from gpumem) is also used by work on stream: after its free, its
+ * memory is reused only once that stream's work up to the free is done
+ * (torch.Tensor.record_stream). */
+gpumem_status gpumem_record_stream(void *ptr, int device, void *stream);
+
+/* --- Control --------------------------------------------------------------- */
+
+/* Applies a configuration string on top of GPUMEM_CONFIG and earlier calls.
+ * Before the first allocation every key may change; after it, only limit. */
+gpumem_status gpumem_configure(const char *config);
+/* Caps the bytes held on device (0: the whole device). Lowering it below
+ * what is held first gives the cache back. */
+gpumem_status gpumem_set_limit(int device, uint64_t bytes);
+/* The same as a fraction (0 < fraction <= 1) of the device's memory. */
+gpumem_status gpumem_set_memory_fraction(int device, double fraction);
+/* Gives every unused byte of device (-1: every device) back to the driver. */
+gpumem_status gpumem_trim(int device);
+/* Starts the peaks over from the current gauges (-1: every device). */
+gpumem_status gpumem_reset_peaks(int device);
+
+/* --- Observation ----------------------------------------------------------- */
+
+/* Fills *out (size: sizeof(gpumem_stats), for compatibility with later
+ * versions that add fields). Zeros for a device not used yet. */
+gpumem_status gpumem_get_stats(int device, gpumem_stats *out, size_t size);
+/* Memory as a program on gpumem should see it: *total is the limit, *free
+ * what could still be allocated (the cache plus what the driver can still
+ * give within the limit). */
+gpumem_status gpumem_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
+/* The allocator's state as JSON: segments, spans and blocks (snapshot), or
+ * the statistics with every field (stats). The string is the caller's, to
+ * free with gpumem_string_free; NULL on failure (see gpumem_last_error). */
+char *gpumem_snapshot_json(int device);
+char *gpumem_stats_json(int device);
+void gpumem_string_free(char *s);
+
+/* --- Recording -------------------------------------------------------------- */
+
+/* Starts writing device's allocations and frees to a gpumem trace at path
+ * (gzip-compressed if it ends in .gz), for gpumem replay. */
+gpumem_status gpumem_record_start(int device, const char *path);
+/* Ends the recording and completes the file. */
+gpumem_status gpumem_record_stop(int device);
+/* Names call site id (>= 1) as text ("function file:line < caller ..."). */
+gpumem_status gpumem_record_site(int device, uint32_t id, const char *text);
+/* While a recording runs, gpumem_alloc calls fn (on the allocating thread)
+ * for the call site of each allocation; fn returns a site defined with
+ * gpumem_record_site, or 0. NULL removes it. */
+gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device));
+
+/* --- Errors --------------------------------------------------------------- */
+
+/* The calling thread's last failure: a one-line message (never NULL; ""
+ * when none), its status, and for GPUMEM_ERROR_OUT_OF_MEMORY the verdict
+ * (*out filled with size bytes; GPUMEM_OOM_NONE when the last failure was
+ * not an out-of-memory). The message is valid until the thread's next
+ * failing call. */
+const char *gpumem_last_error(void);
+gpumem_status gpumem_last_status(void);
+gpumem_status gpumem_last_oom(gpumem_oom *out, size_t size);
+/* The name of a status: "GPUMEM_ERROR_OUT_OF_MEMORY". */
+const char *gpumem_status_name(gpumem_status s);
+
+/* Makes gpumem_alloc raise PyTorch's exceptions instead of returning NULL.
+ * c10 and c10_cuda are the paths of PyTorch's libc10.so and libc10_cuda.so,
+ * already loaded (torch imported). Returns GPUMEM_SUCCESS, or
+ * GPUMEM_ERROR_CONFIG if this PyTorch does not have the symbols needed
+ * (gpumem_alloc then keeps returning NULL on failure). Call once, before
+ * the first allocation. */
+gpumem_status gpumem_torch_errors(const char *c10, const char *c10_cuda);
+
+/* The library's version as a string ("gpumem v0.3.0" or a development
+ * revision) and its interface version (GPUMEM_API_VERSION). */
+const char *gpumem_version(void);
+int gpumem_api_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUMEM_H */

@@ -1,0 +1,18 @@
+/* internal.h: what the C files of libgpumem share with each other and with
+ * the Go side (export.go). Not installed: users include gpumem.h. */
+#ifndef GPUMEM_INTERNAL_H
+#define GPUMEM_INTERNAL_H
+
+#include "gpumem.h"
+
+/* Records the calling thread's last failure (capi.c): status, message (n
+ * bytes, not NUL-terminated, copied) and, for an out-of-memory, the verdict
+ * (copied; NULL otherwise). Called by the Go side on every failure. */
+void gpumem_set_error(gpumem_status status, const char *msg, size_t n, const gpumem_oom *oom);
+
+/* torch_errors.c: whether PyTorch's exceptions were enabled, and the raise
+ * itself, which does not return. */
+int gpumem_torch_enabled(void);
+void gpumem_torch_raise(gpumem_status status, const char *msg);
+
+#endif

@@ -1,0 +1,395 @@
+// Package host runs gpumem inside another program: the C library libgpumem
+// (clib/), which PyTorch, CuPy and the preload shim load, keeps one Host per
+// process. A Host holds one allocator per device, made on the first call
+// that names the device, configured from a configuration string (see
+// Config: GPUMEM_CONFIG, or Configure), and finds buffers by address, since
+// a C caller frees by pointer alone (table.go). Everything here is plain Go,
+// tested without cgo; the C boundary in clib/ only converts.
+//
+// Concurrency: every method is safe for concurrent use. The hot pair,
+// Alloc and Free, takes no Host-wide lock: the device is found by an atomic
+// load, the buffer by one table shard's lock, and the allocator's own
+// per-stream locks do the rest.
+package host
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/cuda"
+	"github.com/gpumem/gpumem/device/sim"
+)
+
+// MaxDevices bounds the device ordinals a Host serves.
+const MaxDevices = 64
+
+// OpenFunc opens the device with the given ordinal for an allocator and
+// returns it with the function that closes it.
+type OpenFunc func(ordinal int, cfg Config) (device.Device, func() error, error)
+
+// Host is the process-wide set of allocators of a program that hosts
+// gpumem. The zero value is not usable: call New.
+type Host struct {
+	open OpenFunc
+
+	mu      sync.Mutex // guards cfg, cfgErr and the making of devices
+	cfg     Config
+	cfgErr  error // the environment's configuration was bad: every call fails with it
+	started bool  // a device exists: only the limit may still change
+
+	devs [MaxDevices]atomic.Pointer[Device]
+}
+
+// Device is one device's allocator and what the host keeps beside it.
+type Device struct {
+	Ordinal int
+	Alloc   *gpumem.Allocator
+	dev     device.Device
+	closeFn func() error
+	tab     table
+	rec     atomic.Pointer[recorder] // nil unless recording
+}
+
+// New makes a Host whose configuration is env (the value of GPUMEM_CONFIG;
+// "" for the defaults), opening devices with open (nil: OpenDevice). A bad
+// env is not an error here: it is returned, naming GPUMEM_CONFIG, by every
+// call that needs a device, so that the host program sees it where it
+// first uses gpumem.
+func New(env string, open OpenFunc) *Host {
+	if open == nil {
+		open = OpenDevice
+	}
+	h := &Host{open: open}
+	cfg, err := ParseConfig(env)
+	if err != nil {
+		h.cfgErr = fmt.Errorf("GPUMEM_CONFIG=%q: %w", env, err)
+	}
+	h.cfg = cfg
+	return h
+}
+
+// OpenDevice opens the CUDA device with the given ordinal, or a simulated
+// device when the configuration says device=sim.
+func OpenDevice(ordinal int, cfg Config) (device.Device, func() error, error) {
+	if cfg.Sim {
+		d, err := sim.New(sim.Config{Capacity: cfg.SimCapacity, Name: fmt.Sprintf("sim%d", ordinal), Ordinal: ordinal})
+		if err != nil {
+			return nil, nil, err
+		}
+		return d, func() error { return nil }, nil
+	}
+	d, err := cuda.Open(ordinal)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, d.Close, nil
+}
+
+// Configure applies a configuration string on top of the current one (keys
+// it does not name keep their values). Before any device is in use every
+// key may change; after, only the limit, which is then applied to every
+// device at once (gpumem.Allocator.SetLimit).
+func (h *Host) Configure(s string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cfgErr != nil {
+		return h.cfgErr
+	}
+	next := h.cfg
+	keys, err := next.apply(s)
+	if err != nil {
+		return err
+	}
+	if !h.started {
+		h.cfg = next
+		return nil
+	}
+	for _, k := range keys {
+		if k != "limit" {
+			return fmt.Errorf("%w: %s cannot change once a device is in use (only limit can)", ErrConfig, k)
+		}
+	}
+	h.cfg = next
+	var errs []error
+	for i := range h.devs {
+		if d := h.devs[i].Load(); d != nil {
+			errs = append(errs, d.Alloc.SetLimit(next.limitFor(d.dev.Info().Total)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Config returns the current configuration.
+func (h *Host) Config() Config {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cfg
+}
+
+// Device returns the device with the given ordinal, making its allocator on
+// first use.
+func (h *Host) Device(ordinal int) (*Device, error) {
+	if ordinal < 0 || ordinal >= MaxDevices {
+		return nil, fmt.Errorf("%w: device %d: want 0 to %d", ErrInvalidDevice, ordinal, MaxDevices-1)
+	}
+	if d := h.devs[ordinal].Load(); d != nil {
+		return d, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if d := h.devs[ordinal].Load(); d != nil {
+		return d, nil
+	}
+	if h.cfgErr != nil {
+		return nil, h.cfgErr
+	}
+	dev, closeFn, err := h.open(ordinal, h.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("gpumem: device %d: %w", ordinal, err)
+	}
+	cfg := h.cfg.Alloc
+	cfg.Limit = h.cfg.limitFor(dev.Info().Total)
+	a, err := gpumem.New(dev, cfg)
+	if err != nil {
+		closeFn()
+		return nil, fmt.Errorf("gpumem: device %d: %w", ordinal, err)
+	}
+	d := &Device{Ordinal: ordinal, Alloc: a, dev: dev, closeFn: closeFn}
+	h.devs[ordinal].Store(d)
+	h.started = true
+	return d, nil
+}
+
+// existing returns the device if its allocator has been made, else nil.
+func (h *Host) existing(ordinal int) *Device {
+	if ordinal < 0 || ordinal >= MaxDevices {
+		return nil
+	}
+	return h.devs[ordinal].Load()
+}
+
+// Devices lists the devices in use, by ordinal.
+func (h *Host) Devices() []*Device {
+	var out []*Device
+	for i := range h.devs {
+		if d := h.devs[i].Load(); d != nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// ErrInvalidDevice: a device ordinal out of range.
+var ErrInvalidDevice = errors.New("gpumem: invalid device")
+
+// Alloc allocates size bytes on device ordinal for work on stream. A size
+// of 0 returns address 0 and no error: there is nothing to allocate, as
+// with PyTorch's own allocator. site is the call site of the request when
+// recording (0: none).
+func (h *Host) Alloc(ordinal int, size, stream uint64, site uint32) (uint64, error) {
+	if size == 0 {
+		return 0, nil
+	}
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return 0, err
+	}
+	buf, err := d.Alloc.Alloc(size, device.Stream(stream))
+	if err != nil {
+		return 0, err
+	}
+	e := entry{buf: buf}
+	if r := d.rec.Load(); r != nil {
+		e.rec, e.recGen = r.alloc(size, stream, site), r.gen
+	}
+	ptr := uint64(buf.Ptr())
+	if !d.tab.put(ptr, e) {
+		// The allocator handed out a live address twice: its books are
+		// wrong. Refuse rather than corrupt the host's memory.
+		return 0, fmt.Errorf("gpumem: internal error: address %#x handed out while still live on device %d", ptr, ordinal)
+	}
+	return ptr, nil
+}
+
+// Free frees the buffer at ptr on device ordinal (-1: whichever device
+// holds it). Address 0 is a no-op. An address gpumem did not hand out, or
+// already freed, is an error matching gpumem.ErrForeign, and nothing
+// changes.
+func (h *Host) Free(ordinal int, ptr uint64) error {
+	if ptr == 0 {
+		return nil
+	}
+	d, e, err := h.take(ordinal, ptr)
+	if err != nil {
+		return err
+	}
+	if r := d.rec.Load(); r != nil && e.rec != 0 && e.recGen == r.gen {
+		r.free(e.rec - 1)
+	}
+	return d.Alloc.Free(e.buf)
+}
+
+func (h *Host) take(ordinal int, ptr uint64) (*Device, entry, error) {
+	if ordinal >= 0 {
+		if d := h.existing(ordinal); d != nil {
+			if e, ok := d.tab.take(ptr); ok {
+				return d, e, nil
+			}
+		}
+	} else {
+		for _, d := range h.Devices() {
+			if e, ok := d.tab.take(ptr); ok {
+				return d, e, nil
+			}
+		}
+	}
+	return nil, entry{}, foreign("Free", ordinal, ptr)
+}
+
+func foreign(op string, ordinal int, ptr uint64) error {
+	where := fmt.Sprintf("on device %d", ordinal)
+	if ordinal < 0 {
+		where = "on any device"
+	}
+	return &gpumem.BufferError{Op: op, Ptr: ptr, Err: gpumem.ErrForeign,
+		Why: "gpumem did not allocate this address " + where + ", or it was freed already"}
+}
+
+// RecordStream tells the allocator that the buffer at ptr is also used by
+// work on stream (torch.Tensor.record_stream): its memory is reused only
+// after that work.
+func (h *Host) RecordStream(ordinal int, ptr, stream uint64) error {
+	for _, d := range h.Devices() {
+		if ordinal >= 0 && d.Ordinal != ordinal {
+			continue
+		}
+		if e, ok := d.tab.get(ptr); ok {
+			return d.Alloc.RecordStream(e.buf, device.Stream(stream))
+		}
+	}
+	return foreign("RecordStream", ordinal, ptr)
+}
+
+// Trim returns every cached byte of device ordinal (-1: of every device)
+// to the driver.
+func (h *Host) Trim(ordinal int) error {
+	var errs []error
+	for _, d := range h.Devices() {
+		if ordinal < 0 || d.Ordinal == ordinal {
+			errs = append(errs, d.Alloc.Trim())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// SetLimit caps the memory device ordinal's allocator holds (0: the
+// device's capacity), making the allocator if it does not exist yet.
+func (h *Host) SetLimit(ordinal int, n uint64) error {
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return err
+	}
+	return d.Alloc.SetLimit(n)
+}
+
+// SetLimitFraction caps device ordinal's memory at a fraction of its total
+// (torch.cuda.set_per_process_memory_fraction).
+func (h *Host) SetLimitFraction(ordinal int, f float64) error {
+	if !(f > 0 && f <= 1) {
+		return fmt.Errorf("%w: memory fraction %v: want more than 0 and at most 1", ErrConfig, f)
+	}
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return err
+	}
+	return d.Alloc.SetLimit(uint64(f * float64(d.dev.Info().Total)))
+}
+
+// Stats returns device ordinal's statistics; zeros (and no error) if
+// nothing was allocated on it yet.
+func (h *Host) Stats(ordinal int) (gpumem.Stats, error) {
+	if ordinal < 0 || ordinal >= MaxDevices {
+		return gpumem.Stats{}, fmt.Errorf("%w: device %d: want 0 to %d", ErrInvalidDevice, ordinal, MaxDevices-1)
+	}
+	if d := h.existing(ordinal); d != nil {
+		return d.Alloc.Stats(), nil
+	}
+	return gpumem.Stats{}, nil
+}
+
+// ResetPeaks starts device ordinal's peaks over (-1: every device's).
+func (h *Host) ResetPeaks(ordinal int) {
+	for _, d := range h.Devices() {
+		if ordinal < 0 || d.Ordinal == ordinal {
+			d.Alloc.ResetPeaks()
+		}
+	}
+}
+
+// Snapshot returns device ordinal's allocator snapshot as JSON (an empty
+// allocator's if nothing was allocated on it yet).
+func (h *Host) Snapshot(ordinal int) (gpumem.Snapshot, error) {
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return gpumem.Snapshot{}, err
+	}
+	return d.Alloc.Snapshot(), nil
+}
+
+// MemInfo reports device ordinal's memory as a program running on gpumem
+// should see it (what cuMemGetInfo and torch.cuda.mem_get_info answer under
+// gpumem): total is the allocator's limit, and free what the program could
+// still allocate: the cache, plus what may still be taken from the device
+// within the limit.
+func (h *Host) MemInfo(ordinal int) (free, total uint64, err error) {
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return 0, 0, err
+	}
+	devFree, _, err := d.dev.MemInfo()
+	if err != nil {
+		return 0, 0, err
+	}
+	st := d.Alloc.Stats()
+	total = d.Alloc.Limit()
+	var room uint64
+	if total > st.Reserved {
+		room = min(total-st.Reserved, devFree)
+	}
+	return st.Cached + room, total, nil
+}
+
+// Live counts the buffers the host knows by address on device ordinal.
+func (h *Host) Live(ordinal int) int {
+	if d := h.existing(ordinal); d != nil {
+		return d.tab.len()
+	}
+	return 0
+}
+
+// Close stops recordings and closes every allocator and device. Buffers
+// still live are freed (an allocator's Close reports them).
+func (h *Host) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var errs []error
+	for i := range h.devs {
+		d := h.devs[i].Swap(nil)
+		if d == nil {
+			continue
+		}
+		if r := d.rec.Swap(nil); r != nil {
+			errs = append(errs, r.close())
+		}
+		if err := d.Alloc.Close(); err != nil && !errors.Is(err, gpumem.ErrLeak) {
+			errs = append(errs, err)
+		}
+		errs = append(errs, d.closeFn())
+	}
+	h.started = false
+	return errors.Join(errs...)
+}

@@ -1,0 +1,306 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+)
+
+const (
+	miB = 1 << 20
+	giB = 1 << 30
+)
+
+func newSimHost(t *testing.T, cfg string) *Host {
+	t.Helper()
+	h := New("device=sim,capacity=4GiB,check=true,"+cfg, nil)
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func TestParseConfig(t *testing.T) {
+	c, err := ParseConfig(" limit=40GiB , release_after=30s,mode=virtual,span_size=32MiB,record_sites=true,release_threshold=1GiB,preallocate=2GiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Alloc
+	if a.Limit != 40*giB || a.IdleRelease.Seconds() != 30 || a.Mode != gpumem.ModeVirtual || a.SpanSize != 32*miB ||
+		!a.RecordSites || a.ReleaseThreshold != giB || a.Preallocate != 2*giB || c.Sim {
+		t.Errorf("parsed %+v", c)
+	}
+	c, err = ParseConfig("device=sim,capacity=24GiB,limit=50%")
+	if err != nil || !c.Sim || c.SimCapacity != 24*giB || c.limitFor(24*giB) != 12*giB {
+		t.Errorf("device=sim,capacity=24GiB,limit=50%%: %+v, %v", c, err)
+	}
+	if c, err := ParseConfig(""); err != nil || c.Sim || c.Alloc != (gpumem.Config{}) {
+		t.Errorf("empty config: %+v, %v", c, err)
+	}
+	for _, bad := range []struct{ in, says string }{
+		{"limit", "want key=value"},
+		{"limit=lots", "limit=lots"},
+		{"limit=0%", "percentage"},
+		{"limit=150%", "percentage"},
+		{"limit=1GiB,limit=2GiB", "limit given twice"},
+		{"colour=blue", "unknown key"},
+		{"device=tpu", "want cuda or sim"},
+		{"capacity=8GiB", "device=sim"},
+		{"release_after=-1s", "negative"},
+		{"release_after=soon", "release_after"},
+		{"mode=magic", "unknown mode"},
+		{"check=maybe", "check=maybe"},
+		{"device=sim,capacity=0", "more than 0"},
+	} {
+		_, err := ParseConfig(bad.in)
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("ParseConfig(%q) = %v, want an ErrConfig saying %q", bad.in, err, bad.says)
+		}
+	}
+}
+
+func TestAllocFree(t *testing.T) {
+	h := newSimHost(t, "")
+	p, err := h.Alloc(0, 3*miB, 7, 0)
+	if err != nil || p == 0 {
+		t.Fatalf("Alloc: %#x, %v", p, err)
+	}
+	if n := h.Live(0); n != 1 {
+		t.Errorf("%d live buffers, want 1", n)
+	}
+	st, _ := h.Stats(0)
+	if st.Allocated != 3*miB || st.Streams != 1 {
+		t.Errorf("stats after Alloc: %d allocated on %d streams", st.Allocated, st.Streams)
+	}
+	if err := h.RecordStream(0, p, 9); err != nil {
+		t.Errorf("RecordStream: %v", err)
+	}
+	if err := h.Free(0, p); err != nil {
+		t.Fatalf("Free: %v", err)
+	}
+	// A double free and a foreign pointer change nothing and say so.
+	for _, ptr := range []uint64{p, 0xdead000} {
+		err := h.Free(0, ptr)
+		if !errors.Is(err, gpumem.ErrForeign) || Code(err) != StatusInvalidPointer || !strings.Contains(err.Error(), fmt.Sprintf("%#x", ptr)) {
+			t.Errorf("Free(%#x) again: %v (status %d), want an invalid pointer naming it", ptr, err, Code(err))
+		}
+	}
+	if err := h.Free(-1, 0xdead000); !strings.Contains(fmt.Sprint(err), "on any device") {
+		t.Errorf("Free(-1, foreign) = %v", err)
+	}
+	if err := h.RecordStream(0, p, 9); Code(err) != StatusInvalidPointer {
+		t.Errorf("RecordStream of a freed pointer: %v", err)
+	}
+	// Size 0 and pointer 0 are no-ops, as in PyTorch's allocator.
+	if p, err := h.Alloc(0, 0, 0, 0); p != 0 || err != nil {
+		t.Errorf("Alloc(0) = %#x, %v", p, err)
+	}
+	if err := h.Free(0, 0); err != nil {
+		t.Errorf("Free(0) = %v", err)
+	}
+	// Device ordinals out of range.
+	for _, d := range []int{-1, MaxDevices} {
+		if _, err := h.Alloc(d, miB, 0, 0); Code(err) != StatusInvalidValue {
+			t.Errorf("Alloc on device %d: %v", d, err)
+		}
+	}
+	// An absurd size is invalid, not an out-of-memory.
+	if _, err := h.Alloc(0, 1<<62, 0, 0); Code(err) != StatusInvalidValue {
+		t.Errorf("Alloc(2^62): %v (status %d)", err, Code(err))
+	}
+	// Free on whichever device holds the buffer.
+	q, err := h.Alloc(1, miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Free(0, q); Code(err) != StatusInvalidPointer {
+		t.Errorf("Free of device 1's buffer on device 0: %v", err)
+	}
+	if err := h.Free(-1, q); err != nil {
+		t.Errorf("Free(-1) of device 1's buffer: %v", err)
+	}
+	if len(h.Devices()) != 2 {
+		t.Errorf("%d devices, want 2", len(h.Devices()))
+	}
+}
+
+func TestOutOfMemoryStatus(t *testing.T) {
+	h := newSimHost(t, "limit=256MiB")
+	p, err := h.Alloc(0, 200*miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.Alloc(0, 100*miB, 0, 0)
+	var oom *gpumem.OutOfMemoryError
+	if Code(err) != StatusOutOfMemory || !errors.As(err, &oom) || oom.Cause != gpumem.CauseLimit {
+		t.Fatalf("Alloc over the limit: %v", err)
+	}
+	_ = h.Free(0, p)
+}
+
+func TestConfigure(t *testing.T) {
+	h := newSimHost(t, "")
+	if err := h.Configure("limit=1GiB,release_threshold=64MiB"); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.Config(); c.Alloc.Limit != giB || c.Alloc.ReleaseThreshold != 64*miB || !c.Sim {
+		t.Errorf("after Configure: %+v", c)
+	}
+	p, err := h.Alloc(0, miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := h.Device(0)
+	if d.Alloc.Limit() != giB {
+		t.Errorf("limit %d, want the configured 1 GiB", d.Alloc.Limit())
+	}
+	// Once a device is in use only the limit changes, on every device.
+	if err := h.Configure("mode=plain"); Code(err) != StatusConfig || !strings.Contains(err.Error(), "mode cannot change") {
+		t.Errorf("Configure(mode) after use: %v", err)
+	}
+	if err := h.Configure("limit=50%"); err != nil {
+		t.Fatal(err)
+	}
+	if d.Alloc.Limit() != 2*giB {
+		t.Errorf("limit %d after limit=50%% of 4 GiB", d.Alloc.Limit())
+	}
+	if err := h.Configure("limit=fast"); Code(err) != StatusConfig {
+		t.Errorf("Configure(limit=fast): %v", err)
+	}
+	_ = h.Free(0, p)
+}
+
+func TestBadEnvironment(t *testing.T) {
+	h := New("limit=lots", nil)
+	_, err := h.Alloc(0, miB, 0, 0)
+	if Code(err) != StatusConfig || !strings.Contains(err.Error(), "GPUMEM_CONFIG") {
+		t.Errorf("Alloc with a bad GPUMEM_CONFIG: %v", err)
+	}
+	if err := h.Configure("limit=1GiB"); Code(err) != StatusConfig {
+		t.Errorf("Configure after a bad environment: %v", err)
+	}
+}
+
+func TestNoDriver(t *testing.T) {
+	h := New("", func(int, Config) (device.Device, func() error, error) {
+		return nil, nil, fmt.Errorf("libcuda.so.1 not found: %w", device.ErrNoDriver)
+	})
+	_, err := h.Alloc(0, miB, 0, 0)
+	if Code(err) != StatusNoDriver {
+		t.Errorf("Alloc without a driver: %v (status %d)", err, Code(err))
+	}
+}
+
+func TestLimitAndTrim(t *testing.T) {
+	h := newSimHost(t, "")
+	p, err := h.Alloc(0, 512*miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = h.Free(0, p)
+	if st, _ := h.Stats(0); st.Reserved < 512*miB {
+		t.Fatalf("reserved %d after a free, want the cache kept", st.Reserved)
+	}
+	free, total, err := h.MemInfo(0)
+	if err != nil || total != 4*giB || free != 4*giB {
+		t.Errorf("MemInfo with everything cached: free %d, total %d, %v; want 4 GiB of 4", free, total, err)
+	}
+	if err := h.Trim(-1); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := h.Stats(0); st.Reserved != 0 {
+		t.Errorf("reserved %d after Trim", st.Reserved)
+	}
+	if err := h.SetLimitFraction(0, 0.25); err != nil {
+		t.Fatal(err)
+	}
+	if _, total, _ := h.MemInfo(0); total != giB {
+		t.Errorf("MemInfo total %d after a fraction of 0.25 of 4 GiB", total)
+	}
+	if err := h.SetLimitFraction(0, 1.5); Code(err) != StatusConfig {
+		t.Errorf("SetLimitFraction(1.5): %v", err)
+	}
+	if err := h.SetLimit(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	h.ResetPeaks(-1)
+	if st, _ := h.Stats(0); st.PeakReserved != 0 {
+		t.Errorf("peak reserved %d after ResetPeaks with nothing held", st.PeakReserved)
+	}
+	if st, err := h.Stats(5); err != nil || st.Allocs != 0 {
+		t.Errorf("Stats of an unused device: %+v, %v", st, err)
+	}
+}
+
+// TestConcurrent: many threads on several streams and two devices, each
+// freeing what it allocated, some freeing by pointer alone; run with -race.
+func TestConcurrent(t *testing.T) {
+	h := newSimHost(t, "")
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev, stream := g%2, uint64(g%3)
+			var live []uint64
+			for i := range 3000 {
+				if len(live) < 32 && (i%3 != 2 || len(live) == 0) {
+					p, err := h.Alloc(dev, uint64(i%17+1)*64*1024, stream, 0)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					live = append(live, p)
+					continue
+				}
+				ordinal := dev
+				if i%5 == 0 {
+					ordinal = -1
+				}
+				if err := h.Free(ordinal, live[0]); err != nil {
+					t.Error(err)
+					return
+				}
+				live = live[1:]
+			}
+			for _, p := range live {
+				if err := h.Free(dev, p); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for d := range 2 {
+		if n := h.Live(d); n != 0 {
+			t.Errorf("device %d: %d buffers left", d, n)
+		}
+		st, _ := h.Stats(d)
+		if st.Allocated != 0 || st.Allocs != st.Frees {
+			t.Errorf("device %d: %d bytes allocated, %d allocs, %d frees", d, st.Allocated, st.Allocs, st.Frees)
+		}
+	}
+}
+
+// BenchmarkHostAllocFree is the Go side of a C alloc+free pair: the table
+// and the allocator's cache hit, without the C-to-Go crossing.
+func BenchmarkHostAllocFree(b *testing.B) {
+	h := New("device=sim", nil)
+	defer h.Close()
+	if _, err := h.Device(0); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := h.Alloc(0, 4096, 0, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h.Free(0, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
