@@ -139,3 +139,29 @@ func TestHopelessRequestTakesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestGrowthToTheLimit: a block that fits exactly under the limit is
+// served, in a grown allocator too, whose growth at the frontier otherwise
+// maps chunks ahead of the block (found by the Python tests: the error's
+// WouldFit was refused).
+func TestGrowthToTheLimit(t *testing.T) {
+	a := newAlloc(t, newSim(4<<30), gpumem.Config{Limit: 1 << 30})
+	keep, err := a.Alloc(700*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Alloc(600*miB, 0)
+	var oom *gpumem.OutOfMemoryError
+	if !errors.As(err, &oom) {
+		t.Fatalf("Alloc over the limit: %v", err)
+	}
+	b, err := a.Alloc(oom.WouldFit, 0)
+	if err != nil {
+		t.Fatalf("Alloc(WouldFit = %d) with 700 MiB of 1 GiB live: %v", oom.WouldFit, err)
+	}
+	if st := a.Stats(); st.Reserved > 1<<30 {
+		t.Errorf("reserved %d over the limit", st.Reserved)
+	}
+	_ = a.Free(b)
+	_ = a.Free(keep)
+}

@@ -428,8 +428,16 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 		r1++
 	}
 	if grown && r1 == c1+1 && r1 > int(seg.hiSpan) {
-		// Past hiSpan every chunk is unmapped and holds nothing.
-		for r1 < len(ch) && r1-i < a.spanChunks {
+		// Past hiSpan every chunk is unmapped and holds nothing. The
+		// chunks ahead are a bet on the next requests: never let them
+		// push the span over the limit and fail a block that fits.
+		ahead := a.spanChunks
+		if l, r := a.limit.Load(), a.reserved.Load(); l > r {
+			ahead = min(ahead, int((l-r)/a.gran))
+		} else {
+			ahead = 0
+		}
+		for r1 < len(ch) && r1-i < ahead {
 			r1++
 		}
 	}
