@@ -2,6 +2,7 @@
  * export.go (gpumemGo_*), keeping gpumem.h's exact signature; this file also
  * holds the per-thread last error and the PyTorch entry points. See
  * main.go for the overview. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,27 +13,64 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* The calling thread's last failure. The message buffer is fixed so that
- * recording a failure never allocates. */
-static __thread gpumem_status last_status;
-static __thread char last_msg[2048];
-static __thread gpumem_oom last_oom;
+/* The calling thread's last failure, in a block of its own found through a
+ * pthread key. Not __thread: a Go c-shared library is loaded with static
+ * TLS, of which glibc keeps only a little for libraries loaded by dlopen
+ * (Python's ctypes then fails with "cannot allocate memory in static TLS
+ * block"). The block is made at the thread's first failure and freed when
+ * the thread exits. */
+typedef struct {
+	gpumem_status status;
+	gpumem_oom oom;
+	char msg[2048];
+} last_failure;
 
-void gpumem_set_error(gpumem_status status, const char *msg, size_t n, const gpumem_oom *oom) {
-	last_status = status;
-	if (n >= sizeof last_msg) n = sizeof last_msg - 1;
-	memcpy(last_msg, msg, n);
-	last_msg[n] = 0;
-	if (oom) last_oom = *oom;
-	else memset(&last_oom, 0, sizeof last_oom);
+static pthread_key_t last_key;
+static pthread_once_t last_once = PTHREAD_ONCE_INIT;
+static void make_last_key(void) { pthread_key_create(&last_key, free); }
+
+/* The thread's block; NULL if it has none and create is 0, or if malloc
+ * fails (the failure is then not recorded; gpumem_last_error says so). */
+static last_failure *last(int create) {
+	pthread_once(&last_once, make_last_key);
+	last_failure *f = pthread_getspecific(last_key);
+	if (!f && create) {
+		f = calloc(1, sizeof *f);
+		if (f && pthread_setspecific(last_key, f) != 0) {
+			free(f);
+			f = NULL;
+		}
+	}
+	return f;
 }
 
-EXPORT const char *gpumem_last_error(void) { return last_msg; }
-EXPORT gpumem_status gpumem_last_status(void) { return last_status; }
+void gpumem_set_error(gpumem_status status, const char *msg, size_t n, const gpumem_oom *oom) {
+	last_failure *f = last(1);
+	if (!f) return;
+	f->status = status;
+	if (n >= sizeof f->msg) n = sizeof f->msg - 1;
+	memcpy(f->msg, msg, n);
+	f->msg[n] = 0;
+	if (oom) f->oom = *oom;
+	else memset(&f->oom, 0, sizeof f->oom);
+}
+
+EXPORT const char *gpumem_last_error(void) {
+	last_failure *f = last(0);
+	return f ? f->msg : "";
+}
+
+EXPORT gpumem_status gpumem_last_status(void) {
+	last_failure *f = last(0);
+	return f ? f->status : GPUMEM_SUCCESS;
+}
 
 EXPORT gpumem_status gpumem_last_oom(gpumem_oom *out, size_t size) {
 	if (!out) return GPUMEM_ERROR_INVALID_VALUE;
-	memcpy(out, &last_oom, size < sizeof last_oom ? size : sizeof last_oom);
+	gpumem_oom none;
+	memset(&none, 0, sizeof none);
+	last_failure *f = last(0);
+	memcpy(out, f ? &f->oom : &none, size < sizeof none ? size : sizeof none);
 	return GPUMEM_SUCCESS;
 }
 
@@ -50,7 +88,7 @@ EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 	}
 	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, site);
 	if (st != GPUMEM_SUCCESS && gpumem_torch_enabled())
-		gpumem_torch_raise(st, last_msg); /* does not return */
+		gpumem_torch_raise(st, gpumem_last_error()); /* does not return */
 	return (void *)p;
 }
 
@@ -61,7 +99,7 @@ EXPORT void gpumem_free(void *ptr, size_t size, int device, void *stream) {
 		/* PyTorch frees from destructors: nothing may be thrown here. */
 		static atomic_int said;
 		if (atomic_exchange(&said, 1) == 0)
-			fprintf(stderr, "gpumem: %s (reported once)\n", last_msg);
+			fprintf(stderr, "gpumem: %s (reported once)\n", gpumem_last_error());
 	}
 }
 
