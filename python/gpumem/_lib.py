@@ -1,0 +1,280 @@
+"""ctypes binding of libgpumem (gpumem.h): the one place that knows the C
+interface. The rest of the package calls Library's methods, which raise
+GpumemError (or OutOfMemoryError) with the library's message."""
+
+import ctypes
+import os
+import threading
+
+API_VERSION = 1
+
+# Status codes (gpumem.h).
+SUCCESS = 0
+ERROR_OUT_OF_MEMORY = 1
+ERROR_INVALID_VALUE = 2
+ERROR_INVALID_POINTER = 3
+ERROR_NO_DRIVER = 4
+ERROR_DEVICE = 5
+ERROR_CONFIG = 6
+ERROR_CLOSED = 7
+ERROR_BUFFER_TOO_SMALL = 8
+ERROR_INTERNAL = 9
+ERROR_IO = 10
+
+OOM_CAUSES = {0: "none", 1: "device", 2: "limit", 3: "fragmentation"}
+
+
+class GpumemError(RuntimeError):
+    """A failed gpumem call: status is the code of gpumem.h, the message the
+    library's one-line description."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class OutOfMemory:
+    """gpumem's verdict on an out-of-memory: cause is "limit", "device" or
+    "fragmentation"; the sizes are bytes; would_fit is the largest request
+    that would have succeeded."""
+
+    __slots__ = ("cause", "device", "requested", "stream", "limit", "device_free",
+                 "reserved", "allocated", "cached", "largest_free", "would_fit", "message")
+
+    def __init__(self, raw, message):
+        self.cause = OOM_CAUSES.get(raw.cause, str(raw.cause))
+        for name in self.__slots__[1:-1]:
+            setattr(self, name, int(getattr(raw, name)))
+        self.message = message
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return f"OutOfMemory({self.as_dict()!r})"
+
+
+class OutOfMemoryError(GpumemError, MemoryError):
+    """A gpumem allocation that ran out of memory; .verdict is the
+    OutOfMemory with the numbers."""
+
+    def __init__(self, status, message, verdict):
+        super().__init__(status, message)
+        self.verdict = verdict
+
+
+class _Oom(ctypes.Structure):
+    _fields_ = [("cause", ctypes.c_int), ("device", ctypes.c_int)] + [
+        (name, ctypes.c_uint64) for name in
+        ("requested", "stream", "limit", "device_free", "reserved", "allocated",
+         "cached", "largest_free", "would_fit")]
+
+
+class Stats(ctypes.Structure):
+    """gpumem_stats: gauges (bytes now, with peaks) and counters."""
+    _fields_ = [(name, ctypes.c_uint64) for name in
+                ("allocated", "peak_allocated", "active", "peak_active", "reserved",
+                 "peak_reserved", "cached", "releasable", "largest_free")] + [
+        ("fragmentation", ctypes.c_double)] + [
+        (name, ctypes.c_uint64) for name in
+        ("live_buffers", "allocs", "frees", "device_calls", "ooms", "trims", "limit")]
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name, _ in self._fields_}
+
+
+SITE_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_int)
+
+_u64 = ctypes.c_uint64
+_status = ctypes.c_int
+_PROTOTYPES = {
+    "gpumem_alloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+    "gpumem_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+    "gpumem_allocate": (_status, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+    "gpumem_deallocate": (_status, [ctypes.c_void_p, ctypes.c_int]),
+    "gpumem_record_stream": (_status, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
+    "gpumem_configure": (_status, [ctypes.c_char_p]),
+    "gpumem_set_limit": (_status, [ctypes.c_int, _u64]),
+    "gpumem_set_memory_fraction": (_status, [ctypes.c_int, ctypes.c_double]),
+    "gpumem_trim": (_status, [ctypes.c_int]),
+    "gpumem_reset_peaks": (_status, [ctypes.c_int]),
+    "gpumem_get_stats": (_status, [ctypes.c_int, ctypes.POINTER(Stats), ctypes.c_size_t]),
+    "gpumem_mem_info": (_status, [ctypes.c_int, ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
+    "gpumem_snapshot_json": (ctypes.c_void_p, [ctypes.c_int]),
+    "gpumem_stats_json": (ctypes.c_void_p, [ctypes.c_int]),
+    "gpumem_string_free": (None, [ctypes.c_void_p]),
+    "gpumem_record_start": (_status, [ctypes.c_int, ctypes.c_char_p]),
+    "gpumem_record_stop": (_status, [ctypes.c_int]),
+    "gpumem_record_site": (_status, [ctypes.c_int, ctypes.c_uint32, ctypes.c_char_p]),
+    "gpumem_set_site_callback": (_status, [SITE_CALLBACK]),
+    "gpumem_last_error": (ctypes.c_char_p, []),
+    "gpumem_last_status": (_status, []),
+    "gpumem_last_oom": (_status, [ctypes.POINTER(_Oom), ctypes.c_size_t]),
+    "gpumem_status_name": (ctypes.c_char_p, [_status]),
+    "gpumem_torch_errors": (_status, [ctypes.c_char_p, ctypes.c_char_p]),
+    "gpumem_version": (ctypes.c_char_p, []),
+    "gpumem_api_version": (ctypes.c_int, []),
+}
+# Added by later versions: bound when present.
+_OPTIONAL = {
+    "gpumem_import_snapshot": (_status, [ctypes.c_char_p, ctypes.c_char_p]),
+}
+
+LIBRARY_NAME = "libgpumem.so"
+
+
+def _candidates():
+    env = os.environ.get("GPUMEM_LIBRARY")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, LIBRARY_NAME),
+            # A checkout: python/gpumem/ beside build/.
+            os.path.join(here, os.pardir, os.pardir, "build", LIBRARY_NAME)]
+
+
+class Library:
+    """The loaded libgpumem. Methods mirror gpumem.h, raise GpumemError on a
+    failed status, and take and return Python ints."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self._c = ctypes.CDLL(path)
+        except OSError as e:
+            raise GpumemError(ERROR_NO_DRIVER, f"gpumem: cannot load {path}: {e}") from None
+        missing = [n for n in _PROTOTYPES if not hasattr(self._c, n)]
+        if missing:
+            raise GpumemError(ERROR_CONFIG, f"gpumem: {path} is not a gpumem library of this version: "
+                                            f"it lacks {', '.join(missing[:3])}")
+        for name, (res, args) in list(_PROTOTYPES.items()) + list(_OPTIONAL.items()):
+            if hasattr(self._c, name):
+                fn = getattr(self._c, name)
+                fn.restype, fn.argtypes = res, args
+        version = self._c.gpumem_api_version()
+        if version != API_VERSION:
+            raise GpumemError(ERROR_CONFIG, f"gpumem: {path} implements interface version {version}, "
+                                            f"this package needs {API_VERSION}: rebuild the library or reinstall the package")
+        self.c = self._c
+
+    # Errors.
+
+    def last_error(self):
+        return (self._c.gpumem_last_error() or b"").decode("utf-8", "replace")
+
+    def last_oom(self):
+        raw = _Oom()
+        self._c.gpumem_last_oom(ctypes.byref(raw), ctypes.sizeof(raw))
+        if raw.cause == 0:
+            return None
+        return OutOfMemory(raw, self.last_error())
+
+    def error(self, status):
+        msg = self.last_error()
+        if status == ERROR_OUT_OF_MEMORY:
+            return OutOfMemoryError(status, msg, self.last_oom())
+        return GpumemError(status, msg)
+
+    def check(self, status):
+        if status != SUCCESS:
+            raise self.error(status)
+
+    # Calls.
+
+    def version(self):
+        return self._c.gpumem_version().decode()
+
+    def configure(self, config):
+        self.check(self._c.gpumem_configure(config.encode()))
+
+    def allocate(self, size, device=0, stream=0):
+        p = ctypes.c_void_p()
+        self.check(self._c.gpumem_allocate(ctypes.byref(p), size, device, stream))
+        return p.value or 0
+
+    def deallocate(self, ptr, device=-1):
+        self.check(self._c.gpumem_deallocate(ptr, device))
+
+    def record_stream(self, ptr, device, stream):
+        self.check(self._c.gpumem_record_stream(ptr, device, stream))
+
+    def set_limit(self, device, nbytes):
+        self.check(self._c.gpumem_set_limit(device, nbytes))
+
+    def set_memory_fraction(self, device, fraction):
+        self.check(self._c.gpumem_set_memory_fraction(device, fraction))
+
+    def trim(self, device=-1):
+        self.check(self._c.gpumem_trim(device))
+
+    def reset_peaks(self, device=-1):
+        self.check(self._c.gpumem_reset_peaks(device))
+
+    def stats(self, device=0):
+        s = Stats()
+        self.check(self._c.gpumem_get_stats(device, ctypes.byref(s), ctypes.sizeof(s)))
+        return s
+
+    def mem_info(self, device=0):
+        free, total = _u64(), _u64()
+        self.check(self._c.gpumem_mem_info(device, ctypes.byref(free), ctypes.byref(total)))
+        return free.value, total.value
+
+    def _json(self, fn, device):
+        p = fn(device)
+        if not p:
+            raise self.error(self._c.gpumem_last_status())
+        try:
+            return ctypes.string_at(p).decode()
+        finally:
+            self._c.gpumem_string_free(p)
+
+    def snapshot_json(self, device=0):
+        return self._json(self._c.gpumem_snapshot_json, device)
+
+    def stats_json(self, device=0):
+        return self._json(self._c.gpumem_stats_json, device)
+
+    def record_start(self, device, path):
+        self.check(self._c.gpumem_record_start(device, os.fsencode(path)))
+
+    def record_stop(self, device):
+        self.check(self._c.gpumem_record_stop(device))
+
+    def record_site(self, device, site, text):
+        self.check(self._c.gpumem_record_site(device, site, text.encode("utf-8", "replace")))
+
+    def set_site_callback(self, callback):
+        self.check(self._c.gpumem_set_site_callback(callback))
+
+    def torch_errors(self, c10, c10_cuda):
+        return self._c.gpumem_torch_errors(os.fsencode(c10), os.fsencode(c10_cuda))
+
+    def import_snapshot(self, pickle_path, trace_path):
+        if not hasattr(self._c, "gpumem_import_snapshot"):
+            raise GpumemError(ERROR_CONFIG, f"gpumem: {self.path} cannot import snapshots: rebuild it")
+        self.check(self._c.gpumem_import_snapshot(os.fsencode(pickle_path), os.fsencode(trace_path)))
+
+
+_lock = threading.Lock()
+_loaded = None
+
+
+def load():
+    """Returns the process's Library, loading it on first use from
+    $GPUMEM_LIBRARY, else beside this package, else a checkout's build/.
+    Raises GpumemError with one clear line when none loads."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            tried = []
+            for path in _candidates():
+                if os.path.exists(path):
+                    _loaded = Library(os.path.abspath(path))
+                    break
+                tried.append(path)
+            else:
+                raise GpumemError(ERROR_NO_DRIVER, "gpumem: libgpumem.so not found (looked at "
+                                  + ", ".join(os.path.normpath(p) for p in tried)
+                                  + "); build it with scripts/lib.sh or set GPUMEM_LIBRARY")
+        return _loaded

@@ -1,0 +1,241 @@
+"""The library through ctypes, on the simulated device: runs anywhere the
+library is built, with or without a GPU."""
+
+import gzip
+import json
+import os
+
+from conftest import library_path, needs_library, run
+
+SIM = "device=sim,capacity=4GiB,check=true"
+
+
+@needs_library
+def test_load_and_version():
+    p = run("""
+        import gpumem
+        lib = gpumem.library()
+        print(gpumem.version())
+        print(lib.c.gpumem_api_version())
+    """)
+    version, api = p.stdout.split("\n")[:2]
+    assert version.startswith("gpumem")
+    assert api == "1"
+
+
+def test_missing_library_is_one_clear_line():
+    p = run("""
+        import gpumem
+        try:
+            gpumem.library()
+        except gpumem.GpumemError as e:
+            print("ERR", e)
+    """, env={"GPUMEM_LIBRARY": "/nonexistent/libgpumem.so"})
+    assert p.stdout.startswith("ERR gpumem: libgpumem.so not found")
+    assert "/nonexistent/libgpumem.so" in p.stdout and "GPUMEM_LIBRARY" in p.stdout
+    assert p.stdout.count("\n") == 1
+
+
+def test_foreign_library_is_refused():
+    libc = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                            "/lib64/libc.so.6") if os.path.exists(p))
+    p = run("""
+        import gpumem
+        try:
+            gpumem.library()
+        except gpumem.GpumemError as e:
+            print("ERR", e)
+    """, env={"GPUMEM_LIBRARY": libc})
+    assert p.stdout.startswith("ERR gpumem: ") and "is not a gpumem library" in p.stdout
+
+
+@needs_library
+def test_allocate_free_stats():
+    run("""
+        import gpumem
+        from gpumem import _lib
+        lib = gpumem.library()
+        ptrs = [lib.allocate(1 << 20, 0, 0) for _ in range(8)]
+        assert all(ptrs) and len(set(ptrs)) == 8
+        s = gpumem.stats(0)
+        assert s["allocated"] == 8 << 20 and s["live_buffers"] == 8, s
+        assert s["reserved"] >= 8 << 20
+        for p in ptrs:
+            lib.deallocate(p, 0)
+        s = gpumem.stats(0)
+        assert s["allocated"] == 0 and s["frees"] == 8 and s["cached"] == s["reserved"] > 0, s
+        # free by pointer alone
+        p = lib.allocate(4096, 0, 7)
+        lib.deallocate(p, -1)
+        # double free and foreign pointers: errors that change nothing
+        for bad in (p, 0x123400):
+            try:
+                lib.deallocate(bad, 0)
+            except gpumem.GpumemError as e:
+                assert e.status == _lib.ERROR_INVALID_POINTER, e.status
+                assert hex(bad) in str(e), str(e)
+            else:
+                raise AssertionError("no error")
+        assert gpumem.stats(0)["frees"] == 9
+        # size 0 and pointer 0 are no-ops
+        assert lib.allocate(0, 0, 0) == 0
+        lib.deallocate(0, 0)
+        gpumem.trim()
+        assert gpumem.stats(0)["reserved"] == 0
+        snap = gpumem.snapshot(0)
+        assert snap["mode"] == "virtual", snap.keys()
+        print("ok")
+    """, config=SIM)
+
+
+@needs_library
+def test_out_of_memory_verdict():
+    p = run("""
+        import gpumem
+        gpumem.configure(limit="1GiB")
+        lib = gpumem.library()
+        keep = lib.allocate(700 << 20, 0, 0)
+        try:
+            lib.allocate(600 << 20, 0, 0)
+        except gpumem.OutOfMemoryError as e:
+            v = e.verdict
+            print(v.cause, v.requested, v.limit, v.would_fit, v.allocated)
+            print(str(e))
+            assert gpumem.last_oom().cause == "limit"
+        # what would have fit, fits
+        q = lib.allocate(v.would_fit, 0, 0)
+        lib.deallocate(q, 0)
+        lib.deallocate(keep, 0)
+        assert gpumem.stats(0)["ooms"] == 1
+    """, config=SIM)
+    cause, requested, limit, would_fit, allocated = p.stdout.split("\n")[0].split()
+    assert cause == "limit" and int(requested) == 600 << 20 and int(limit) == 1 << 30
+    assert int(allocated) == 700 << 20
+    assert (300 << 20) <= int(would_fit) <= (324 << 20)
+    msg = p.stdout.split("\n")[1]
+    assert msg.startswith("gpumem: out of memory (allocator limit)") and "would have fit" in msg
+
+
+@needs_library
+def test_configuration_errors():
+    p = run("""
+        import gpumem
+        try:
+            gpumem.library().allocate(1 << 20, 0, 0)
+        except gpumem.GpumemError as e:
+            print(e.status, e)
+    """, config="limit=plenty")
+    assert p.stdout.startswith("6 GPUMEM_CONFIG=\"limit=plenty\": gpumem: bad configuration: limit=plenty")
+    run("""
+        import gpumem
+        lib = gpumem.library()
+        p = lib.allocate(1 << 20, 0, 0)
+        try:
+            gpumem.configure("mode=plain")
+        except gpumem.GpumemError as e:
+            assert "mode cannot change once a device is in use" in str(e), e
+        else:
+            raise AssertionError("mode changed after use")
+        gpumem.configure(limit=0.5)
+        free, total = lib.mem_info(0)
+        assert total == 2 << 30, total
+        for bad in (0, -1, 1.5, True, [1]):
+            try:
+                gpumem.configure(limit=bad)
+            except (ValueError, TypeError):
+                pass
+            else:
+                raise AssertionError(f"limit={bad!r} accepted")
+        lib.deallocate(p, 0)
+    """, config=SIM)
+
+
+@needs_library
+def test_threads():
+    run("""
+        import threading, gpumem
+        lib = gpumem.library()
+        errors = []
+        def work(stream):
+            try:
+                live = []
+                for i in range(3000):
+                    live.append(lib.allocate((i % 13 + 1) * 8192, stream % 2, stream))
+                    if len(live) > 16:
+                        lib.deallocate(live.pop(0), -1)
+                for p in live:
+                    lib.deallocate(p, stream % 2)
+            except Exception as e:
+                errors.append(e)
+        ts = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        assert not errors, errors
+        for d in (0, 1):
+            s = gpumem.stats(d)
+            assert s["allocated"] == 0 and s["allocs"] == s["frees"] == 12000, s
+    """, config=SIM)
+
+
+@needs_library
+def test_record(tmp_path):
+    path = tmp_path / "rec.trace.gz"
+    run(f"""
+        import gpumem
+        from gpumem import _lib
+        lib = gpumem.library()
+        before = lib.allocate(1 << 20, 0, 0)   # not in the trace, nor its free
+        lib.record_start(0, {str(path)!r})
+        lib.record_site(0, 1, "train train.py:12 < main train.py:40")
+        sites = _lib.SITE_CALLBACK(lambda dev: 1)
+        lib.set_site_callback(sites)
+        a = lib.c.gpumem_alloc(3 << 20, 0, 5)   # the PyTorch entry point asks for sites
+        b = lib.allocate(4096, 0, 0)
+        lib.deallocate(a, 0)
+        lib.deallocate(before, 0)
+        lib.record_stop(0)
+        lib.deallocate(b, 0)
+        try:
+            lib.record_stop(0)
+        except gpumem.GpumemError as e:
+            assert "not being recorded" in str(e)
+    """, config=SIM)
+    lines = gzip.open(path, "rt").read().splitlines()
+    assert lines[0].startswith("# gpumem-trace v1")
+    events = [l.split() for l in lines[1:] if not l.startswith("#")]
+    assert events[0][:2] == ["s", "1"] and " ".join(events[0][2:]) == "train train.py:12 < main train.py:40"
+    assert events[1][:4] == ["a", "0", str(3 << 20), "5"] and events[1][5] == "1"
+    assert events[2][:4] == ["a", "1", "4096", "0"] and len(events[2]) == 5
+    assert events[3][:2] == ["f", "0"]
+    assert len(events) == 4, events
+
+
+@needs_library
+def test_c_header_matches_library(tmp_path):
+    """gpumem.h compiles and links against the library (a C user's view)."""
+    import shutil
+    import subprocess
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        import pytest
+        pytest.skip("no C compiler")
+    src = tmp_path / "t.c"
+    src.write_text('''
+        #include <stdio.h>
+        #include "gpumem.h"
+        int main(void) {
+            void *p = gpumem_alloc(1 << 20, 0, 0);
+            gpumem_stats s;
+            if (!p || gpumem_get_stats(0, &s, sizeof s) != GPUMEM_SUCCESS || s.allocated != 1 << 20) return 1;
+            gpumem_free(p, 1 << 20, 0, 0);
+            if (gpumem_deallocate(p, 0) != GPUMEM_ERROR_INVALID_POINTER) return 2;
+            printf("%s\\n", gpumem_status_name(gpumem_last_status()));
+            return 0;
+        }''')
+    lib = library_path()
+    inc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.pardir, "clib")
+    exe = tmp_path / "t"
+    subprocess.run([cc, "-Wall", "-Werror", "-I", inc, str(src), lib, "-o", str(exe),
+                    "-Wl,-rpath," + os.path.dirname(lib)], check=True)
+    out = subprocess.run([str(exe)], env={**os.environ, "GPUMEM_CONFIG": SIM}, capture_output=True, text=True)
+    assert out.returncode == 0, out
+    assert out.stdout.strip() == "GPUMEM_ERROR_INVALID_POINTER"
