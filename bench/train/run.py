@@ -1,0 +1,127 @@
+"""run.py PROGRAM ALLOCATOR [--steps N] [--out FILE]: runs one training
+program (programs.py) under one allocator in this process and prints one
+JSON line (appended to FILE too).
+
+ALLOCATOR: native (PyTorch as shipped), expandable
+(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) or gpumem
+(gpumem.torch.use()). The line holds: the process's peak device memory as
+NVML reports it (polled from another process), the peak reserved by the
+allocator, every step's time and loss, the median step time after warm-up
+(the first fifth of the steps, at least 2), and how long after
+del + gc.collect() + torch.cuda.empty_cache() the NVML figure took to come
+back within 64 MiB of its value before the model was built."""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def nvml_used(pid):
+    import pynvml
+    pynvml.nvmlInit()
+    total = 0
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i)):
+            if p.pid == pid and p.usedGpuMemory is not None:
+                total += p.usedGpuMemory
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("program")
+    ap.add_argument("allocator", choices=["native", "expandable", "gpumem"])
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--out")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+
+    if args.allocator == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    import torch
+    if args.allocator == "gpumem":
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import gpumem.torch
+        gpumem.torch.use()
+    sys.path.insert(0, HERE)
+    import programs
+
+    fn, default_steps = programs.PROGRAMS[args.program]
+    steps = args.steps or default_steps
+    pid = os.getpid()
+
+    torch.zeros(1, device="cuda")  # the context, before anything is measured
+    torch.cuda.synchronize()
+    before = nvml_used(pid)
+    watch = subprocess.Popen([sys.executable, os.path.join(HERE, "nvmlwatch.py"), str(pid)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert watch.stdout.readline().strip() == "ready"
+
+    times, losses = [], []
+    last = [time.perf_counter()]
+
+    def log(loss):
+        torch.cuda.synchronize()
+        now = time.perf_counter()
+        times.append((now - last[0]) * 1e3)
+        losses.append(float(loss))
+        last[0] = time.perf_counter()
+
+    start = time.perf_counter()
+    model, opt = fn(steps, log)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+
+    if args.allocator == "gpumem":
+        st = gpumem.torch.stats()
+        peak_reserved, peak_allocated = st["peak_reserved"], st["peak_allocated"]
+    else:
+        peak_reserved, peak_allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
+
+    # Give everything back and time how long NVML takes to see it.
+    del model, opt
+    gc.collect()
+    t0 = time.perf_counter()
+    torch.cuda.empty_cache()
+    release_ms, after = None, None
+    while time.perf_counter() - t0 < 2.0:
+        after = nvml_used(pid)
+        if after <= before + (64 << 20):
+            release_ms = (time.perf_counter() - t0) * 1e3
+            break
+        time.sleep(0.002)
+
+    watch.stdin.close()
+    nvml_peak = int(watch.stdout.readline())
+    watch.wait()
+
+    warm = max(2, steps // 5)
+    rec = {
+        "program": args.program, "allocator": args.allocator, "tag": args.tag, "steps": steps,
+        "nvml_peak_bytes": nvml_peak, "nvml_before_bytes": before, "nvml_after_bytes": after,
+        "release_ms": release_ms, "peak_reserved_bytes": peak_reserved,
+        "peak_allocated_bytes": peak_allocated,
+        "median_step_ms": statistics.median(times[warm:]) if len(times) > warm else None,
+        "total_step_ms_after_warmup": sum(times[warm:]),
+        "wall_s": wall, "step_ms": times, "losses": losses, "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+    }
+    if args.allocator == "gpumem":
+        rec["gpumem_stats"] = gpumem.torch.stats()
+    line = json.dumps(rec)
+    print(line)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""gpumem as PyTorch's allocator, on a real GPU (skipped without one). Each
+test runs in a process of its own (conftest.run): an allocator can be
+installed only before PyTorch's first CUDA allocation."""
+
+import gzip
+import os
+
+from conftest import needs_gpu, needs_library, run
+
+pytestmark = [needs_library, needs_gpu]
+
+
+def test_train_and_give_back():
+    """A small model trains on gpumem; the patched torch.cuda functions answer
+    from gpumem; after del + gc + empty_cache the driver gets the memory
+    back."""
+    p = run("""
+        import gc, torch, gpumem.torch
+        gpumem.torch.use()
+        assert gpumem.torch.installed()
+        free0, total0 = torch.cuda.mem_get_info()
+        model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)).cuda()
+        opt = torch.optim.Adam(model.parameters())
+        for _ in range(5):
+            loss = torch.nn.functional.cross_entropy(model(torch.randn(256, 4096, device="cuda")),
+                                                     torch.randint(0, 10, (256,), device="cuda"))
+            loss.backward(); opt.step(); opt.zero_grad()
+        torch.cuda.synchronize()
+        s = gpumem.torch.stats()
+        assert s["allocated"] > 4096 * 4096 * 4 * 3, s            # weights, grads, two Adam moments
+        assert torch.cuda.memory_allocated() == s["active"]
+        assert torch.cuda.max_memory_reserved() == s["peak_reserved"] >= s["reserved"]
+        assert torch.cuda.memory_stats()["reserved_bytes.all.current"] == s["reserved"]
+        assert "gpumem memory summary" in torch.cuda.memory_summary()
+        free1, total1 = torch.cuda.mem_get_info()
+        assert total1 == total0 and free1 <= free0
+        del model, opt, loss
+        gc.collect()
+        before = torch.cuda.mem_get_info()
+        torch.cuda.empty_cache()
+        s = gpumem.torch.stats()
+        assert s["reserved"] <= 2 << 20, s                        # only the chunk of what is still live
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_reserved() == gpumem.torch.stats()["reserved"]
+        print("ok", s["allocs"], s["frees"])
+    """)
+    assert p.stdout.startswith("ok")
+
+
+def test_out_of_memory_is_torchs_error():
+    p = run("""
+        import torch, gpumem, gpumem.torch
+        gpumem.torch.use(limit="1GiB")
+        keep = torch.empty(700 << 20, dtype=torch.uint8, device="cuda")
+        try:
+            torch.empty(600 << 20, dtype=torch.uint8, device="cuda")
+        except torch.cuda.OutOfMemoryError as e:
+            print("OOM", str(e).splitlines()[0])
+        else:
+            raise AssertionError("no OutOfMemoryError")
+        v = gpumem.torch.last_oom()
+        print("verdict", v.cause, v.requested, v.limit, v.would_fit)
+        # Nothing is broken: what would have fit, fits, and work goes on.
+        x = torch.empty(v.would_fit, dtype=torch.uint8, device="cuda")
+        x.fill_(1)
+        print("after", int(x[:1024].sum()))
+        # An absurd size is PyTorch's RuntimeError, not a crash.
+        try:
+            torch.empty(1 << 55, dtype=torch.uint8, device="cuda")
+        except RuntimeError as e:
+            print("absurd", type(e).__name__)
+    """)
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("OOM gpumem: out of memory (allocator limit): requested 600.00 MiB"), lines
+    cause, req, limit, would_fit = lines[1].split()[1:]
+    assert cause == "limit" and int(req) == 600 << 20 and int(limit) == 1 << 30
+    assert lines[2] == "after 1024"
+    assert lines[3].startswith("absurd ")
+
+
+def test_use_after_first_allocation_says_so():
+    p = run("""
+        import torch, gpumem.torch
+        torch.zeros(1, device="cuda")
+        try:
+            gpumem.torch.use()
+        except RuntimeError as e:
+            print(e)
+    """)
+    assert p.stdout.startswith("gpumem.torch.use() must run before PyTorch's first CUDA allocation")
+
+
+def test_record_stream_keeps_memory_until_the_other_stream_is_done():
+    """A buffer used on a second stream and freed on the first is not handed
+    to the first stream's next allocation while the second still reads it:
+    the result written by the second stream is the one computed from the
+    buffer's original contents."""
+    p = run("""
+        import torch, gpumem.torch
+        gpumem.torch.use()
+        side = torch.cuda.Stream()
+        n = 64 << 20
+        ok = True
+        for trial in range(20):
+            x = torch.full((n,), 1.0, device="cuda")
+            done = torch.cuda.Event()
+            torch.cuda.current_stream().record_event(done)
+            with torch.cuda.stream(side):
+                side.wait_event(done)
+                torch.cuda._sleep(20_000_000)         # keep the side stream busy
+                y = (x * 2).sum()                     # reads x late
+            x.record_stream(side)
+            ptr = x.untyped_storage().data_ptr()
+            del x                                     # freed on the main stream
+            z = torch.full((n,), 5.0, device="cuda")  # must not take x's memory yet
+            if z.untyped_storage().data_ptr() == ptr:
+                ok = False
+            side.synchronize()
+            if float(y) != 2.0 * n:
+                ok = False
+        print("ok" if ok else "reused")
+    """)
+    assert p.stdout.strip() == "ok"
+
+
+def test_record_under_gpumem(tmp_path):
+    path = tmp_path / "small.trace.gz"
+    run(f"""
+        import torch, gpumem.torch
+        gpumem.torch.use()
+        def step():
+            a = torch.randn(1024, 1024, device="cuda")
+            return (a @ a).sum()
+        with gpumem.torch.record({str(path)!r}):
+            for _ in range(3):
+                step()
+        torch.cuda.synchronize()
+    """)
+    lines = gzip.open(path, "rt").read().splitlines()
+    sites = [l for l in lines if l.startswith("s ")]
+    allocs = [l.split() for l in lines if l.startswith("a ")]
+    assert len(allocs) >= 6
+    assert any("step" in s and "<string>" in s for s in sites), sites[:3]
+    assert all(len(a) == 6 for a in allocs), allocs[:3]
+
+
+def test_record_under_pytorchs_allocator(tmp_path):
+    """Without use(), record() converts PyTorch's memory history."""
+    path = tmp_path / "native.trace.gz"
+    run(f"""
+        import torch, gpumem.torch
+        with gpumem.torch.record({str(path)!r}):
+            for _ in range(3):
+                a = torch.randn(1024, 1024, device="cuda")
+                b = (a @ a).sum()
+        torch.cuda.synchronize()
+    """)
+    lines = gzip.open(path, "rt").read().splitlines()
+    assert lines[0].startswith("# gpumem-trace v1")
+    assert sum(1 for l in lines if l.startswith("a ")) >= 6
