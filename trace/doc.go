@@ -16,17 +16,34 @@
 // Only the "# gpumem-trace v1" prefix of the header is significant. Each
 // later line is one of
 //
-//	a ID SIZE STREAM T_US   request ID asked for SIZE bytes on STREAM
-//	f ID T_US               request ID was freed
+//	a ID SIZE STREAM T_US [SITE]   request ID asked for SIZE bytes on STREAM
+//	f ID T_US                      request ID was freed
+//	s SITE TEXT                    site number SITE is the call stack TEXT
 //
-// where every field is an unsigned decimal number that fits in 64 bits.
-// STREAM 0 is the default stream; any other value is a stream handle of which
-// only the identity matters. T_US is microseconds since the first event. IDs
-// are unique within a file (recorders number them up from 0, but readers only
-// require uniqueness). A request that is never freed was live when recording
-// stopped. Fields are separated by spaces or tabs; a trailing "\r" is
-// ignored, as are blank lines and comment lines starting with "#" after the
-// header.
+// where ID, SIZE, STREAM and T_US are unsigned decimal numbers that fit in
+// 64 bits. STREAM 0 is the default stream; any other value is a stream
+// handle of which only the identity matters. T_US is microseconds since the
+// first event. IDs are unique within a file (recorders number them up from
+// 0, but readers only require uniqueness). A request that is never freed
+// was live when recording stopped. Fields are separated by spaces or tabs; a
+// trailing "\r" is ignored, as are blank lines and comment lines starting
+// with "#" after the header.
+//
+// Call sites are optional: a trace without "s" lines and SITE fields is as
+// valid as one with them, and a reader that does not care may skip both.
+// An "s" line defines SITE, a decimal number from 1 to 2^32-1, as TEXT: the
+// rest of the line without the spaces and tabs around it. TEXT is a call
+// stack, innermost frame first, the frames separated by " < ", each frame
+// written "function file:line":
+//
+//	s 3 _conv_forward torch/nn/modules/conv.py:543 < forward train.py:41
+//	a 17 802816 0 5210 3
+//
+// TEXT is UTF-8, holds no carriage return, and is at most [MaxSiteText]
+// bytes. An "s" line is not an event and has no time; it may come anywhere
+// before the first alloc line that names its SITE, and each SITE is defined
+// once. The optional sixth field of an alloc line names the site where the
+// request was made; without it the request has no site.
 //
 // # Checks
 //
@@ -38,14 +55,17 @@
 //
 // The faults are: a missing or wrong header line (including another format
 // version); an unknown event kind; the wrong number of fields; a field that
-// is not a decimal number, is negative or overflows 64 bits; a SIZE of 0 or
-// above [MaxSize] (1 PiB, far beyond any device); an ID allocated twice; a
-// free of an ID never allocated; a second free of the same ID; a T_US smaller
-// than the previous event's (all six shipped traces are monotone in time, so
-// a trace that goes backwards is taken to be corrupt); a line longer than 64
-// KiB; and gzip data that is corrupt or truncated (the error then also wraps
-// the gzip error, e.g. io.ErrUnexpectedEOF). Errors from the underlying
-// io.Reader itself are returned wrapped, not as syntax errors.
+// is not a decimal number, is negative or overflows 64 bits (32 bits for
+// SITE); a SIZE of 0 or above [MaxSize] (1 PiB, far beyond any device); an
+// ID allocated twice; a free of an ID never allocated; a second free of the
+// same ID; a T_US smaller than the previous event's (all six shipped traces
+// are monotone in time, so a trace that goes backwards is taken to be
+// corrupt); a SITE of 0; an alloc line naming a SITE not defined before it;
+// a SITE defined twice; an "s" line without TEXT, or whose TEXT is longer
+// than MaxSiteText, is not UTF-8 or holds a carriage return; a line longer
+// than 64 KiB; and gzip data that is corrupt or truncated (the error then
+// also wraps the gzip error, e.g. io.ErrUnexpectedEOF). Errors from the
+// underlying io.Reader itself are returned wrapped, not as syntax errors.
 //
 // # Replay
 //
@@ -53,11 +73,14 @@
 // requests densely: Trace.Slot[i] is the request number (0 to Requests-1, in
 // order of allocation) that event i allocates or frees, so a replay can keep
 // its per-request state in a plain slice instead of a map keyed by ID.
+// Trace.Sites holds the sites' texts; [Reader.Site] gives them while
+// streaming, since Next returns only events.
 //
 // # Writing
 //
 // [Writer] writes the format; [Create] writes a file, gzip-compressed when
 // its name ends in ".gz". A Writer checks what it can without remembering
-// requests (SIZE in range, time not going backwards); the reader checks the
-// rest.
+// requests (SIZE in range, time not going backwards, sites defined once and
+// before use, TEXT that reads back the same); the reader checks the rest.
+// It writes the same header whether or not the trace has sites.
 package trace

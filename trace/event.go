@@ -9,16 +9,20 @@ import (
 // Kind is the kind of an event: the letter that starts its line.
 type Kind byte
 
-// The event kinds.
+// The event kinds. A site definition ("s SITE TEXT") is a line but not an
+// event: a Reader keeps its text (see Reader.Site) and Next skips it.
 const (
 	Alloc Kind = 'a' // a request for memory
 	Free  Kind = 'f' // the release of an earlier request
 )
 
+// siteKind is the letter of a site definition line.
+const siteKind Kind = 's'
+
 // String returns the kind's letter, or a quoted byte for an unknown kind.
 func (k Kind) String() string {
 	switch k {
-	case Alloc, Free:
+	case Alloc, Free, siteKind:
 		return string(rune(k))
 	}
 	return strconv.QuoteRune(rune(k))
@@ -28,9 +32,19 @@ func (k Kind) String() string {
 // come from any real device and are taken to be corrupt data.
 const MaxSize = 1 << 50
 
-// Event is one line of a trace. Size and Stream are zero for Free events.
+// MaxSiteText is the longest TEXT of a site definition, in bytes: a call
+// stack deeper than this is cut by whoever writes it. It keeps every line
+// within the 64 KiB a Reader accepts.
+const MaxSiteText = 60 << 10
+
+// Event is one event line of a trace. Size, Stream and Site are zero for
+// Free events.
 type Event struct {
-	Kind   Kind
+	Kind Kind
+	// Site is the call site of the request, a site defined earlier in the
+	// trace, or 0 for none (Alloc only). It sits beside Kind, in what would
+	// be padding: an Event stays 40 bytes.
+	Site   uint32
 	ID     uint64 // request ID, unique within a trace
 	Size   uint64 // bytes requested (Alloc only)
 	Stream uint64 // stream of the request, 0 = default (Alloc only)
@@ -52,7 +66,20 @@ func appendEvent(b []byte, e Event) []byte {
 		b = strconv.AppendUint(b, e.Stream, 10)
 	}
 	b = append(b, ' ')
-	return strconv.AppendUint(b, e.TimeUS, 10)
+	b = strconv.AppendUint(b, e.TimeUS, 10)
+	if e.Kind == Alloc && e.Site != 0 {
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(e.Site), 10)
+	}
+	return b
+}
+
+// appendSite appends the line "s site text", without the newline.
+func appendSite(b []byte, site uint32, text string) []byte {
+	b = append(b, 's', ' ')
+	b = strconv.AppendUint(b, uint64(site), 10)
+	b = append(b, ' ')
+	return append(b, text...)
 }
 
 // ErrSyntax is matched (with errors.Is) by every error that reports malformed

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"maps"
 	"os"
 	"slices"
 	"testing"
@@ -21,6 +22,11 @@ func FuzzRead(f *testing.F) {
 		hdr + "a 0 0 0 0\n",
 		hdr + "a 0 -1 0 0\n",
 		"# gpumem-trace v2\n",
+		hdr + "s 1 forward model.py:10 < <module> train.py:3\na 0 10 0 0 1\ns 7 g\ta.py:2  \na 1 2 0 1 7\nf 0 2\na 2 3 0 2\n",
+		hdr + "s 4294967295 x\na 0 1 0 0 4294967295\ns 1 \xc3\xa9\n",
+		hdr + "s 1 f\ns 1 g\n",
+		hdr + "a 0 1 0 0 3\n",
+		hdr + "s 0 f\ns 2\n",
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
@@ -63,6 +69,11 @@ func FuzzRead(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		for _, site := range slices.Sorted(maps.Keys(tr.Sites)) {
+			if err := w.Site(site, tr.Sites[site]); err != nil {
+				t.Fatalf("writing a site the reader accepted: %v", err)
+			}
+		}
 		writeEvents(t, w, tr.Events)
 		if err := w.Flush(); err != nil {
 			t.Fatal(err)
@@ -75,7 +86,8 @@ func FuzzRead(f *testing.F) {
 			t.Fatalf("round trip changed the events\n%v\n%v", tr.Events, tr2.Events)
 		}
 		if !slices.Equal(tr.Slot, tr2.Slot) || tr.Requests != tr2.Requests ||
-			tr.PeakLiveBytes != tr2.PeakLiveBytes || !slices.Equal(tr.Streams, tr2.Streams) {
+			tr.PeakLiveBytes != tr2.PeakLiveBytes || !slices.Equal(tr.Streams, tr2.Streams) ||
+			!maps.Equal(tr.Sites, tr2.Sites) {
 			t.Fatal("round trip changed the summary")
 		}
 	})

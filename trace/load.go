@@ -35,6 +35,12 @@ type Trace struct {
 	// Streams are the distinct streams of the Alloc events, in order of
 	// first use.
 	Streams []uint64
+
+	// Sites maps each site the trace defines to its text: the call stack
+	// of the requests whose Event.Site it is. It is nil when the trace
+	// defines none. A map, not a slice, since site numbers need not be
+	// dense.
+	Sites map[uint32]string
 }
 
 // Read reads and checks a whole trace, gzip-compressed or plain, from r. The
@@ -86,6 +92,12 @@ func Read(r io.Reader, name string) (*Trace, error) {
 	t.Events = events.slice()
 	t.Slot = slots.slice()
 	t.Requests = len(sizes)
+	if len(rd.sites) > 0 {
+		t.Sites = make(map[uint32]string, len(rd.sites))
+		for site, d := range rd.sites {
+			t.Sites[site] = d.text
+		}
+	}
 	return t, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"unicode/utf8"
 )
 
 // header is the significant prefix of the first line of every v1 trace.
@@ -23,7 +24,8 @@ const maxLine = 64 << 10
 
 // Reader reads the events of a trace one at a time, checking them as it goes
 // (see the package documentation for the checks). It remembers, per request,
-// only the lines of its Alloc and Free events.
+// only the lines of its Alloc and Free events, and the text of every site
+// defined (see Site).
 type Reader struct {
 	br    *bufio.Reader
 	gz    bool   // input is gzip-compressed
@@ -32,8 +34,15 @@ type Reader struct {
 	lastT uint64 // time of the last event
 	err   error  // sticky: returned by every Next after the first error
 
-	ids  idTable
-	reqs []request // by slot
+	ids   idTable
+	reqs  []request          // by slot
+	sites map[uint32]siteDef // by site number; nil until the first
+}
+
+// siteDef is a site as a Reader keeps it.
+type siteDef struct {
+	text string
+	line int // where it was defined
 }
 
 // request is what a Reader remembers of one request.
@@ -84,8 +93,10 @@ func newReader(r io.Reader, name string) (*Reader, error) {
 
 func isHeaderEnd(c byte) bool { return c == ':' || c == ' ' || c == '\t' }
 
-// Next returns the next event, or io.EOF after the last one. After an error,
-// Next returns the same error again.
+// Next returns the next event, or io.EOF after the last one. Site
+// definitions are not events: Next checks and keeps them (see Site) and
+// goes on to the next event. After an error, Next returns the same error
+// again.
 func (r *Reader) Next() (Event, error) {
 	ev, _, err := r.next()
 	return ev, err
@@ -162,12 +173,13 @@ func (r *Reader) syntaxError(format string, args ...any) error {
 	return &SyntaxError{Name: r.name, Line: r.line, Msg: fmt.Sprintf(format, args...)}
 }
 
-// parse parses and checks one line after the header. skip reports a blank
-// or comment line.
+// parse parses and checks one line after the header. skip reports a line
+// that is not an event: blank, a comment or a site definition.
 func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error) {
 	// Split into fields by hand: strings.Fields would allocate per line.
-	var f [5][]byte
+	var f [6][]byte
 	n := 0
+	third := 0 // where the third field starts: a site's TEXT
 	for i := 0; ; {
 		for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
 			i++
@@ -182,6 +194,9 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 		if n < len(f) {
 			f[n] = line[i:j]
 		}
+		if n == 2 {
+			third = i
+		}
 		n++
 		i = j
 	}
@@ -189,22 +204,23 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 		return Event{}, -1, true, nil
 	}
 
-	var want int
+	var want, most int
 	switch {
 	case len(f[0]) == 1 && f[0][0] == byte(Alloc):
-		want = 5
+		want, most = 5, 6
 	case len(f[0]) == 1 && f[0][0] == byte(Free):
-		want = 3
+		want, most = 3, 3
+	case len(f[0]) == 1 && f[0][0] == byte(siteKind):
+		return Event{}, -1, true, r.defineSite(f[1], n, line[third:])
 	default:
-		return Event{}, -1, false, r.syntaxError("unknown event kind %s; want \"a\" (a ID SIZE STREAM T_US) or \"f\" (f ID T_US)", quote(f[0]))
+		return Event{}, -1, false, r.syntaxError("unknown event kind %s; want \"a\" (a ID SIZE STREAM T_US [SITE]), \"f\" (f ID T_US) or \"s\" (s SITE TEXT)", quote(f[0]))
 	}
 	kind := Kind(f[0][0])
-	if n != want {
-		form := "a ID SIZE STREAM T_US"
+	if n < want || n > most {
 		if kind == Free {
-			form = "f ID T_US"
+			return Event{}, -1, false, r.syntaxError("f event with %d fields; want 3: f ID T_US", n)
 		}
-		return Event{}, -1, false, r.syntaxError("%s event with %d fields; want %d: %s", kind, n, want, form)
+		return Event{}, -1, false, r.syntaxError("a event with %d fields; want 5 or 6: a ID SIZE STREAM T_US [SITE]", n)
 	}
 
 	ev.Kind = kind
@@ -220,6 +236,11 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 			return Event{}, -1, false, err
 		}
 		tf = f[4]
+		if n == 6 {
+			if ev.Site, err = r.siteNumber(kind, f[1], f[5]); err != nil {
+				return Event{}, -1, false, err
+			}
+		}
 	}
 	if ev.TimeUS, err = r.number(kind, f[1], "T_US", tf); err != nil {
 		return Event{}, -1, false, err
@@ -237,6 +258,8 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 			return Event{}, -1, false, r.syntaxError("a %d: SIZE is 0", ev.ID)
 		case ev.Size > MaxSize:
 			return Event{}, -1, false, r.syntaxError("a %d: SIZE %d is larger than 1 PiB, not a plausible request", ev.ID, ev.Size)
+		case ev.Site != 0 && r.sites[ev.Site].line == 0:
+			return Event{}, -1, false, r.syntaxError("a %d: site %d is not defined; an \"s %d TEXT\" line must come first", ev.ID, ev.Site, ev.Site)
 		case known:
 			return Event{}, -1, false, r.syntaxError("a %d: request %d was already allocated at line %d", ev.ID, ev.ID, r.reqs[s].allocLine)
 		case len(r.reqs) >= math.MaxInt32:
@@ -256,6 +279,63 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 	}
 	r.lastT = ev.TimeUS
 	return ev, s, false, nil
+}
+
+// defineSite checks the line "s SITE TEXT", of n fields, and keeps the
+// site's text. text is the line from its third field on.
+func (r *Reader) defineSite(num []byte, n int, text []byte) error {
+	if n < 2 {
+		return r.syntaxError("s line with no SITE; want s SITE TEXT")
+	}
+	site, err := r.siteNumber(siteKind, nil, num)
+	if err != nil {
+		return err
+	}
+	if n < 3 {
+		return r.syntaxError("s %d: no TEXT; want s SITE TEXT", site)
+	}
+	for len(text) > 0 && (text[len(text)-1] == ' ' || text[len(text)-1] == '\t') {
+		text = text[:len(text)-1]
+	}
+	switch {
+	case len(text) > MaxSiteText:
+		return r.syntaxError("s %d: TEXT of %d bytes is longer than %d", site, len(text), MaxSiteText)
+	case !utf8.Valid(text):
+		return r.syntaxError("s %d: TEXT is not valid UTF-8", site)
+	case bytes.IndexByte(text, '\r') >= 0:
+		return r.syntaxError("s %d: TEXT holds a carriage return", site)
+	case r.sites[site].line != 0:
+		return r.syntaxError("s %d: site %d was already defined at line %d", site, site, r.sites[site].line)
+	}
+	if r.sites == nil {
+		r.sites = make(map[uint32]siteDef)
+	}
+	r.sites[site] = siteDef{text: string(text), line: r.line}
+	return nil
+}
+
+// siteNumber parses the SITE field b of a site definition (id nil) or of
+// the alloc event whose ID field is id: a number from 1 to 2^32-1.
+func (r *Reader) siteNumber(kind Kind, id []byte, b []byte) (uint32, error) {
+	v, err := r.number(kind, id, "SITE", b)
+	switch {
+	case err != nil:
+		return 0, err
+	case v > math.MaxUint32:
+		return 0, r.syntaxError("%sSITE %s overflows 32 bits", eventPrefix(kind, id), quote(b))
+	case v == 0 && kind == siteKind:
+		return 0, r.syntaxError("s 0: SITE is 0; sites are numbered from 1")
+	case v == 0:
+		return 0, r.syntaxError("%sSITE is 0; sites are numbered from 1 (leave the field out for none)", eventPrefix(kind, id))
+	}
+	return uint32(v), nil
+}
+
+// Site returns the text of site, as defined by an "s" line read so far, or
+// "" if no such line has been read. Every site an Alloc event returned by
+// Next names is defined.
+func (r *Reader) Site(site uint32) string {
+	return r.sites[site].text
 }
 
 // number parses field b, named field, of an event of the given kind whose ID

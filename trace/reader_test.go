@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"errors"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -27,6 +28,14 @@ func gzipBytes(t testing.TB, b []byte) []byte {
 	return buf.Bytes()
 }
 
+// alloc and free return the events of the lines "a id size stream t" and
+// "f id t".
+func alloc(id, size, stream, t uint64) Event {
+	return Event{Kind: Alloc, ID: id, Size: size, Stream: stream, TimeUS: t}
+}
+
+func free(id, t uint64) Event { return Event{Kind: Free, ID: id, TimeUS: t} }
+
 func TestReadBadInput(t *testing.T) {
 	tests := []struct {
 		name string
@@ -43,7 +52,7 @@ func TestReadBadInput(t *testing.T) {
 		{"long kind", hdr + "alloc 0 1 0 0\n", 2, `unknown event kind "alloc"`},
 		{"upper kind", hdr + "A 0 1 0 0\n", 2, `unknown event kind "A"`},
 		{"alloc 4 fields", hdr + "a 0 1 0\n", 2, "a event with 4 fields; want 5"},
-		{"alloc 6 fields", hdr + "a 0 1 0 0 0\n", 2, "a event with 6 fields; want 5"},
+		{"alloc 7 fields", hdr + "s 1 f x.py:1\na 0 1 0 0 1 1\n", 3, "a event with 7 fields; want 5 or 6: a ID SIZE STREAM T_US [SITE]"},
 		{"alloc 1 field", hdr + "a\n", 2, "a event with 1 fields; want 5"},
 		{"free 2 fields", hdr + "a 0 1 0 0\nf 0\n", 3, "f event with 2 fields; want 3"},
 		{"free 5 fields", hdr + "a 0 1 0 0\nf 0 1 0 5\n", 3, "f event with 5 fields; want 3"},
@@ -74,6 +83,27 @@ func TestReadBadInput(t *testing.T) {
 		{"no final newline", hdr + "a 0 1 0 0\nf 0", 3, "f event with 2 fields"},
 		{"line too long", hdr + "# " + strings.Repeat("x", maxLine) + "\n", 2, "line longer than"},
 		{"nul byte", hdr + "a 0 1\x00 0 0\n", 2, `SIZE "1\x00" is not a decimal number`},
+
+		// Sites.
+		{"site undefined", hdr + "s 1 f x.py:1\na 0 1 0 0 2\n", 3, `a 0: site 2 is not defined; an "s 2 TEXT" line must come first`},
+		{"site used before defined", hdr + "a 0 1 0 0 1\ns 1 f x.py:1\n", 2, "a 0: site 1 is not defined"},
+		{"site redefined", hdr + "s 1 f x.py:1\ns 2 g\ns 1 f x.py:1\n", 4, "s 1: site 1 was already defined at line 2"},
+		{"site 0 defined", hdr + "s 0 f x.py:1\n", 2, "s 0: SITE is 0; sites are numbered from 1"},
+		{"site 0 used", hdr + "a 0 1 0 0 0\n", 2, "a 0: SITE is 0; sites are numbered from 1 (leave the field out for none)"},
+		{"site without text", hdr + "s 1\n", 2, "s 1: no TEXT; want s SITE TEXT"},
+		{"site with blank text", hdr + "s 1 \t  \r\n", 2, "s 1: no TEXT"},
+		{"site alone", hdr + "s\n", 2, "s line with no SITE; want s SITE TEXT"},
+		{"site not a number", hdr + "s x f\n", 2, `s: SITE "x" is not a decimal number`},
+		{"site negative", hdr + "s -1 f\n", 2, `s: SITE "-1" is negative`},
+		{"site overflows", hdr + "s 4294967296 f\n", 2, `s: SITE "4294967296" overflows 32 bits`},
+		{"alloc site overflows", hdr + "a 0 1 0 0 4294967296\n", 2, `a 0: SITE "4294967296" overflows 32 bits`},
+		{"alloc site not a number", hdr + "a 0 1 0 0 one\n", 2, `a 0: SITE "one" is not a decimal number`},
+		{"free with site", hdr + "s 1 f\na 0 1 0 0 1\nf 0 1 1\n", 4, "f event with 4 fields; want 3: f ID T_US"},
+		{"site text too long", hdr + "s 1 " + strings.Repeat("x", MaxSiteText+1) + "\n", 2, "s 1: TEXT of 61441 bytes is longer than 61440"},
+		{"site text not utf-8", hdr + "s 1 f \xff.py:1\n", 2, "s 1: TEXT is not valid UTF-8"},
+		{"site text with cr", hdr + "s 1 f\rg\n", 2, "s 1: TEXT holds a carriage return"},
+		{"site upper case", hdr + "S 1 f\n", 2, `unknown event kind "S"`},
+		{"site spelled out", hdr + "site 1 f\n", 2, `unknown event kind "site"`},
 	}
 	for _, tt := range tests {
 		for _, compressed := range []bool{false, true} {
@@ -133,6 +163,12 @@ func TestErrorString(t *testing.T) {
 	}
 }
 
+func allocSite(id, size, stream, t uint64, site uint32) Event {
+	e := alloc(id, size, stream, t)
+	e.Site = site
+	return e
+}
+
 func TestReadGood(t *testing.T) {
 	const maxU = "18446744073709551615"
 	tests := []struct {
@@ -142,6 +178,7 @@ func TestReadGood(t *testing.T) {
 		slots   []int32
 		peak    uint64
 		streams []uint64
+		sites   map[uint32]string
 	}{
 		{
 			name:    "header only",
@@ -158,9 +195,9 @@ func TestReadGood(t *testing.T) {
 			name: "readme example",
 			in:   hdr + "a 0 154389504 0 4\na 1 3145728 0 31442\nf 1 31502\n",
 			want: []Event{
-				{Alloc, 0, 154389504, 0, 4},
-				{Alloc, 1, 3145728, 0, 31442},
-				{Free, 1, 0, 0, 31502},
+				alloc(0, 154389504, 0, 4),
+				alloc(1, 3145728, 0, 31442),
+				free(1, 31502),
 			},
 			slots:   []int32{0, 1, 1},
 			peak:    157535232,
@@ -170,11 +207,11 @@ func TestReadGood(t *testing.T) {
 			name: "spacing comments crlf no final newline",
 			in:   "# gpumem-trace v1\r\n# comment\n\n\t a\t0  10 7 0 \r\n  #x\na 1 20 0 0\nf 0 5\na 2 1 7 6\nf 2 6",
 			want: []Event{
-				{Alloc, 0, 10, 7, 0},
-				{Alloc, 1, 20, 0, 0},
-				{Free, 0, 0, 0, 5},
-				{Alloc, 2, 1, 7, 6},
-				{Free, 2, 0, 0, 6},
+				alloc(0, 10, 7, 0),
+				alloc(1, 20, 0, 0),
+				free(0, 5),
+				alloc(2, 1, 7, 6),
+				free(2, 6),
 			},
 			slots:   []int32{0, 1, 0, 2, 2},
 			peak:    30,
@@ -185,12 +222,12 @@ func TestReadGood(t *testing.T) {
 			in: hdr + "a " + maxU + " 1125899906842624 " + maxU + " 0\na 5 2 0 1\na 4000 3 9 1\n" +
 				"f " + maxU + " 2\na 0 4 " + maxU + " 3\nf 4000 " + maxU + "\n",
 			want: []Event{
-				{Alloc, math.MaxUint64, MaxSize, math.MaxUint64, 0},
-				{Alloc, 5, 2, 0, 1},
-				{Alloc, 4000, 3, 9, 1},
-				{Free, math.MaxUint64, 0, 0, 2},
-				{Alloc, 0, 4, math.MaxUint64, 3},
-				{Free, 4000, 0, 0, math.MaxUint64},
+				alloc(math.MaxUint64, MaxSize, math.MaxUint64, 0),
+				alloc(5, 2, 0, 1),
+				alloc(4000, 3, 9, 1),
+				free(math.MaxUint64, 2),
+				alloc(0, 4, math.MaxUint64, 3),
+				free(4000, math.MaxUint64),
 			},
 			slots:   []int32{0, 1, 2, 0, 3, 2},
 			peak:    MaxSize + 5,
@@ -200,12 +237,37 @@ func TestReadGood(t *testing.T) {
 			name: "leading zeros",
 			in:   hdr + "a 007 0000000000000000000000000001 0 00\nf 7 1\n",
 			want: []Event{
-				{Alloc, 7, 1, 0, 0},
-				{Free, 7, 0, 0, 1},
+				alloc(7, 1, 0, 0),
+				free(7, 1),
 			},
 			slots:   []int32{0, 0},
 			peak:    1,
 			streams: []uint64{0},
+		},
+		{
+			name: "sites",
+			in: hdr + "s 1 forward model.py:10 < <module> train.py:3\n" +
+				"a 0 10 0 0 1\n" +
+				"  s\t7\t  spaced\ttext  \t\r\n" +
+				"a 1 20 0 1 7\na 2 5 0 2\nf 0 3\na 3 1 0 3 00001\n" +
+				"s 4294967295 \u00e9t\u00e9 caf\u00e9.py:1\n" +
+				"s 9 unused\n",
+			want: []Event{
+				allocSite(0, 10, 0, 0, 1),
+				allocSite(1, 20, 0, 1, 7),
+				alloc(2, 5, 0, 2),
+				free(0, 3),
+				allocSite(3, 1, 0, 3, 1),
+			},
+			slots:   []int32{0, 1, 2, 0, 3},
+			peak:    35,
+			streams: []uint64{0},
+			sites: map[uint32]string{
+				1:          "forward model.py:10 < <module> train.py:3",
+				7:          "spaced\ttext",
+				4294967295: "\u00e9t\u00e9 caf\u00e9.py:1",
+				9:          "unused",
+			},
 		},
 	}
 	for _, tt := range tests {
@@ -229,6 +291,9 @@ func TestReadGood(t *testing.T) {
 				}
 				if !slices.Equal(tr.Streams, tt.streams) {
 					t.Errorf("streams %v, want %v", tr.Streams, tt.streams)
+				}
+				if !maps.Equal(tr.Sites, tt.sites) || (tr.Sites == nil) != (tt.sites == nil) {
+					t.Errorf("sites %v, want %v", tr.Sites, tt.sites)
 				}
 				allocs := 0
 				for _, e := range tt.want {
@@ -344,7 +409,7 @@ func TestReaderStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Event{{Alloc, 0, 1, 0, 0}, {Free, 0, 0, 0, 1}}
+	want := []Event{alloc(0, 1, 0, 0), free(0, 1)}
 	for i, w := range want {
 		ev, err := rd.Next()
 		if err != nil || ev != w {
@@ -357,6 +422,24 @@ func TestReaderStream(t *testing.T) {
 	}
 	if _, err2 := rd.Next(); err2 != err {
 		t.Errorf("second Next after error: %v, want the same %v", err2, err)
+	}
+
+	// Site definitions are kept, not returned.
+	rd, _ = NewReader(strings.NewReader(hdr + "s 3 f x.py:1 < g y.py:2\n\na 0 1 0 0 3\ns 4 h\nf 0 1\n"))
+	if rd.Site(3) != "" {
+		t.Errorf("Site(3) before reading its line: %q", rd.Site(3))
+	}
+	if ev, err := rd.Next(); err != nil || ev != allocSite(0, 1, 0, 0, 3) {
+		t.Fatalf("first event %v, %v", ev, err)
+	}
+	if got := rd.Site(3); got != "f x.py:1 < g y.py:2" {
+		t.Errorf("Site(3) = %q", got)
+	}
+	if ev, err := rd.Next(); err != nil || ev != free(0, 1) {
+		t.Fatalf("second event %v, %v", ev, err)
+	}
+	if rd.Site(4) != "h" || rd.Site(0) != "" || rd.Site(5) != "" {
+		t.Errorf("Site(4), Site(0), Site(5) = %q, %q, %q", rd.Site(4), rd.Site(0), rd.Site(5))
 	}
 
 	rd, _ = NewReader(strings.NewReader(hdr))

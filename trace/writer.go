@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"unicode/utf8"
 )
 
 // Writer writes a trace in the gpumem-trace v1 format. Its output is
@@ -16,6 +17,7 @@ type Writer struct {
 	w     *bufio.Writer
 	buf   []byte
 	lastT uint64
+	sites map[uint32]bool // the sites written
 }
 
 // NewWriter returns a Writer to w, after writing the header line.
@@ -31,14 +33,63 @@ func NewWriter(w io.Writer) (*Writer, error) {
 // writes nothing, if size is 0 or above MaxSize or if tUS is before the time
 // of the previous event.
 func (w *Writer) Alloc(id, size, stream, tUS uint64) error {
+	return w.AllocSite(id, size, stream, tUS, 0)
+}
+
+// AllocSite writes the event "a id size stream tUS site", or, for site 0,
+// the same without a site, as Alloc does. It returns an error, and writes
+// nothing, where Alloc would and if site is not 0 and was not written
+// before with Site.
+func (w *Writer) AllocSite(id, size, stream, tUS uint64, site uint32) error {
 	switch {
 	case size == 0:
 		return fmt.Errorf("trace: Alloc %d: size is 0", id)
 	case size > MaxSize:
 		return fmt.Errorf("trace: Alloc %d: size %d is larger than 1 PiB", id, size)
+	case site != 0 && !w.sites[site]:
+		return fmt.Errorf("trace: Alloc %d: site %d is not defined (write it with Site first)", id, site)
 	}
-	return w.write(Event{Kind: Alloc, ID: id, Size: size, Stream: stream, TimeUS: tUS})
+	return w.write(Event{Kind: Alloc, ID: id, Size: size, Stream: stream, TimeUS: tUS, Site: site})
 }
+
+// Site writes the line "s site text", which defines site for the Alloc
+// events after it. It returns an error, and writes nothing, if site is 0 or
+// was written before, or if text is empty, longer than MaxSiteText, not
+// valid UTF-8, holds a newline or a carriage return, or starts or ends with
+// a space or a tab (a Reader would not read it back the same).
+func (w *Writer) Site(site uint32, text string) error {
+	var fault string
+	switch {
+	case site == 0:
+		fault = "sites are numbered from 1"
+	case w.sites[site]:
+		fault = "already written"
+	case text == "":
+		fault = "the text is empty"
+	case len(text) > MaxSiteText:
+		fault = fmt.Sprintf("the text of %d bytes is longer than %d", len(text), MaxSiteText)
+	case strings.ContainsAny(text, "\n\r"):
+		fault = "the text holds a line break"
+	case isBlank(text[0]) || isBlank(text[len(text)-1]):
+		fault = "the text starts or ends with a space or a tab"
+	case !utf8.ValidString(text):
+		fault = "the text is not valid UTF-8"
+	}
+	if fault != "" {
+		return fmt.Errorf("trace: Site %d: %s", site, fault)
+	}
+	w.buf = append(appendSite(w.buf[:0], site, text), '\n')
+	if _, err := w.w.Write(w.buf); err != nil {
+		return err
+	}
+	if w.sites == nil {
+		w.sites = make(map[uint32]bool)
+	}
+	w.sites[site] = true
+	return nil
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' }
 
 // Free writes the event "f id tUS". It returns an error, and writes nothing,
 // if tUS is before the time of the previous event.

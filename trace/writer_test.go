@@ -2,6 +2,7 @@ package trace
 
 import (
 	"bytes"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -16,7 +17,7 @@ func writeEvents(t testing.TB, w *Writer, events []Event) {
 	for _, e := range events {
 		var err error
 		if e.Kind == Alloc {
-			err = w.Alloc(e.ID, e.Size, e.Stream, e.TimeUS)
+			err = w.AllocSite(e.ID, e.Size, e.Stream, e.TimeUS, e.Site)
 		} else {
 			err = w.Free(e.ID, e.TimeUS)
 		}
@@ -27,14 +28,14 @@ func writeEvents(t testing.TB, w *Writer, events []Event) {
 }
 
 var roundTripEvents = []Event{
-	{Alloc, 0, 154389504, 0, 4},
-	{Alloc, 1, 3145728, 0, 31442},
-	{Free, 1, 0, 0, 31502},
-	{Alloc, 2, 1, 0x7f3a00001000, 31502},
-	{Alloc, math.MaxUint64, MaxSize, math.MaxUint64, 40000},
-	{Alloc, 12345678901, 512, 3, 40000},
-	{Free, 0, 0, 0, 50000},
-	{Free, math.MaxUint64, 0, 0, math.MaxUint64},
+	alloc(0, 154389504, 0, 4),
+	alloc(1, 3145728, 0, 31442),
+	free(1, 31502),
+	alloc(2, 1, 0x7f3a00001000, 31502),
+	alloc(math.MaxUint64, MaxSize, math.MaxUint64, 40000),
+	alloc(12345678901, 512, 3, 40000),
+	free(0, 50000),
+	free(math.MaxUint64, math.MaxUint64),
 }
 
 func TestWriterRoundTrip(t *testing.T) {
@@ -67,6 +68,95 @@ func TestWriterRoundTrip(t *testing.T) {
 	}
 	if !slices.Equal(got, roundTripEvents) {
 		t.Errorf("read back\n%v\nwant\n%v", got, roundTripEvents)
+	}
+}
+
+func TestWriterSites(t *testing.T) {
+	var buf bytes.Buffer
+	w, _ := NewWriter(&buf)
+	sites := map[uint32]string{
+		1:              "forward model.py:10 < <module> train.py:3",
+		math.MaxUint32: "inner\tframe <lambda> caf\u00e9.py:1",
+		5:              strings.Repeat("x", MaxSiteText),
+	}
+	steps := []func() error{
+		func() error { return w.Site(1, sites[1]) },
+		func() error { return w.AllocSite(0, 10, 0, 0, 1) },
+		func() error { return w.AllocSite(1, 20, 0, 1, 0) },
+		func() error { return w.Site(math.MaxUint32, sites[math.MaxUint32]) },
+		func() error { return w.Site(5, sites[5]) },
+		func() error { return w.AllocSite(2, 30, 7, 2, math.MaxUint32) },
+		func() error { return w.Free(0, 3) },
+		func() error { return w.AllocSite(3, 40, 0, 3, 1) },
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	w.Flush()
+	want := hdr + "s 1 forward model.py:10 < <module> train.py:3\na 0 10 0 0 1\na 1 20 0 1\n" +
+		"s 4294967295 inner\tframe <lambda> caf\u00e9.py:1\n"
+	if !strings.HasPrefix(buf.String(), want) {
+		t.Errorf("output starts\n%.200s\nwant\n%s", buf.String(), want)
+	}
+	tr, err := Read(&buf, "sites")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantEvents := []Event{
+		allocSite(0, 10, 0, 0, 1),
+		alloc(1, 20, 0, 1),
+		allocSite(2, 30, 7, 2, math.MaxUint32),
+		free(0, 3),
+		allocSite(3, 40, 0, 3, 1),
+	}
+	if !slices.Equal(tr.Events, wantEvents) {
+		t.Errorf("events\n%v\nwant\n%v", tr.Events, wantEvents)
+	}
+	if !maps.Equal(tr.Sites, sites) {
+		t.Errorf("sites differ: %d read, %d written", len(tr.Sites), len(sites))
+	}
+}
+
+func TestWriterSiteRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		do   func(w *Writer) error
+		msg  string
+	}{
+		{"alloc at undefined site", func(w *Writer) error { return w.AllocSite(1, 1, 0, 10, 2) }, "trace: Alloc 1: site 2 is not defined"},
+		{"site 0", func(w *Writer) error { return w.Site(0, "f") }, "trace: Site 0: sites are numbered from 1"},
+		{"site twice", func(w *Writer) error { return w.Site(1, "g") }, "trace: Site 1: already written"},
+		{"empty", func(w *Writer) error { return w.Site(2, "") }, "the text is empty"},
+		{"newline", func(w *Writer) error { return w.Site(2, "f x.py:1\ng y.py:2") }, "line break"},
+		{"carriage return", func(w *Writer) error { return w.Site(2, "f\r") }, "line break"},
+		{"leading space", func(w *Writer) error { return w.Site(2, " f") }, "starts or ends with a space or a tab"},
+		{"trailing tab", func(w *Writer) error { return w.Site(2, "f\t") }, "starts or ends with a space or a tab"},
+		{"blank", func(w *Writer) error { return w.Site(2, " ") }, "starts or ends with a space or a tab"},
+		{"too long", func(w *Writer) error { return w.Site(2, strings.Repeat("x", MaxSiteText+1)) }, "text of 61441 bytes is longer than 61440"},
+		{"not utf-8", func(w *Writer) error { return w.Site(2, "f \xff") }, "not valid UTF-8"},
+		{"bad size with a good site", func(w *Writer) error { return w.AllocSite(1, 0, 0, 10, 1) }, "size is 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			w, _ := NewWriter(&buf)
+			if err := w.Site(1, "f x.py:1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.AllocSite(0, 1, 0, 10, 1); err != nil {
+				t.Fatal(err)
+			}
+			err := tt.do(w)
+			if err == nil || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("error %v, want %q", err, tt.msg)
+			}
+			w.Flush()
+			if want := hdr + "s 1 f x.py:1\na 0 1 0 10 1\n"; buf.String() != want {
+				t.Errorf("output %q, want %q (nothing written for the rejected line)", buf.String(), want)
+			}
+		})
 	}
 }
 
@@ -166,8 +256,9 @@ func TestEventString(t *testing.T) {
 		e    Event
 		want string
 	}{
-		{Event{Alloc, 3, 4096, 7, 12}, "a 3 4096 7 12"},
-		{Event{Free, 3, 0, 0, 15}, "f 3 15"},
+		{alloc(3, 4096, 7, 12), "a 3 4096 7 12"},
+		{free(3, 15), "f 3 15"},
+		{allocSite(3, 4096, 7, 12, 9), "a 3 4096 7 12 9"},
 	} {
 		if got := tt.e.String(); got != tt.want {
 			t.Errorf("%#v.String() = %q, want %q", tt.e, got, tt.want)
