@@ -3,8 +3,11 @@
 The format is described in testdata/traces/README.md:
 
     # gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US
-    a ID SIZE STREAM T_US     the program asked for SIZE bytes, named ID
-    f ID T_US                 the program freed request ID
+    a ID SIZE STREAM T_US [SITE]   the program asked for SIZE bytes, named ID
+    f ID T_US                      the program freed request ID
+    s SITE TEXT                    call site SITE is the call stack TEXT
+
+(package trace's doc.go has the whole of it, call sites included).
 
 load() turns a file (gzip or plain text) into three parallel lists, one entry per
 event, so that a replay loop does no parsing while it is timed:
@@ -14,8 +17,10 @@ event, so that a replay loop does no parsing while it is timed:
     sizes[k]  SIZE for an allocation, 0 for a free
 
 and checks the file on the way (header, unique IDs, no free of an unknown or
-already freed ID). peak_live() gives the largest sum of SIZE over requests alive at
-the same moment, for the whole trace or for a prefix of it.
+already freed ID, sites defined once and before use). Call sites play no part in
+a replay; their texts are kept in Trace.sites (site number -> TEXT). peak_live()
+gives the largest sum of SIZE over requests alive at the same moment, for the
+whole trace or for a prefix of it.
 
 This module is imported by replay_peer.py on the GPU machine and by selftest.py on
 a machine without one. It is named tracefile, not trace, so as not to shadow the
@@ -24,8 +29,13 @@ standard library's trace module.
 
 import gzip
 import os
+import re
 
 HEADER = "# gpumem-trace v1"
+
+# A site definition: TEXT is the rest of the line, without the spaces and tabs
+# around it (spaces inside it are kept).
+_SITE = re.compile(r"[ \t]*s[ \t]+([0-9]+)[ \t]+(.*?)[ \t\r\n]*\Z", re.S)
 
 
 class TraceError(ValueError):
@@ -35,12 +45,13 @@ class TraceError(ValueError):
 class Trace:
     """A parsed trace. See the module docstring for the meaning of the lists."""
 
-    def __init__(self, name, kinds, ids, sizes, streams):
+    def __init__(self, name, kinds, ids, sizes, streams, sites=None):
         self.name = name
         self.kinds = kinds
         self.ids = ids
         self.sizes = sizes
         self.streams = streams  # set of STREAM values seen (as strings)
+        self.sites = sites if sites is not None else {}  # SITE -> TEXT
         self.n_ids = (max(ids) + 1) if ids else 0
         self.peak_live_bytes = peak_live(kinds, ids, sizes)
 
@@ -52,7 +63,7 @@ class Trace:
         if max_events is None or max_events <= 0 or max_events >= len(self.kinds):
             return self
         return Trace(self.name, self.kinds[:max_events], self.ids[:max_events],
-                     self.sizes[:max_events], self.streams)
+                     self.sizes[:max_events], self.streams, self.sites)
 
     @property
     def allocations(self):
@@ -72,15 +83,18 @@ def trace_name(path):
 def _open_text(path):
     with open(path, "rb") as f:
         magic = f.read(2)
+    # UTF-8, not ASCII: a site's TEXT may name files and functions in any
+    # script. newline="\n" keeps a stray "\r" inside a line where it is.
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="ascii")
-    return open(path, "rt", encoding="ascii")
+        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
+    return open(path, "rt", encoding="utf-8", newline="\n")
 
 
 def load(path):
     """Parse the trace at path. Raises TraceError on a malformed file."""
     kinds, ids, sizes = [], [], []
     streams = set()
+    sites = {}
     size_of = {}  # live request ID -> SIZE, to check frees
     seen = set()
     with _open_text(path) as f:
@@ -95,11 +109,13 @@ def load(path):
             op = p[0]
             try:
                 if op == "a":
-                    if len(p) != 5:
-                        raise TraceError("want 'a ID SIZE STREAM T_US'")
+                    if len(p) not in (5, 6):
+                        raise TraceError("want 'a ID SIZE STREAM T_US [SITE]'")
                     rid, size = int(p[1]), int(p[2])
                     if rid < 0 or size < 0:
                         raise TraceError("negative ID or SIZE")
+                    if len(p) == 6 and int(p[5]) not in sites:
+                        raise TraceError("site %s is not defined" % p[5])
                     if rid in seen:
                         raise TraceError("request ID %d allocated twice" % rid)
                     seen.add(rid)
@@ -118,13 +134,21 @@ def load(path):
                     kinds.append(0)
                     ids.append(rid)
                     sizes.append(0)
+                elif op == "s":
+                    m = _SITE.match(line)
+                    if not m:
+                        raise TraceError("want 's SITE TEXT'")
+                    site = int(m.group(1))
+                    if site < 1 or site in sites:
+                        raise TraceError("site %d is 0 or defined twice" % site)
+                    sites[site] = m.group(2)
                 else:
                     raise TraceError("unknown event %r" % op)
             except TraceError as e:
                 raise TraceError("%s: line %d: %s" % (path, lineno, e)) from None
             except ValueError as e:
                 raise TraceError("%s: line %d: %s" % (path, lineno, e)) from None
-    return Trace(trace_name(path), kinds, ids, sizes, streams)
+    return Trace(trace_name(path), kinds, ids, sizes, streams, sites)
 
 
 def peak_live(kinds, ids, sizes, upto=None):
