@@ -9,9 +9,13 @@
 #                                   writes everything under $OUT (default
 #                                   build/gpu/out). PARTs: tests, cost,
 #                                   cpubench, replay, peers, table (the
-#                                   default: all six), and passes (the
-#                                   peak over PASSES=10 passes in a row,
-#                                   gpumem and PyTorch's allocators).
+#                                   default: all six), passes (the peak
+#                                   over PASSES=10 passes in a row, gpumem
+#                                   and PyTorch's allocators), python (the
+#                                   Python package's tests, PyTorch and
+#                                   CuPy on gpumem) and train (real
+#                                   training under each allocator:
+#                                   bench/train; PROGRAMS=a,b for some).
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
@@ -30,6 +34,7 @@ build() {
 	go test -c -o "$bin/gputest.test" ./internal/gputest
 	go test -c -o "$bin/gpumem_pkg.test" .
 	go build -o "$bin/gpumem" ./cmd/gpumem
+	scripts/lib.sh # build/libgpumem.so and its copy in python/gpumem/ (cgo)
 	git describe --always --dirty >"$bin/COMMIT" 2>/dev/null || true
 	ls -l "$bin"
 }
@@ -90,6 +95,19 @@ run() {
 			OUT="$out" PEERS=${PEERS:-torch-native,torch-expandable,torch-async,torch-native-cxx,torch-expandable-cxx} \
 				bash bench/peers/run_all.sh --no-warm --passes "$n" --out "$out/passes_peers.jsonl" || true
 			rm -f "$out/peers_table.md"
+			;;
+		python)
+			{
+				machine
+				python3 -m pytest -v -rs python/tests 2>&1
+			} >"$out/python.log" 2>&1 || true
+			tail -1 "$out/python.log" >&2
+			;;
+		train)
+			local progs=()
+			[ -n "${PROGRAMS:-}" ] && progs=(--programs "$PROGRAMS")
+			python3 bench/train/suite.py "${progs[@]}" --out "$out/train.jsonl" >"$out/train.md" 2>"$out/train.log" || true
+			cat "$out/train.md" >&2
 			;;
 		table)
 			{

@@ -9,7 +9,8 @@ NVML reports it (polled from another process), the peak reserved by the
 allocator, every step's time and loss, the median step time after warm-up
 (the first fifth of the steps, at least 2), and how long after
 del + gc.collect() + torch.cuda.empty_cache() the NVML figure took to come
-back within 64 MiB of its value before the model was built."""
+back within 64 MiB of its value before the model was built (measured on a
+second, short round of the program: see the comment at the cleanup)."""
 
 import argparse
 import gc
@@ -42,6 +43,7 @@ def main():
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--out")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--no-watch", action="store_true", help="no NVML polling (its peak is then 0)")
     args = ap.parse_args()
 
     if args.allocator == "expandable":
@@ -61,9 +63,11 @@ def main():
     torch.zeros(1, device="cuda")  # the context, before anything is measured
     torch.cuda.synchronize()
     before = nvml_used(pid)
-    watch = subprocess.Popen([sys.executable, os.path.join(HERE, "nvmlwatch.py"), str(pid)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert watch.stdout.readline().strip() == "ready"
+    watch = None
+    if not args.no_watch:
+        watch = subprocess.Popen([sys.executable, os.path.join(HERE, "nvmlwatch.py"), str(pid)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert watch.stdout.readline().strip() == "ready"
 
     times, losses = [], []
     last = [time.perf_counter()]
@@ -86,28 +90,51 @@ def main():
     else:
         peak_reserved, peak_allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
 
-    # Give everything back and time how long NVML takes to see it.
+    # Give everything back. The first cleanup's NVML figure also holds what
+    # the program loaded on the way (CUDA modules loaded lazily, library
+    # handles and workspaces), which no allocator can give back; so a second,
+    # short round of the same program measures the release: NVML before it,
+    # and how long after its cleanup the figure takes to come back within
+    # 64 MiB of that.
+    def cleanup(model, opt):
+        del model, opt
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    cleanup(model, opt)
+    model = opt = None
+    after_first = nvml_used(pid)
+    held_after = gpumem.torch.stats()["reserved"] if args.allocator == "gpumem" else torch.cuda.memory_reserved()
+
+    before2 = nvml_used(pid)
+    model, opt = fn(2, lambda loss: None)
+    torch.cuda.synchronize()
+    during2 = nvml_used(pid)
     del model, opt
     gc.collect()
     t0 = time.perf_counter()
     torch.cuda.empty_cache()
-    release_ms, after = None, None
+    release_ms, after2 = None, None
     while time.perf_counter() - t0 < 2.0:
-        after = nvml_used(pid)
-        if after <= before + (64 << 20):
+        after2 = nvml_used(pid)
+        if after2 <= before2 + (64 << 20):
             release_ms = (time.perf_counter() - t0) * 1e3
             break
         time.sleep(0.002)
 
-    watch.stdin.close()
-    nvml_peak = int(watch.stdout.readline())
-    watch.wait()
+    nvml_peak = 0
+    if watch:
+        watch.stdin.close()
+        nvml_peak = int(watch.stdout.readline())
+        watch.wait()
 
     warm = max(2, steps // 5)
     rec = {
         "program": args.program, "allocator": args.allocator, "tag": args.tag, "steps": steps,
-        "nvml_peak_bytes": nvml_peak, "nvml_before_bytes": before, "nvml_after_bytes": after,
-        "release_ms": release_ms, "peak_reserved_bytes": peak_reserved,
+        "nvml_peak_bytes": nvml_peak, "nvml_before_bytes": before,
+        "nvml_after_cleanup_bytes": after_first, "allocator_held_after_cleanup_bytes": held_after,
+        "nvml_round2_before_bytes": before2, "nvml_round2_during_bytes": during2,
+        "nvml_round2_after_bytes": after2, "release_ms": release_ms, "peak_reserved_bytes": peak_reserved,
         "peak_allocated_bytes": peak_allocated,
         "median_step_ms": statistics.median(times[warm:]) if len(times) > warm else None,
         "total_step_ms_after_warmup": sum(times[warm:]),
@@ -115,7 +142,7 @@ def main():
         "gpu": torch.cuda.get_device_name(),
     }
     if args.allocator == "gpumem":
-        rec["gpumem_stats"] = gpumem.torch.stats()
+        rec["gpumem_stats"] = json.loads(gpumem.library().stats_json(0))
     line = json.dumps(rec)
     print(line)
     if args.out:

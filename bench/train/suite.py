@@ -24,6 +24,7 @@ def main():
     ap.add_argument("--runs", default=",".join(f"{a}:{t}" if t else a for a, t in RUNS))
     ap.add_argument("--out")
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--steps", type=int, default=0, help="steps per program (default: each program's own)")
     args = ap.parse_args()
     out = args.out or os.path.join(os.environ.get("OUT") or os.path.join(HERE, os.pardir, "out"), "train.jsonl")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -31,7 +32,7 @@ def main():
     for prog in args.programs.split(","):
         for alloc, tag in runs:
             t0 = time.time()
-            cmd = [sys.executable, os.path.join(HERE, "run.py"), prog, alloc, "--out", out, "--tag", tag]
+            cmd = [sys.executable, os.path.join(HERE, "run.py"), prog, alloc, "--out", out, "--tag", tag, "--steps", str(args.steps)]
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
                 ok = p.returncode == 0

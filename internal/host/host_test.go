@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/trace"
 )
 
 const (
@@ -302,5 +303,70 @@ func BenchmarkHostAllocFree(b *testing.B) {
 		if err := h.Free(0, p); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestRecording: a recording holds the allocations and frees made while it
+// runs (not those of buffers from before), with streams and sites, and
+// loads as a trace; a second recording's IDs do not mix with the first's.
+func TestRecording(t *testing.T) {
+	h := newSimHost(t, "")
+	dir := t.TempDir()
+	old, err := h.Alloc(0, miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := dir + "/one.trace.gz"
+	if err := h.StartRecording(0, path); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.StartRecording(0, dir+"/two.trace"); Code(err) != StatusConfig {
+		t.Errorf("a second recording of the same device: %v", err)
+	}
+	if err := h.DefineSite(0, 1, "step train.py:10 < main train.py:20"); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := h.Alloc(0, 3*miB, 5, 1)
+	b, _ := h.Alloc(0, 4096, 0, 0)
+	if err := h.Free(0, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Free(0, old); err != nil { // allocated before: not recorded
+		t.Fatal(err)
+	}
+	sum, err := h.StopRecording(0)
+	if err != nil || sum.Allocs != 2 || sum.Frees != 1 {
+		t.Fatalf("StopRecording: %+v, %v", sum, err)
+	}
+	// b was allocated during the first recording: its free must not reach
+	// the second one, which never allocated it.
+	if err := h.StartRecording(0, dir+"/two.trace"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Free(0, b); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := h.Alloc(0, 8192, 0, 0)
+	_ = h.Free(0, c)
+	sum2, err := h.StopRecording(0)
+	if err != nil || sum2.Allocs != 1 || sum2.Frees != 1 {
+		t.Fatalf("second recording: %+v, %v", sum2, err)
+	}
+	if _, err := h.StopRecording(0); Code(err) != StatusConfig {
+		t.Errorf("StopRecording twice: %v", err)
+	}
+	tr, err := trace.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Requests != 2 || len(tr.Events) != 3 || tr.Events[0].Stream != 5 || tr.Events[0].Site != 1 ||
+		tr.Sites[1] != "step train.py:10 < main train.py:20" || tr.PeakLiveBytes != 3*miB+4096 {
+		t.Errorf("recorded trace: %d requests, events %v, sites %v, peak %d", tr.Requests, tr.Events, tr.Sites, tr.PeakLiveBytes)
+	}
+	if _, err := trace.Load(dir + "/two.trace"); err != nil {
+		t.Errorf("the second recording does not load: %v", err)
+	}
+	if err := h.StartRecording(0, dir+"/no/such/dir/x.trace"); Code(err) != StatusIO {
+		t.Errorf("recording to a missing directory: %v", err)
 	}
 }

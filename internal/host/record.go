@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gpumem/gpumem/trace"
 )
 
 // A recorder writes one device's requests as a gpumem trace while a
@@ -38,9 +40,7 @@ type traceFile interface {
 	Close() error
 }
 
-var createTrace = func(path string) (traceFile, error) {
-	return nil, errors.New("recording needs trace sites (pending)") // TODO(sites): trace.Create
-}
+var createTrace = func(path string) (traceFile, error) { return trace.Create(path) }
 
 var recordGen atomic.Uint32
 
