@@ -18,8 +18,8 @@ The programs (see testdata/traces/README.md for the recorded runs):
     resnet50_train       ResNet-50 training, SGD, bf16, batch 64 at 224x224
     gpt2_generate        GPT-2 small sampling 96 new tokens for random batches
                          (1..16) and prompts (16..256)
-    sweep_create_dispose an MLP of random width and depth built, trained 5
-                         steps and dropped, over and over
+    sweep_create_dispose an MLP of random width and depth built on the GPU,
+                         trained 5 steps and dropped, over and over
     two_stream           a side stream makes each batch (random tokens,
                          embedding, normalization) while the main stream trains
                          on the previous one; record_stream hands each batch over
@@ -146,8 +146,10 @@ def sweep_create_dispose(steps, log, seed=0):
         width, depth = rng.choice([2048, 3072, 4096, 6144, 8192]), rng.randint(2, 8)
         layers = []
         for _ in range(depth):
-            layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
-        model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).to(DEVICE)
+            layers += [torch.nn.Linear(width, width, device=DEVICE), torch.nn.GELU()]
+        # Built on the GPU: on the CPU, initializing the weights takes most
+        # of a step and makes its time as noisy as the host's CPU.
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10, device=DEVICE))
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
         for _ in range(5):
             x = torch.randn(512, width, device=DEVICE, generator=g)

@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-watch", action="store_true", help="no NVML polling (its peak is then 0)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the steps; the top 30 functions go to stderr")
     args = ap.parse_args()
 
     if args.allocator == "expandable":
@@ -76,11 +77,18 @@ def main():
         torch.cuda.synchronize()
         now = time.perf_counter()
         times.append((now - last[0]) * 1e3)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         last[0] = time.perf_counter()
 
     start = time.perf_counter()
-    model, opt = fn(steps, log)
+    if args.profile:
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        model, opt = prof.runcall(fn, steps, log)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+    else:
+        model, opt = fn(steps, log)
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
 
