@@ -1,0 +1,93 @@
+"""ddp.py ALLOCATOR [--steps N] [--out FILE]: GPT-2 small trained data
+parallel under torch.distributed (NCCL), one process per GPU, under one
+allocator (native, expandable or gpumem). Launch with
+
+    python3 -m torch.distributed.run --nproc_per_node 2 bench/train/ddp.py gpumem --out ddp.jsonl
+
+Each rank appends one JSON line: its process's NVML peak (polled from
+another process), its allocator's peak reserved, its step times (median
+after warm-up) and its losses. Sequence lengths vary per step (64..1024,
+the same on every rank, so that the ranks stay in step); tokens differ by
+rank."""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("allocator", choices=["native", "expandable", "gpumem"])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--out")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    rank, local, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.allocator == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(local)
+    if args.allocator == "gpumem":
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import gpumem.torch
+        gpumem.torch.use()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    torch.zeros(1, device="cuda")
+    pid = os.getpid()
+    watch = subprocess.Popen([sys.executable, os.path.join(HERE, "nvmlwatch.py"), str(pid)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert watch.stdout.readline().strip() == "ready"
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lengths = random.Random("ddp").choices(range(64, 1025), k=args.steps)
+    g = torch.Generator(device="cuda").manual_seed(rank)
+    times, losses = [], []
+    for n in lengths:
+        t0 = time.perf_counter()
+        x = torch.randint(0, 50257, (8, n), device="cuda", generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        losses.append(float(loss.detach()))
+    if args.allocator == "gpumem":
+        st = gpumem.torch.stats()
+        peak_reserved = st["peak_reserved"]
+    else:
+        peak_reserved = torch.cuda.max_memory_reserved()
+    watch.stdin.close()
+    nvml_peak = int(watch.stdout.readline())
+    watch.wait()
+    warm = max(2, args.steps // 5)
+    rec = {"program": "gpt2_ddp", "allocator": args.allocator, "tag": args.tag, "rank": rank, "world": world,
+           "steps": args.steps, "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": peak_reserved,
+           "median_step_ms": statistics.median(times[warm:]), "step_ms": times, "losses": losses,
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    dist.barrier()
+    dist.destroy_process_group()
+    line = json.dumps(rec)
+    print(line)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
