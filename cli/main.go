@@ -63,6 +63,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"replay", "replay allocation traces and report peak memory, fragmentation and speed", (*env).replay},
+		{"import", "convert a PyTorch memory snapshot into allocation traces", (*env).importSnapshot},
 		{"devices", "list the GPUs, their memory and the processes using it", (*env).devices},
 		{"version", "print gpumem's version", (*env).version},
 		{"help", "print this help, or a command's (gpumem help replay)", (*env).help},
