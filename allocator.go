@@ -28,7 +28,7 @@ type Allocator struct {
 	// was reserved when SetLimit last lowered the limit below it: memory
 	// taken before, which reserved may still exceed the limit by.
 	limit, overhang atomic.Uint64
-	small uint64 // SmallSize
+	small           uint64 // SmallSize
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
 	spanChunks int
 	check      bool // run the checker after every operation

@@ -70,9 +70,9 @@ type OutOfMemoryError struct {
 	// failure: a free block as large (LargestFree), or room to grow within
 	// both the limit and the device's free memory.
 	WouldFit uint64
-	Scope       string // for CauseQuota: the scope whose quota was hit
-	Cause       Cause
-	Err         error // the device error, if any
+	Scope    string // for CauseQuota: the scope whose quota was hit
+	Cause    Cause
+	Err      error // the device error, if any
 }
 
 func (e *OutOfMemoryError) Error() string {
