@@ -1,16 +1,11 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/torchsnapshot"
-	"github.com/gpumem/gpumem/trace"
 )
 
 const importAbout = `Import converts a PyTorch memory snapshot into allocation
@@ -50,62 +45,20 @@ func (e *env) importSnapshot(args []string) int {
 	case *out == "":
 		return e.usageError(fs, "-o TRACE is required")
 	}
-	in := paths[0]
-
-	s, err := torchsnapshot.Load(in)
-	if err != nil {
-		if errors.Is(err, torchsnapshot.ErrFormat) {
-			err = fmt.Errorf("%s: %w", in, err)
+	written, err := torchsnapshot.Import(paths[0], *out)
+	for _, w := range written {
+		sum := w.Summary
+		fmt.Fprintf(e.stdout, "%s: device %d, %d events, %d requests, peak live %s, %d sites\n",
+			w.Path, w.Device, sum.Events, sum.Requests, units.Format(sum.PeakLiveBytes), sum.Sites)
+		for _, note := range importNotes(sum) {
+			fmt.Fprintf(e.stderr, "gpumem import: note: %s: %s\n", w.Path, note)
 		}
+	}
+	if err != nil {
 		fmt.Fprintf(e.stderr, "gpumem import: %v\n", err)
 		return ExitFail
 	}
-	devs := s.Devices()
-	if len(devs) == 0 {
-		fmt.Fprintf(e.stderr, "gpumem import: %s: no allocation history (was torch.cuda.memory._record_memory_history() called before the program allocated?)\n", in)
-		return ExitFail
-	}
-	for _, dev := range devs {
-		path := *out
-		if len(devs) > 1 {
-			path = devicePath(*out, dev)
-		}
-		if same(path, in) {
-			fmt.Fprintf(e.stderr, "gpumem import: %s: the trace would overwrite the snapshot\n", path)
-			return ExitFail
-		}
-		sum, err := writeTrace(s, dev, path)
-		if err != nil {
-			fmt.Fprintf(e.stderr, "gpumem import: %v\n", err)
-			return ExitFail
-		}
-		fmt.Fprintf(e.stdout, "%s: device %d, %d events, %d requests, peak live %s, %d sites\n",
-			path, dev, sum.Events, sum.Requests, units.Format(sum.PeakLiveBytes), sum.Sites)
-		for _, note := range importNotes(sum) {
-			fmt.Fprintf(e.stderr, "gpumem import: note: %s: %s\n", path, note)
-		}
-	}
 	return ExitOK
-}
-
-// writeTrace writes the trace of device dev to the file at path; it
-// removes the file if it cannot complete it. Its errors name the path.
-func writeTrace(s *torchsnapshot.Snapshot, dev int, path string) (torchsnapshot.Summary, error) {
-	w, err := trace.Create(path)
-	if err != nil {
-		return torchsnapshot.Summary{}, err
-	}
-	sum, err := s.WriteTrace(dev, w.Writer)
-	if e := w.Close(); err == nil {
-		err = e
-	}
-	if err != nil {
-		os.Remove(path)
-		if _, ok := errors.AsType[*os.PathError](err); !ok {
-			err = fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	return sum, err
 }
 
 // importNotes says what a trace holds that the history did not record.
@@ -138,32 +91,4 @@ func plural(n int, noun string) string {
 		return noun[:len(noun)-1] + "ies"
 	}
 	return noun + "s"
-}
-
-// devicePath returns where the trace of device dev goes when a snapshot
-// has several: path itself for device 0, else path with ".devN" before
-// ".trace" (with or without ".gz" after it), else before ".gz", else at the
-// end.
-func devicePath(path string, dev int) string {
-	if dev == 0 {
-		return path
-	}
-	tag := ".dev" + strconv.Itoa(dev)
-	dir, base := filepath.Split(path)
-	for _, ext := range []string{".trace.gz", ".trace", ".gz"} {
-		if stem, ok := strings.CutSuffix(base, ext); ok && stem != "" {
-			return dir + stem + tag + ext
-		}
-	}
-	return path + tag
-}
-
-// same reports whether paths a and b name the same existing file.
-func same(a, b string) bool {
-	fa, err := os.Stat(a)
-	if err != nil {
-		return false
-	}
-	fb, err := os.Stat(b)
-	return err == nil && os.SameFile(fa, fb)
 }

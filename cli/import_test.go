@@ -167,8 +167,8 @@ func TestDevicePath(t *testing.T) {
 		{".trace", 1, ".trace.dev1"},
 		{"dir/.gz", 1, "dir/.gz.dev1"},
 	} {
-		if got := devicePath(tt.path, tt.dev); got != tt.want {
-			t.Errorf("devicePath(%q, %d) = %q, want %q", tt.path, tt.dev, got, tt.want)
+		if got := torchsnapshot.DevicePath(tt.path, tt.dev); got != tt.want {
+			t.Errorf("DevicePath(%q, %d) = %q, want %q", tt.path, tt.dev, got, tt.want)
 		}
 	}
 }

@@ -172,6 +172,10 @@ EXPORT gpumem_status gpumem_record_site(int device, uint32_t id, const char *tex
 	return gpumemGo_record_site(device, id, (char *)text);
 }
 
+EXPORT gpumem_status gpumem_import_snapshot(const char *snapshot, const char *trace) {
+	return gpumemGo_import_snapshot((char *)snapshot, (char *)trace);
+}
+
 EXPORT gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device)) {
 	atomic_store(&site_fn, fn);
 	return GPUMEM_SUCCESS;
@@ -182,7 +186,7 @@ EXPORT const char *gpumem_status_name(gpumem_status s) {
 		"GPUMEM_SUCCESS", "GPUMEM_ERROR_OUT_OF_MEMORY", "GPUMEM_ERROR_INVALID_VALUE",
 		"GPUMEM_ERROR_INVALID_POINTER", "GPUMEM_ERROR_NO_DRIVER", "GPUMEM_ERROR_DEVICE",
 		"GPUMEM_ERROR_CONFIG", "GPUMEM_ERROR_CLOSED", "GPUMEM_ERROR_BUFFER_TOO_SMALL",
-		"GPUMEM_ERROR_INTERNAL", "GPUMEM_ERROR_IO",
+		"GPUMEM_ERROR_INTERNAL", "GPUMEM_ERROR_IO", "GPUMEM_ERROR_FORMAT",
 	};
 	if (s < 0 || (size_t)s >= sizeof names / sizeof names[0]) return "GPUMEM_ERROR_UNKNOWN";
 	return names[s];

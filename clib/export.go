@@ -234,3 +234,12 @@ var version = sync.OnceValue(func() *C.char {
 
 //export gpumemGo_version
 func gpumemGo_version() *C.char { return version() }
+
+//export gpumemGo_import_snapshot
+func gpumemGo_import_snapshot(in, out *C.char) C.gpumem_status {
+	if in == nil || out == nil {
+		return fail(errors.New("gpumem: import: no path"), -1)
+	}
+	_, err := host.ImportSnapshot(C.GoString(in), C.GoString(out))
+	return status(err, -1)
+}

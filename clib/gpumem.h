@@ -62,7 +62,8 @@ enum {
 	GPUMEM_ERROR_CLOSED = 7,         /* the allocator was shut down */
 	GPUMEM_ERROR_BUFFER_TOO_SMALL = 8,
 	GPUMEM_ERROR_INTERNAL = 9,       /* a bug in gpumem: please report it with the message */
-	GPUMEM_ERROR_IO = 10             /* a file could not be read or written */
+	GPUMEM_ERROR_IO = 10,            /* a file could not be read or written */
+	GPUMEM_ERROR_FORMAT = 11         /* a file is not what it should be (a corrupt or foreign snapshot) */
 };
 
 /* Why an allocation ran out of memory. */
@@ -180,6 +181,13 @@ gpumem_status gpumem_record_site(int device, uint32_t id, const char *text);
  * for the call site of each allocation; fn returns a site defined with
  * gpumem_record_site, or 0. NULL removes it. */
 gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device));
+
+/* Converts a PyTorch memory snapshot (the pickle that
+ * torch.cuda.memory._dump_snapshot writes) into gpumem traces, as
+ * `gpumem import SNAPSHOT -o TRACE` does: device 0's (or the only device's)
+ * to trace, device N's to trace with ".devN" before ".trace". Needs no GPU.
+ * A corrupt or foreign pickle: GPUMEM_ERROR_FORMAT, naming what and where. */
+gpumem_status gpumem_import_snapshot(const char *snapshot, const char *trace);
 
 /* --- Errors --------------------------------------------------------------- */
 

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpumem/gpumem/torchsnapshot"
 	"github.com/gpumem/gpumem/trace"
 )
 
@@ -158,4 +159,16 @@ func (r *recorder) close() error {
 		return fmt.Errorf("%w: completing %s: %v", ErrIO, r.path, err)
 	}
 	return nil
+}
+
+// ImportSnapshot converts the PyTorch memory snapshot at in (the pickle of
+// torch.cuda.memory._dump_snapshot) into traces at out, as `gpumem import`
+// does (torchsnapshot.Import): gpumem.torch.record uses it under PyTorch's
+// own allocator. It needs no device.
+func ImportSnapshot(in, out string) ([]torchsnapshot.Written, error) {
+	w, err := torchsnapshot.Import(in, out)
+	if err != nil && !errors.Is(err, torchsnapshot.ErrFormat) && !errors.Is(err, torchsnapshot.ErrNoHistory) {
+		err = fmt.Errorf("%w: %w", ErrIO, err)
+	}
+	return w, err
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/torchsnapshot"
 )
 
 // Status is the result code of a C call, as gpumem.h numbers it. The
@@ -23,6 +24,7 @@ const (
 	StatusTooSmall       Status = 8  // GPUMEM_ERROR_BUFFER_TOO_SMALL: the caller's buffer cannot hold the answer
 	StatusInternal       Status = 9  // GPUMEM_ERROR_INTERNAL: a bug in gpumem (its books disagree)
 	StatusIO             Status = 10 // GPUMEM_ERROR_IO: a file could not be read or written
+	StatusFormat         Status = 11 // GPUMEM_ERROR_FORMAT: a file is not what it should be (a corrupt or foreign snapshot)
 )
 
 // Code classifies an error as the status a C caller receives.
@@ -42,6 +44,8 @@ func Code(err error) Status {
 		return StatusConfig
 	case errors.Is(err, gpumem.ErrClosed):
 		return StatusClosed
+	case errors.Is(err, torchsnapshot.ErrFormat), errors.Is(err, torchsnapshot.ErrNoHistory):
+		return StatusFormat
 	case errors.Is(err, ErrIO):
 		return StatusIO
 	case errors.Is(err, device.ErrInvalid), errors.Is(err, device.ErrUnsupported), errors.Is(err, device.ErrOutOfMemory):

@@ -20,6 +20,7 @@ ERROR_CLOSED = 7
 ERROR_BUFFER_TOO_SMALL = 8
 ERROR_INTERNAL = 9
 ERROR_IO = 10
+ERROR_FORMAT = 11
 
 OOM_CAUSES = {0: "none", 1: "device", 2: "limit", 3: "fragmentation"}
 
@@ -115,10 +116,8 @@ _PROTOTYPES = {
     "gpumem_version": (ctypes.c_char_p, []),
     "gpumem_api_version": (ctypes.c_int, []),
 }
-# Added by later versions: bound when present.
-_OPTIONAL = {
-    "gpumem_import_snapshot": (_status, [ctypes.c_char_p, ctypes.c_char_p]),
-}
+_PROTOTYPES["gpumem_import_snapshot"] = (_status, [ctypes.c_char_p, ctypes.c_char_p])
+_OPTIONAL = {}  # functions of later versions, bound when present
 
 LIBRARY_NAME = "libgpumem.so"
 
@@ -251,8 +250,6 @@ class Library:
         return self._c.gpumem_torch_errors(os.fsencode(c10), os.fsencode(c10_cuda))
 
     def import_snapshot(self, pickle_path, trace_path):
-        if not hasattr(self._c, "gpumem_import_snapshot"):
-            raise GpumemError(ERROR_CONFIG, f"gpumem: {self.path} cannot import snapshots: rebuild it")
         self.check(self._c.gpumem_import_snapshot(os.fsencode(pickle_path), os.fsencode(trace_path)))
 
 

@@ -239,3 +239,28 @@ def test_c_header_matches_library(tmp_path):
     out = subprocess.run([str(exe)], env={**os.environ, "GPUMEM_CONFIG": SIM}, capture_output=True, text=True)
     assert out.returncode == 0, out
     assert out.stdout.strip() == "GPUMEM_ERROR_INVALID_POINTER"
+
+
+@needs_library
+def test_import_snapshot(tmp_path):
+    """The importer of `gpumem import`, through the library (what
+    gpumem.torch.record uses under PyTorch's own allocator)."""
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                           "testdata", "fixtures", "resnet18_snapshot.pickle")
+    out = tmp_path / "r18.trace.gz"
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(open(fixture, "rb").read()[:5000])
+    p = run(f"""
+        import gpumem
+        from gpumem import _lib
+        lib = gpumem.library()
+        lib.import_snapshot({fixture!r}, {str(out)!r})
+        try:
+            lib.import_snapshot({str(bad)!r}, {str(tmp_path / 'x.trace')!r})
+        except gpumem.GpumemError as e:
+            print(e.status == _lib.ERROR_FORMAT, e)
+    """)
+    ok, msg = p.stdout.split(" ", 1)
+    assert ok == "True" and "bad.pickle" in msg, p.stdout
+    lines = gzip.open(out, "rt").read().splitlines()
+    assert sum(1 for l in lines if l.startswith("a ")) == 657

@@ -1,0 +1,45 @@
+"""record_check.py PROGRAM OUTDIR: the same program recorded two ways, for
+the check that both replay to the same peak live bytes:
+
+  OUTDIR/PROGRAM.gpumem.trace.gz   gpumem.torch.record under gpumem
+  OUTDIR/PROGRAM.snapshot.pickle   PyTorch's memory history under its own
+                                   allocator (torch.cuda.memory._dump_snapshot),
+                                   for `gpumem import`
+
+Each in a process of its own (an allocator is chosen per process)."""
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def child(prog, mode, outdir):
+    import torch
+    sys.path.insert(0, HERE)
+    import programs
+    fn, steps = programs.PROGRAMS[prog]
+    if mode == "gpumem":
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import gpumem.torch
+        gpumem.torch.use()
+        with gpumem.torch.record(os.path.join(outdir, prog + ".gpumem.trace.gz")):
+            fn(steps, lambda loss: None)
+            torch.cuda.synchronize()
+    else:
+        torch.cuda.memory._record_memory_history(max_entries=10_000_000)
+        fn(steps, lambda loss: None)
+        torch.cuda.synchronize()
+        torch.cuda.memory._dump_snapshot(os.path.join(outdir, prog + ".snapshot.pickle"))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4:
+        child(*sys.argv[1:])
+    else:
+        prog, outdir = sys.argv[1:3]
+        os.makedirs(outdir, exist_ok=True)
+        for mode in ("gpumem", "native"):
+            subprocess.run([sys.executable, __file__, prog, mode, outdir], check=True)
