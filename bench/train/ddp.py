@@ -35,11 +35,11 @@ def main():
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import torch
     import torch.distributed as dist
-    torch.cuda.set_device(local)
-    if args.allocator == "gpumem":
+    if args.allocator == "gpumem":  # before set_device, which initializes the allocator
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import gpumem.torch
         gpumem.torch.use()
+    torch.cuda.set_device(local)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))

@@ -43,9 +43,11 @@ def installed():
 
 
 def use(limit=None, *, config=None):
-    """Makes gpumem PyTorch's CUDA allocator. Call it before PyTorch's first
-    CUDA allocation (importing torch is fine); afterwards PyTorch refuses to
-    change allocators and this raises RuntimeError saying so.
+    """Makes gpumem PyTorch's CUDA allocator. Call it before PyTorch
+    initializes its allocator: before the first CUDA allocation,
+    torch.cuda.set_device or torch.cuda.init (importing torch is fine);
+    afterwards PyTorch refuses to change allocators and this raises
+    RuntimeError saying so.
 
     limit: bytes (int), a size ("40GiB"), a percentage ("90%") or a
     fraction (0.9) of each device's memory; config: a configuration string
@@ -71,8 +73,9 @@ def use(limit=None, *, config=None):
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as e:
         raise RuntimeError(
-            "gpumem.torch.use() must run before PyTorch's first CUDA allocation; "
-            f"PyTorch already allocated with its own allocator ({e})") from None
+            "gpumem.torch.use() must run before PyTorch initializes its CUDA allocator "
+            "(at the first CUDA allocation, torch.cuda.set_device or torch.cuda.init); "
+            f"it already has ({e})") from None
     tlib = os.path.join(os.path.dirname(torch.__file__), "lib")
     if lib.torch_errors(os.path.join(tlib, "libc10.so"), os.path.join(tlib, "libc10_cuda.so")) != _lib.SUCCESS:
         import warnings

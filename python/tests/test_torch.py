@@ -89,7 +89,7 @@ def test_use_after_first_allocation_says_so():
         except RuntimeError as e:
             print(e)
     """)
-    assert p.stdout.startswith("gpumem.torch.use() must run before PyTorch's first CUDA allocation")
+    assert p.stdout.startswith("gpumem.torch.use() must run before PyTorch initializes its CUDA allocator")
 
 
 def test_record_stream_keeps_memory_until_the_other_stream_is_done():
