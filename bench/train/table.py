@@ -2,8 +2,8 @@
 
 Per program: the process's peak device memory (NVML) under each allocator,
 gpumem's against the lower of PyTorch's two, the median step time after
-warm-up under each and gpumem's difference from native beside the
-difference between two native runs (the noise), how closely the losses
+warm-up under each and gpumem's difference from the mean of two native
+runs beside the spread between those two (the run-to-run noise), how closely the losses
 match (the largest relative difference from the first native run, for
 gpumem and for the second native run), and how long after del + gc +
 empty_cache the NVML figure took to come back within 64 MiB."""
@@ -42,7 +42,7 @@ def render(rows):
         if p not in progs:
             progs.append(p)
     out = ["| program | NVML peak GiB: native / expandable / gpumem | gpumem / best | peak reserved GiB: native / exp / gpumem "
-           "| median step ms: native / native2 / exp / gpumem | gpumem vs native (noise) | loss diff: gpumem (native2) | release ms: native / gpumem |",
+           "| median step ms: native / native2 / exp / gpumem | gpumem vs native mean (native spread) | loss diff: gpumem (native2) | release ms: native / gpumem |",
            "| --- | --- | ---: | --- | --- | ---: | ---: | --- |"]
     for p in progs:
         n, n2 = rows.get((p, "native", "")), rows.get((p, "native", "repeat"))
@@ -56,8 +56,10 @@ def render(rows):
         ratio = peaks[2] / best if peaks[2] and best else None
         res = [get(r, "peak_reserved_bytes") for r in (n, e, g)]
         steps = [get(r, "median_step_ms") for r in (n, n2, e, g)]
-        diff = (steps[3] / steps[0] - 1) * 100 if steps[3] and steps[0] else None
-        noise = (steps[1] / steps[0] - 1) * 100 if steps[1] and steps[0] else None
+        natives = [x for x in steps[:2] if x]
+        mean = sum(natives) / len(natives) if natives else None
+        diff = (steps[3] / mean - 1) * 100 if steps[3] and mean else None
+        noise = abs(steps[1] - steps[0]) / mean * 100 if len(natives) == 2 else None
         lg = _loss_diff(get(n, "losses"), get(g, "losses"))
         ln = _loss_diff(get(n, "losses"), get(n2, "losses"))
         rel = [get(r, "release_ms") for r in (n, g)]
@@ -68,7 +70,7 @@ def render(rows):
             _fmt(ratio, "%.3f"),
             " / ".join(_fmt(x / GIB if x else None) for x in res),
             " / ".join(_fmt(x, "%.1f") for x in steps),
-            _fmt(diff, "%+.1f"), _fmt(noise, "%+.1f"),
+            _fmt(diff, "%+.1f"), _fmt(noise, "%.1f"),
             _fmt(lg, "%.1e"), _fmt(ln, "%.1e"),
             " / ".join(_fmt(x, "%.1f") for x in rel)))
     return "\n".join(out)
