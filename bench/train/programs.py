@@ -38,6 +38,14 @@ def _rng(name):
     return random.Random(name)
 
 
+def _optimize(loss, opt, log):
+    """The end of every training step: backward, update, clear, log."""
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    log(loss)
+
+
 def gpt2_train_varlen(steps, log, seed=0):
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(seed)
@@ -50,10 +58,7 @@ def gpt2_train_varlen(steps, log, seed=0):
         x = torch.randint(0, 50257, (8, n), device=DEVICE, generator=g)
         with torch.autocast(DEVICE, dtype=BF16):
             loss = model(x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        log(loss)
+        _optimize(loss, opt, log)
     return model, opt
 
 
@@ -73,10 +78,7 @@ def bert_mlm_varlen(steps, log, seed=0):
         x = x.masked_fill(mask, 103)
         with torch.autocast(DEVICE, dtype=BF16):
             loss = model(input_ids=x, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        log(loss)
+        _optimize(loss, opt, log)
     return model, opt
 
 
@@ -95,10 +97,7 @@ def t5_train_varlen(steps, log, seed=0):
         y = torch.randint(1, 32000, (16, tgt), device=DEVICE, generator=g)
         with torch.autocast(DEVICE, dtype=BF16):
             loss = model(input_ids=x, labels=y).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        log(loss)
+        _optimize(loss, opt, log)
     return model, opt
 
 
@@ -113,10 +112,7 @@ def resnet50_train(steps, log, seed=0):
         y = torch.randint(0, 1000, (64,), device=DEVICE, generator=g)
         with torch.autocast(DEVICE, dtype=BF16):
             loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        log(loss)
+        _optimize(loss, opt, log)
     return model, opt
 
 
@@ -204,7 +200,7 @@ def two_stream(steps, log, seed=0):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        del tokens, x, logits
+        del tokens, x, logits  # after the step, as measured
         log(loss)
     return model, opt
 

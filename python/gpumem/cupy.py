@@ -9,7 +9,7 @@ out of memory raises cupy.cuda.memory.OutOfMemoryError (a subclass of it
 that carries gpumem's verdict as .verdict and in its message).
 """
 
-from . import _lib, _limit_config
+from . import _lib, configure
 
 __all__ = ["use", "installed", "OutOfMemoryError"]
 
@@ -66,11 +66,7 @@ def use(limit=None, *, config=None):
     import cupy
 
     lib = _lib.load()
-    if config:
-        lib.configure(config)
-    c = _limit_config(limit)
-    if c:
-        lib.configure(c)
+    configure(config, limit=limit)
     if OutOfMemoryError is None:
         OutOfMemoryError = _oom_class()
     memory = cupy.cuda.memory

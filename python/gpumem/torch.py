@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 
-from . import _lib, _limit_config
+from . import _lib, configure
 
 __all__ = ["use", "installed", "stats", "trim", "snapshot", "memory_summary", "last_oom", "record"]
 
@@ -55,16 +55,10 @@ def use(limit=None, *, config=None):
     import torch
 
     if _state["installed"]:
-        if limit is not None or config:
-            from . import configure
-            configure(config, limit=limit)
+        configure(config, limit=limit)
         return
     lib = _lib.load()
-    if config:
-        lib.configure(config)
-    c = _limit_config(limit)
-    if c:
-        lib.configure(c)
+    configure(config, limit=limit)
     # NCCL must not rely on record_stream from C++, which a pluggable
     # allocator does not receive (PyTorch 2.11's default already).
     os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
