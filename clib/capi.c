@@ -115,6 +115,10 @@ EXPORT gpumem_status gpumem_deallocate(void *ptr, int device) {
 	return gpumemGo_free((uintptr_t)ptr, device);
 }
 
+EXPORT gpumem_status gpumem_deallocate_on(void *ptr, int device, void *stream) {
+	return gpumemGo_free_on((uintptr_t)ptr, device, (uintptr_t)stream);
+}
+
 EXPORT gpumem_status gpumem_record_stream(void *ptr, int device, void *stream) {
 	return gpumemGo_record_stream((uintptr_t)ptr, device, (uintptr_t)stream);
 }

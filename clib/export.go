@@ -96,6 +96,14 @@ func gpumemGo_free(ptr C.uintptr_t, device C.int) C.gpumem_status {
 	return 0
 }
 
+//export gpumemGo_free_on
+func gpumemGo_free_on(ptr C.uintptr_t, device C.int, stream C.uintptr_t) C.gpumem_status {
+	if err := theHost().FreeOn(int(device), uint64(ptr), uint64(stream)); err != nil {
+		return fail(err, device)
+	}
+	return 0
+}
+
 //export gpumemGo_record_stream
 func gpumemGo_record_stream(ptr C.uintptr_t, device C.int, stream C.uintptr_t) C.gpumem_status {
 	return status(theHost().RecordStream(int(device), uint64(ptr), uint64(stream)), device)

@@ -132,6 +132,10 @@ gpumem_status gpumem_allocate(void **ptr, size_t size, int device, void *stream)
  * allocated by gpumem, or freed already: GPUMEM_ERROR_INVALID_POINTER, and
  * nothing changes. */
 gpumem_status gpumem_deallocate(void *ptr, int device);
+/* Frees ptr as freed on stream (cuMemFreeAsync's meaning): if that is not
+ * the stream it was allocated on, its memory is reused only after stream's
+ * work up to now. */
+gpumem_status gpumem_deallocate_on(void *ptr, int device, void *stream);
 /* ptr (from gpumem) is also used by work on stream: after its free, its
  * memory is reused only once that stream's work up to the free is done
  * (torch.Tensor.record_stream). */

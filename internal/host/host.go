@@ -233,6 +233,27 @@ func (h *Host) Free(ordinal int, ptr uint64) error {
 	return d.Alloc.Free(e.buf)
 }
 
+// FreeOn frees the buffer at ptr as freed on stream: if that is not the
+// stream it was allocated on, its memory is reused only after stream's
+// work up to now (cuMemFreeAsync's meaning). Otherwise as Free.
+func (h *Host) FreeOn(ordinal int, ptr, stream uint64) error {
+	if ptr == 0 {
+		return nil
+	}
+	d, e, err := h.take(ordinal, ptr)
+	if err != nil {
+		return err
+	}
+	if err := d.Alloc.RecordStream(e.buf, device.Stream(stream)); err != nil {
+		d.tab.put(ptr, e) // nothing changed: the buffer stays live
+		return err
+	}
+	if r := d.rec.Load(); r != nil && e.rec != 0 && e.recGen == r.gen {
+		r.free(e.rec - 1)
+	}
+	return d.Alloc.Free(e.buf)
+}
+
 func (h *Host) take(ordinal int, ptr uint64) (*Device, entry, error) {
 	if ordinal >= 0 {
 		if d := h.existing(ordinal); d != nil {

@@ -370,3 +370,28 @@ func TestRecording(t *testing.T) {
 		t.Errorf("recording to a missing directory: %v", err)
 	}
 }
+
+// TestFreeOn: freed on another stream, a buffer's memory waits for that
+// stream's work; freed on its own, it is reusable at once; a foreign
+// pointer changes nothing.
+func TestFreeOn(t *testing.T) {
+	h := newSimHost(t, "")
+	d, _ := h.Device(0)
+	p, _ := h.Alloc(0, miB, 1, 0)
+	if err := h.FreeOn(0, p, 2); err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Alloc.Stats(); st.PendingFrees != 1 {
+		t.Errorf("freed on another stream: %d pending frees, want 1", st.PendingFrees)
+	}
+	q, _ := h.Alloc(0, miB, 1, 0)
+	if err := h.FreeOn(0, q, 1); err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Alloc.Stats(); st.PendingFrees != 1 || st.Allocated != 0 {
+		t.Errorf("freed on its own stream: %d pending, %d allocated", st.PendingFrees, st.Allocated)
+	}
+	if err := h.FreeOn(0, 0xbad000, 1); Code(err) != StatusInvalidPointer {
+		t.Errorf("FreeOn of a foreign pointer: %v", err)
+	}
+}

@@ -1,0 +1,603 @@
+/* preload.c: libgpumem_preload.so, the shim that `gpumem run` preloads
+ * (LD_PRELOAD) so that TensorFlow and JAX, which have no pluggable
+ * allocator, allocate from gpumem without a change to their programs.
+ *
+ * Both frameworks can be put in a stream-ordered mode that asks the driver
+ * for each buffer (XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async,
+ * TF_GPU_ALLOCATOR=cuda_malloc_async), and both find the driver's functions
+ * at run time: dlopen("libcuda.so.1") and dlsym, then cuGetProcAddress for
+ * the rest (the CUDA runtime does the same). The shim wraps dlsym and
+ * cuGetProcAddress, and hands out its own function for each name in the
+ * table below; every other name passes through untouched. It also defines
+ * those functions under their own names, for a program linked to libcuda.
+ *
+ * gpumem (libgpumem.so, $GPUMEM_LIBRARY) is loaded at the first wrapped call
+ * that needs it, so a process that never allocates device memory (a forked
+ * data loader, a subprocess) pays nothing. If it cannot be loaded, or is
+ * another version, the shim says so in one line on stderr and every call
+ * goes to the driver, as without the shim.
+ *
+ * Contracts kept (the driver's, for memory from gpumem):
+ *   - memory from an async allocation on stream s is valid for work on s;
+ *     freed on stream t, it is reused only after t's work up to the free
+ *     (gpumem_deallocate_on: a free on another stream waits for an event);
+ *   - cuMemFree waits for the device before the memory can be reused, as the
+ *     driver's own cuMemFree synchronizes;
+ *   - a stream being captured into a CUDA graph gets the driver's own
+ *     stream-ordered allocation (graphs need it), and its frees go back to
+ *     the driver: a pointer gpumem did not hand out always does;
+ *   - an out-of-memory returns CUDA_ERROR_OUT_OF_MEMORY, and gpumem's verdict
+ *     is printed once on stderr;
+ *   - memory pools are gpumem's: the default pool and created pools are
+ *     handles the shim recognizes; their attributes read gpumem's numbers,
+ *     and trimming one trims gpumem.
+ *
+ * Lookups made by libgpumem itself (its CUDA backend resolves the driver
+ * with dlsym too) get the real functions: the shim tells them apart by the
+ * caller's address. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../clib/gpumem.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* The few CUDA driver types the wrapped calls use (cuda.h). */
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUstream;
+typedef void *CUmemoryPool;
+typedef unsigned long long cuuint64_t;
+enum {
+	CUDA_SUCCESS = 0,
+	CUDA_ERROR_INVALID_VALUE = 1,
+	CUDA_ERROR_OUT_OF_MEMORY = 2,
+	CUDA_ERROR_UNKNOWN = 999,
+	CU_STREAM_CAPTURE_STATUS_NONE = 0,
+	CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1,
+};
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+/* CUmemPool_attribute */
+enum {
+	CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+	CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+	CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+	CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+	CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+	CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+	CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+	CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+};
+
+/* CUmemPoolProps: only its location is read (type, then id). */
+typedef struct {
+	int allocType, handleTypes;
+	struct { int type, id; } location;
+} pool_props_head;
+
+/* --- the real driver ------------------------------------------------------ */
+
+static void *(*real_dlsym)(void *, const char *);
+static void *libcuda; /* dlopen(libcuda.so.1, RTLD_NOLOAD) once the program has it */
+
+/* Driver functions the wrappers call besides the one they wrap. */
+static CUresult (*drv_ctx_get_device)(CUdevice *);
+static CUresult (*drv_ctx_synchronize)(void);
+static CUresult (*drv_stream_is_capturing)(CUstream, int *);
+static CUresult (*drv_default_pool)(CUmemoryPool *, CUdevice);
+
+static void resolve_real_dlsym(void) {
+	if (real_dlsym) return;
+	real_dlsym = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+	if (!real_dlsym) real_dlsym = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+}
+
+static void *driver_symbol(const char *name) {
+	if (!libcuda) libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	return libcuda ? real_dlsym(libcuda, name) : NULL;
+}
+
+static void resolve_driver(void) {
+	if (drv_ctx_get_device) return;
+	drv_ctx_synchronize = driver_symbol("cuCtxSynchronize");
+	drv_stream_is_capturing = driver_symbol("cuStreamIsCapturing");
+	drv_default_pool = driver_symbol("cuDeviceGetDefaultMemPool");
+	drv_ctx_get_device = driver_symbol("cuCtxGetDevice");
+}
+
+/* --- gpumem ---------------------------------------------------------------- */
+
+static struct {
+	gpumem_status (*allocate)(void **, size_t, int, void *);
+	gpumem_status (*deallocate_on)(void *, int, void *);
+	gpumem_status (*mem_info)(int, uint64_t *, uint64_t *);
+	gpumem_status (*trim)(int);
+	gpumem_status (*reset_peaks)(int);
+	gpumem_status (*get_stats)(int, gpumem_stats *, size_t);
+	const char *(*last_error)(void);
+	void *base; /* load address of libgpumem.so: its own dlsym calls */
+} gm;
+
+/* 0: not tried; 1: loaded; -1: failed, everything goes to the driver. */
+static atomic_int gm_state;
+static pthread_once_t gm_once = PTHREAD_ONCE_INIT;
+
+static void load_gpumem(void) {
+	resolve_real_dlsym();
+	resolve_driver();
+	const char *path = getenv("GPUMEM_LIBRARY");
+	if (!path || !*path) path = "libgpumem.so";
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	const char *why = NULL;
+	if (!h) {
+		why = dlerror();
+	} else {
+		int (*api)(void) = real_dlsym(h, "gpumem_api_version");
+		gm.allocate = real_dlsym(h, "gpumem_allocate");
+		gm.deallocate_on = real_dlsym(h, "gpumem_deallocate_on");
+		gm.mem_info = real_dlsym(h, "gpumem_mem_info");
+		gm.trim = real_dlsym(h, "gpumem_trim");
+		gm.reset_peaks = real_dlsym(h, "gpumem_reset_peaks");
+		gm.get_stats = real_dlsym(h, "gpumem_get_stats");
+		gm.last_error = real_dlsym(h, "gpumem_last_error");
+		if (!api || api() != GPUMEM_API_VERSION || !gm.allocate || !gm.deallocate_on || !gm.mem_info ||
+		    !gm.trim || !gm.reset_peaks || !gm.get_stats || !gm.last_error)
+			why = "not a gpumem library of this version (gpumem_api_version or gpumem_deallocate_on missing or different)";
+		Dl_info info;
+		if (!why && dladdr((void *)gm.allocate, &info)) gm.base = info.dli_fbase;
+	}
+	if (why) {
+		fprintf(stderr, "gpumem: preload: cannot use %s: %s; this process allocates from the driver as without gpumem\n", path, why);
+		atomic_store(&gm_state, -1);
+		return;
+	}
+	atomic_store(&gm_state, 1);
+}
+
+/* Whether gpumem serves this process (loading it on the first call). */
+static int gpumem_on(void) {
+	int s = atomic_load_explicit(&gm_state, memory_order_acquire);
+	if (s == 0) {
+		pthread_once(&gm_once, load_gpumem);
+		s = atomic_load(&gm_state);
+	}
+	return s > 0;
+}
+
+static int current_device(void) {
+	CUdevice d = 0;
+	if (drv_ctx_get_device && drv_ctx_get_device(&d) != CUDA_SUCCESS) d = 0;
+	return d;
+}
+
+static int capturing(CUstream s) {
+	int st = CU_STREAM_CAPTURE_STATUS_NONE;
+	if (drv_stream_is_capturing && drv_stream_is_capturing(s, &st) != CUDA_SUCCESS) return 0;
+	return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static CUresult cuda_error(gpumem_status st) {
+	switch (st) {
+	case GPUMEM_SUCCESS: return CUDA_SUCCESS;
+	case GPUMEM_ERROR_OUT_OF_MEMORY: {
+		static atomic_int said;
+		if (atomic_exchange(&said, 1) == 0)
+			fprintf(stderr, "%s (reported once; the program gets CUDA_ERROR_OUT_OF_MEMORY)\n", gm.last_error());
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	case GPUMEM_ERROR_INVALID_VALUE: return CUDA_ERROR_INVALID_VALUE;
+	default: {
+		static atomic_int said;
+		if (atomic_exchange(&said, 1) == 0) fprintf(stderr, "gpumem: preload: %s (reported once)\n", gm.last_error());
+		return CUDA_ERROR_UNKNOWN;
+	}
+	}
+}
+
+static CUresult gm_alloc(CUdeviceptr *dptr, size_t size, CUstream s) {
+	if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+	void *p = NULL;
+	gpumem_status st = gm.allocate(&p, size, current_device(), s);
+	if (st == GPUMEM_SUCCESS) *dptr = (CUdeviceptr)p;
+	return cuda_error(st);
+}
+
+/* gpumem's free of ptr on stream s; GPUMEM_ERROR_INVALID_POINTER when gpumem
+ * did not hand it out (then the driver did). */
+static gpumem_status gm_free(CUdeviceptr ptr, CUstream s) { return gm.deallocate_on((void *)ptr, -1, s); }
+
+/* --- the table of wrapped functions ----------------------------------------
+ * Each entry: the name the program asks for, the shim's function, and the
+ * slot where the driver's own function is kept (filled from dlsym or
+ * cuGetProcAddress, whichever the program used; the shim's own definitions
+ * fill it from libcuda). */
+
+#define REAL(name) real_##name
+#define DECLARE_REAL(ret, name, args) static ret(*REAL(name)) args
+
+DECLARE_REAL(CUresult, cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream));
+DECLARE_REAL(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, CUstream));
+DECLARE_REAL(CUresult, cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream));
+DECLARE_REAL(CUresult, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *, size_t, CUmemoryPool, CUstream));
+DECLARE_REAL(CUresult, cuMemFreeAsync, (CUdeviceptr, CUstream));
+DECLARE_REAL(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr, CUstream));
+DECLARE_REAL(CUresult, cuMemAlloc_v2, (CUdeviceptr *, size_t));
+DECLARE_REAL(CUresult, cuMemFree_v2, (CUdeviceptr));
+DECLARE_REAL(CUresult, cuMemGetInfo_v2, (size_t *, size_t *));
+DECLARE_REAL(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice));
+DECLARE_REAL(CUresult, cuDeviceGetMemPool, (CUmemoryPool *, CUdevice));
+DECLARE_REAL(CUresult, cuDeviceSetMemPool, (CUdevice, CUmemoryPool));
+DECLARE_REAL(CUresult, cuMemPoolCreate, (CUmemoryPool *, const void *));
+DECLARE_REAL(CUresult, cuMemPoolDestroy, (CUmemoryPool));
+DECLARE_REAL(CUresult, cuMemPoolSetAttribute, (CUmemoryPool, int, void *));
+DECLARE_REAL(CUresult, cuMemPoolGetAttribute, (CUmemoryPool, int, void *));
+DECLARE_REAL(CUresult, cuMemPoolTrimTo, (CUmemoryPool, size_t));
+DECLARE_REAL(CUresult, cuMemPoolSetAccess, (CUmemoryPool, const void *, size_t));
+DECLARE_REAL(CUresult, cuGetProcAddress, (const char *, void **, int, cuuint64_t));
+DECLARE_REAL(CUresult, cuGetProcAddress_v2, (const char *, void **, int, cuuint64_t, void *));
+
+/* Pools: gpumem has one per device, named by a handle into this array. A
+ * created pool is the same memory (gpumem does not partition it). */
+#define MAX_DEVICES 64
+static struct pool {
+	int device;
+	uint64_t release_threshold;
+} pools[MAX_DEVICES];
+
+static int is_pool(CUmemoryPool p) {
+	return (char *)p >= (char *)pools && (char *)p < (char *)(pools + MAX_DEVICES);
+}
+
+static CUmemoryPool pool_of(int device) {
+	if (device < 0 || device >= MAX_DEVICES) return NULL;
+	pools[device].device = device;
+	return &pools[device];
+}
+
+/* cuMemAllocAsync: size bytes for work on s, from gpumem; a capturing
+ * stream, or no gpumem, gets the driver's. */
+static CUresult w_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
+	if (!gpumem_on() || capturing(s)) return REAL(cuMemAllocAsync)(dptr, size, s);
+	return gm_alloc(dptr, size, s);
+}
+
+/* The per-thread default stream variant: stream 0 means the thread's own. */
+static CUresult w_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
+	if (!gpumem_on() || capturing(s)) return REAL(cuMemAllocAsync_ptsz)(dptr, size, s);
+	return gm_alloc(dptr, size, s ? s : CU_STREAM_PER_THREAD);
+}
+
+/* The driver's pool for a real stream-ordered allocation: the one named if
+ * it is the driver's, else the device's default. */
+static CUmemoryPool driver_pool(CUmemoryPool pool) {
+	if (!is_pool(pool)) return pool;
+	CUmemoryPool p = NULL;
+	if (drv_default_pool) drv_default_pool(&p, ((struct pool *)pool)->device);
+	return p;
+}
+
+/* cuMemAllocFromPoolAsync: from gpumem when the pool is gpumem's. */
+static CUresult w_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+	if (!gpumem_on() || !is_pool(pool) || capturing(s))
+		return REAL(cuMemAllocFromPoolAsync)(dptr, size, driver_pool(pool), s);
+	return gm_alloc(dptr, size, s);
+}
+
+static CUresult w_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+	if (!gpumem_on() || !is_pool(pool) || capturing(s))
+		return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, size, driver_pool(pool), s);
+	return gm_alloc(dptr, size, s ? s : CU_STREAM_PER_THREAD);
+}
+
+/* cuMemFreeAsync: gpumem's memory back to gpumem, reusable after s's work
+ * up to now; anything else to the driver. */
+static CUresult w_cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
+	if (gpumem_on()) {
+		gpumem_status st = gm_free(ptr, s);
+		if (st != GPUMEM_ERROR_INVALID_POINTER) return cuda_error(st);
+	}
+	return REAL(cuMemFreeAsync)(ptr, s);
+}
+
+static CUresult w_cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) {
+	if (gpumem_on()) {
+		gpumem_status st = gm_free(ptr, s ? s : CU_STREAM_PER_THREAD);
+		if (st != GPUMEM_ERROR_INVALID_POINTER) return cuda_error(st);
+	}
+	return REAL(cuMemFreeAsync_ptsz)(ptr, s);
+}
+
+/* cuMemAlloc: from gpumem, on the legacy default stream. */
+static CUresult w_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+	if (!gpumem_on()) return REAL(cuMemAlloc_v2)(dptr, size);
+	return gm_alloc(dptr, size, NULL);
+}
+
+/* cuMemFree: as the driver's, it waits for the device first. */
+static CUresult w_cuMemFree_v2(CUdeviceptr ptr) {
+	if (gpumem_on() && ptr) {
+		if (drv_ctx_synchronize) drv_ctx_synchronize();
+		gpumem_status st = gm_free(ptr, NULL);
+		if (st != GPUMEM_ERROR_INVALID_POINTER) return cuda_error(st);
+	}
+	return REAL(cuMemFree_v2)(ptr);
+}
+
+/* cuMemGetInfo: free and total as gpumem sees them, within its limit, so
+ * that a framework sizes itself to the limit. */
+static CUresult w_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+	if (!gpumem_on()) return REAL(cuMemGetInfo_v2)(free_bytes, total_bytes);
+	uint64_t f = 0, t = 0;
+	gpumem_status st = gm.mem_info(current_device(), &f, &t);
+	if (st != GPUMEM_SUCCESS) return cuda_error(st);
+	if (free_bytes) *free_bytes = f;
+	if (total_bytes) *total_bytes = t;
+	return CUDA_SUCCESS;
+}
+
+/* cuDeviceGetDefaultMemPool, cuDeviceGetMemPool: gpumem's pool. */
+static CUresult w_cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+	if (!gpumem_on()) return REAL(cuDeviceGetDefaultMemPool)(pool, dev);
+	if (!pool || !(*pool = pool_of(dev))) return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
+static CUresult w_cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+	if (!gpumem_on()) return REAL(cuDeviceGetMemPool)(pool, dev);
+	if (!pool || !(*pool = pool_of(dev))) return CUDA_ERROR_INVALID_VALUE;
+	return CUDA_SUCCESS;
+}
+
+/* cuDeviceSetMemPool: gpumem's pool is the current one already. */
+static CUresult w_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+	if (!is_pool(pool)) return REAL(cuDeviceSetMemPool)(dev, pool);
+	return CUDA_SUCCESS;
+}
+
+/* cuMemPoolCreate: a handle to gpumem's pool of the device named. */
+static CUresult w_cuMemPoolCreate(CUmemoryPool *pool, const void *props) {
+	if (!gpumem_on()) return REAL(cuMemPoolCreate)(pool, props);
+	if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
+	*pool = pool_of(((const pool_props_head *)props)->location.id);
+	return *pool ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult w_cuMemPoolDestroy(CUmemoryPool pool) {
+	if (!is_pool(pool)) return REAL(cuMemPoolDestroy)(pool);
+	return CUDA_SUCCESS;
+}
+
+/* cuMemPoolSetAttribute: the release threshold is kept (gpumem's own
+ * release policy, --release-after, decides); resetting a high-water mark
+ * resets gpumem's peaks; the reuse flags are gpumem's behaviour already. */
+static CUresult w_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+	if (!is_pool(pool)) return REAL(cuMemPoolSetAttribute)(pool, attr, value);
+	if (!value) return CUDA_ERROR_INVALID_VALUE;
+	struct pool *p = pool;
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->release_threshold = *(uint64_t *)value; return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+	case CU_MEMPOOL_ATTR_USED_MEM_HIGH: return cuda_error(gm.reset_peaks(p->device));
+	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return CUDA_SUCCESS;
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* cuMemPoolGetAttribute: gpumem's numbers. */
+static CUresult w_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+	if (!is_pool(pool)) return REAL(cuMemPoolGetAttribute)(pool, attr, value);
+	if (!value) return CUDA_ERROR_INVALID_VALUE;
+	struct pool *p = pool;
+	gpumem_stats s;
+	gpumem_status st = gm.get_stats(p->device, &s, sizeof s);
+	if (st != GPUMEM_SUCCESS) return cuda_error(st);
+	uint64_t *v = value;
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *v = p->release_threshold; return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *v = s.reserved; return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *v = s.peak_reserved; return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *v = s.active; return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *v = s.peak_active; return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = 1; return CUDA_SUCCESS;
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* cuMemPoolTrimTo: gpumem gives back every unused byte. */
+static CUresult w_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+	if (!is_pool(pool)) return REAL(cuMemPoolTrimTo)(pool, keep);
+	return cuda_error(gm.trim(((struct pool *)pool)->device));
+}
+
+/* cuMemPoolSetAccess: gpumem's memory is for its own device; granting more
+ * is refused rather than pretended. */
+static CUresult w_cuMemPoolSetAccess(CUmemoryPool pool, const void *map, size_t count) {
+	if (!is_pool(pool)) return REAL(cuMemPoolSetAccess)(pool, map, count);
+	for (size_t i = 0; i < count; i++) {
+		const struct { struct { int type, id; } location; int flags; } *d = (const void *)((const char *)map + i * 12);
+		if (d->location.id != ((struct pool *)pool)->device) return CUDA_ERROR_INVALID_VALUE;
+	}
+	return CUDA_SUCCESS;
+}
+
+static void *lookup(const char *name, int ptds, int version, int *found);
+static void keep_real(const char *name, void *fn, int ptds, int version);
+static int is_own(void *fn);
+
+/* cuGetProcAddress (both versions): the driver's answer, with the shim's
+ * function for a wrapped name. */
+static CUresult w_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, void *status) {
+	CUresult r = REAL(cuGetProcAddress_v2)(symbol, pfn, version, flags, status);
+	if (r == CUDA_SUCCESS && pfn && *pfn && symbol) {
+		int ptds = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, found = 0;
+		void *w = lookup(symbol, ptds, version, &found);
+		if (found) {
+			keep_real(symbol, *pfn, ptds, version);
+			*pfn = w;
+		}
+	}
+	return r;
+}
+
+static CUresult w_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+	CUresult r = REAL(cuGetProcAddress)(symbol, pfn, version, flags);
+	if (r == CUDA_SUCCESS && pfn && *pfn && symbol) {
+		int ptds = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, found = 0;
+		void *w = lookup(symbol, ptds, version, &found);
+		if (found) {
+			keep_real(symbol, *pfn, ptds, version);
+			*pfn = w;
+		}
+	}
+	return r;
+}
+
+/* The table. name: as dlsym sees it; base: as cuGetProcAddress sees it
+ * (with min_version, the CUDA version from which base means this entry). */
+static const struct entry {
+	const char *name, *base;
+	int ptds, min_version;
+	void *wrapper;
+	void **real;
+} table[] = {
+#define E(name, base, ptds, v) {#name, base, ptds, v, (void *)w_##name, (void **)&REAL(name)}
+	E(cuMemAllocAsync, "cuMemAllocAsync", 0, 0),
+	E(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 1, 0),
+	E(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 0),
+	E(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 1, 0),
+	E(cuMemFreeAsync, "cuMemFreeAsync", 0, 0),
+	E(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 1, 0),
+	E(cuMemAlloc_v2, "cuMemAlloc", -1, 3020),
+	E(cuMemFree_v2, "cuMemFree", -1, 3020),
+	E(cuMemGetInfo_v2, "cuMemGetInfo", -1, 3020),
+	E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", -1, 0),
+	E(cuDeviceGetMemPool, "cuDeviceGetMemPool", -1, 0),
+	E(cuDeviceSetMemPool, "cuDeviceSetMemPool", -1, 0),
+	E(cuMemPoolCreate, "cuMemPoolCreate", -1, 0),
+	E(cuMemPoolDestroy, "cuMemPoolDestroy", -1, 0),
+	E(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", -1, 0),
+	E(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", -1, 0),
+	E(cuMemPoolTrimTo, "cuMemPoolTrimTo", -1, 0),
+	E(cuMemPoolSetAccess, "cuMemPoolSetAccess", -1, 0),
+	E(cuGetProcAddress, "cuGetProcAddress", -2, 0),
+	E(cuGetProcAddress_v2, "cuGetProcAddress", -2, 12000),
+#undef E
+};
+#define NTABLE (sizeof table / sizeof table[0])
+
+/* The shim's function for a name asked of dlsym (ptds < 0: by exact name)
+ * or of cuGetProcAddress (base name, per-thread flag, version); the real
+ * function is whatever the driver answered, already in the slot. */
+static void *lookup(const char *name, int ptds, int version, int *found) {
+	for (size_t i = 0; i < NTABLE; i++) {
+		const struct entry *e = &table[i];
+		if (ptds < 0 ? strcmp(name, e->name) == 0
+		             : e->ptds != -2 && strcmp(name, e->base) == 0 && (e->ptds < 0 || e->ptds == (ptds != 0)) &&
+		                   version >= e->min_version) {
+			*found = 1;
+			return e->wrapper;
+		}
+	}
+	*found = 0;
+	return NULL;
+}
+
+/* Whether fn is the shim's own (a library whose own references to its
+ * functions are not bound at link time hands out the preloaded ones). */
+static int is_own(void *fn) {
+	static void *base;
+	Dl_info info;
+	if (!base && dladdr((void *)is_own, &info)) base = info.dli_fbase;
+	return dladdr(fn, &info) && info.dli_fbase == base;
+}
+
+/* Records the driver's function for a wrapped name (first answer wins;
+ * they are the same function). */
+static void keep_real(const char *name, void *fn, int ptds, int version) {
+	for (size_t i = 0; i < NTABLE; i++) {
+		const struct entry *e = &table[i];
+		int match = ptds < 0 ? strcmp(name, e->name) == 0
+		                     : e->ptds != -2 && strcmp(name, e->base) == 0 && (e->ptds < 0 || e->ptds == (ptds != 0)) &&
+		                           version >= e->min_version;
+		if (!match || *e->real) continue;
+		/* The shim's own function came back (the library's references to
+		 * its functions were interposed): ask libcuda itself. */
+		void *real = fn && !is_own(fn) ? fn : driver_symbol(e->name);
+		if (real && !is_own(real)) *e->real = real;
+	}
+}
+
+/* Fills every slot from libcuda, for a program that calls the shim's
+ * functions by their names (linked to libcuda) before any dlsym. */
+static void fill_from_driver(void) {
+	for (size_t i = 0; i < NTABLE; i++)
+		if (!*table[i].real) {
+			void *fn = driver_symbol(table[i].name);
+			if (fn && !is_own(fn)) *table[i].real = fn;
+		}
+}
+
+/* --- dlsym ------------------------------------------------------------------ */
+
+static int from_gpumem(void *caller) {
+	Dl_info info;
+	return gm.base && dladdr(caller, &info) && info.dli_fbase == gm.base;
+}
+
+EXPORT void *dlsym(void *handle, const char *name) {
+	resolve_real_dlsym();
+	void *fn = real_dlsym(handle, name);
+	if (!fn || name[0] != 'c' || name[1] != 'u' || from_gpumem(__builtin_return_address(0))) return fn;
+	int found = 0;
+	void *w = lookup(name, -1, 0, &found);
+	if (!found) return fn;
+	keep_real(name, fn, -1, 0);
+	return w;
+}
+
+/* --- the shim's functions under the driver's names ---------------------------
+ * For a program linked to libcuda.so.1 (the symbols are resolved to the
+ * preloaded library first). Each fills the slots once from libcuda. */
+
+#define DEFINE(ret, name, params, args)                                  \
+	EXPORT ret name params {                                             \
+		if (!REAL(name)) {                                               \
+			resolve_real_dlsym();                                        \
+			resolve_driver();                                            \
+			fill_from_driver();                                          \
+		}                                                                \
+		return w_##name args;                                            \
+	}
+
+DEFINE(CUresult, cuMemAllocAsync, (CUdeviceptr *d, size_t n, CUstream s), (d, n, s))
+DEFINE(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr *d, size_t n, CUstream s), (d, n, s))
+DEFINE(CUresult, cuMemAllocFromPoolAsync, (CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s), (d, n, p, s))
+DEFINE(CUresult, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s), (d, n, p, s))
+DEFINE(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s))
+DEFINE(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr p, CUstream s), (p, s))
+DEFINE(CUresult, cuMemAlloc_v2, (CUdeviceptr *d, size_t n), (d, n))
+DEFINE(CUresult, cuMemFree_v2, (CUdeviceptr p), (p))
+DEFINE(CUresult, cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
+DEFINE(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool *p, CUdevice d), (p, d))
+DEFINE(CUresult, cuDeviceGetMemPool, (CUmemoryPool *p, CUdevice d), (p, d))
+DEFINE(CUresult, cuDeviceSetMemPool, (CUdevice d, CUmemoryPool p), (d, p))
+DEFINE(CUresult, cuMemPoolCreate, (CUmemoryPool *p, const void *props), (p, props))
+DEFINE(CUresult, cuMemPoolDestroy, (CUmemoryPool p), (p))
+DEFINE(CUresult, cuMemPoolSetAttribute, (CUmemoryPool p, int a, void *v), (p, a, v))
+DEFINE(CUresult, cuMemPoolGetAttribute, (CUmemoryPool p, int a, void *v), (p, a, v))
+DEFINE(CUresult, cuMemPoolTrimTo, (CUmemoryPool p, size_t k), (p, k))
+DEFINE(CUresult, cuMemPoolSetAccess, (CUmemoryPool p, const void *m, size_t c), (p, m, c))
+DEFINE(CUresult, cuGetProcAddress, (const char *s, void **f, int v, cuuint64_t fl), (s, f, v, fl))
+DEFINE(CUresult, cuGetProcAddress_v2, (const char *s, void **f, int v, cuuint64_t fl, void *st), (s, f, v, fl, st))
