@@ -9,13 +9,18 @@
 //	                                 device, and report peak memory,
 //	                                 fragmentation (peak reserved / peak
 //	                                 live), OOMs, mappings and speed
+//	gpumem import SNAPSHOT -o TRACE  convert a PyTorch memory snapshot into
+//	                                 traces, one per device
+//	gpumem run [flags] -- COMMAND    run a TensorFlow or JAX program with
+//	                                 gpumem as its allocator (the preload
+//	                                 shim; flags before "--" only)
 //	gpumem devices [--json]          list the GPUs (NVML): memory and the
 //	                                 processes using it
 //	gpumem version                   print the version
 //	gpumem help [command]            print the usage
 //
 // Each command has its own flag set (package flag); flags take one dash or
-// two, and may follow the arguments. Sizes are written as units.Parse reads
+// two, and may follow the arguments (run's must come before its command). Sizes are written as units.Parse reads
 // them ("80GiB", "512MiB", "1.5GB", "1024") and printed as units.Format
 // writes them ("12.17 GiB"). Results go to standard output (a readable
 // table, or with --json one JSON object per line); diagnostics go to

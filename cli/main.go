@@ -44,10 +44,13 @@ type env struct {
 	// listGPUs reports the GPUs and the processes using them; without a
 	// driver its error matches device.ErrNoDriver.
 	listGPUs func() ([]nvml.GPUReport, error)
+	// exec replaces the process with a command (gpumem run); it returns
+	// only on failure.
+	exec func(path string, argv, envv []string) error
 }
 
 func newEnv(stdout, stderr io.Writer) *env {
-	return &env{stdout: stdout, stderr: stderr, openCUDA: openCUDA, listGPUs: listGPUs}
+	return &env{stdout: stdout, stderr: stderr, openCUDA: openCUDA, listGPUs: listGPUs, exec: execCommand}
 }
 
 // A command is one subcommand of gpumem.
@@ -64,6 +67,7 @@ func init() {
 	commands = []command{
 		{"replay", "replay allocation traces and report peak memory, fragmentation and speed", (*env).replay},
 		{"import", "convert a PyTorch memory snapshot into allocation traces", (*env).importSnapshot},
+		{"run", "run a TensorFlow or JAX program with gpumem as its allocator", (*env).run},
 		{"devices", "list the GPUs, their memory and the processes using it", (*env).devices},
 		{"version", "print gpumem's version", (*env).version},
 		{"help", "print this help, or a command's (gpumem help replay)", (*env).help},

@@ -1,0 +1,205 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpumem/gpumem/internal/host"
+)
+
+const runAbout = `Run runs COMMAND with gpumem as its GPU memory allocator: a TensorFlow or
+JAX program, unchanged. It preloads gpumem's shim (libgpumem_preload.so),
+which takes the framework's stream-ordered allocations, frees, memory pools
+and cuMemGetInfo to gpumem (libgpumem.so), and sets the frameworks to that
+mode with preallocation off:
+
+	XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async  XLA_PYTHON_CLIENT_PREALLOCATE=false
+	TF_GPU_ALLOCATOR=cuda_malloc_async      TF_FORCE_GPU_ALLOW_GROWTH=true
+
+cuMemGetInfo answers within the limit, so a framework sizes itself to it;
+each program run this way holds its own limit. Memory left unused for
+--release-after goes back to the driver; gpumem.trim() from Python gives it
+back at once. An out-of-memory reaches the framework as the driver's
+CUDA_ERROR_OUT_OF_MEMORY, with gpumem's verdict printed once on stderr.
+
+The libraries are found through --library and --shim, else GPUMEM_LIBRARY
+and GPUMEM_PRELOAD, else beside the gpumem executable, in ../lib, or in
+.. (a checkout's build/ when gpumem is build/gpu/gpumem). Other settings go
+in --config or GPUMEM_CONFIG (key=value,...: see gpumem.h).
+
+COMMAND replaces gpumem (exec): its exit status is the command's.`
+
+// defaultReleaseAfter is how long memory may sit unused before gpumem run
+// gives it back: long enough that the pauses of a training loop (an
+// evaluation, a checkpoint) keep their cache, short enough that memory
+// freed by a deleted model is back for other programs within seconds.
+const defaultReleaseAfter = 5 * time.Second
+
+// frameworkEnv is what gpumem run sets so that the frameworks make the
+// calls the shim takes.
+var frameworkEnv = []string{
+	"XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async",
+	"XLA_PYTHON_CLIENT_PREALLOCATE=false",
+	"TF_GPU_ALLOCATOR=cuda_malloc_async",
+	"TF_FORCE_GPU_ALLOW_GROWTH=true",
+}
+
+func (e *env) run(args []string) int {
+	fs := e.flagSet("run", "-- COMMAND [ARG...]", runAbout)
+	limit := fs.String("limit", "", "cap the memory gpumem holds: a size (40GiB) or a percentage of the GPU (90%)")
+	release := fs.Duration("release-after", defaultReleaseAfter, "give memory unused this long back to the driver (0: keep it until trimmed)")
+	config := fs.String("config", "", "more configuration, as in GPUMEM_CONFIG (key=value,...)")
+	library := fs.String("library", "", "libgpumem.so to use")
+	shim := fs.String("shim", "", "libgpumem_preload.so to use")
+	flagArgs, command := splitCommand(args)
+	if err := fs.Parse(flagArgs); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.printUsage(e.stdout)
+			return ExitOK
+		}
+		return e.usageError(fs, twoDashes(err.Error()))
+	}
+	command = append(fs.Args(), command...)
+	if len(command) == 0 {
+		return e.usageError(fs, "no COMMAND: gpumem run [flags] -- COMMAND [ARG...]")
+	}
+	if *release < 0 {
+		return e.usageError(fs, "--release-after must not be negative")
+	}
+	cfg := os.Getenv("GPUMEM_CONFIG")
+	for _, kv := range []string{*config, optional("limit", *limit), "release_after=" + release.String()} {
+		if kv != "" {
+			cfg = joinConfig(cfg, kv)
+		}
+	}
+	if _, err := host.ParseConfig(cfg); err != nil {
+		fmt.Fprintf(e.stderr, "gpumem run: %v\n", err)
+		return ExitUsage
+	}
+	lib, err := findLibrary(*library, "GPUMEM_LIBRARY", "libgpumem.so")
+	if err == nil {
+		*shim, err = findLibrary(*shim, "GPUMEM_PRELOAD", "libgpumem_preload.so")
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "gpumem run: %v\n", err)
+		return ExitFail
+	}
+	path, err := exec.LookPath(command[0])
+	if err != nil {
+		fmt.Fprintf(e.stderr, "gpumem run: %v\n", err)
+		return 127
+	}
+	preload := *shim
+	if old := os.Getenv("LD_PRELOAD"); old != "" {
+		preload += ":" + old
+	}
+	envv := setEnv(os.Environ(), append([]string{
+		"LD_PRELOAD=" + preload,
+		"GPUMEM_LIBRARY=" + lib,
+		"GPUMEM_CONFIG=" + cfg,
+	}, frameworkEnv...))
+	err = e.exec(path, command, envv)
+	fmt.Fprintf(e.stderr, "gpumem run: %s: %v\n", command[0], err)
+	return ExitFail
+}
+
+// splitCommand splits args at the first "--": the flags before, the command
+// after (nil if there is no "--"; then the command starts at the first
+// argument that is not a flag).
+func splitCommand(args []string) (flags, command []string) {
+	for i, a := range args {
+		if a == "--" {
+			return args[:i], args[i+1:]
+		}
+	}
+	return args, nil
+}
+
+func optional(key, value string) string {
+	if value == "" {
+		return ""
+	}
+	return key + "=" + value
+}
+
+// joinConfig appends key=value to a configuration string, replacing the
+// key's earlier value.
+func joinConfig(cfg, kv string) string {
+	var keep []string
+	for item := range strings.SplitSeq(kv, ",") {
+		key, _, _ := strings.Cut(item, "=")
+		key = strings.TrimSpace(key)
+		var rest []string
+		for old := range strings.SplitSeq(cfg, ",") {
+			if k, _, _ := strings.Cut(old, "="); strings.TrimSpace(k) != key && strings.TrimSpace(old) != "" {
+				rest = append(rest, old)
+			}
+		}
+		cfg = strings.Join(rest, ",")
+		keep = append(keep, item)
+	}
+	if cfg == "" {
+		return strings.Join(keep, ",")
+	}
+	return cfg + "," + strings.Join(keep, ",")
+}
+
+// setEnv returns environ with each KEY=value of set in place of KEY's
+// earlier value.
+func setEnv(environ, set []string) []string {
+	out := make([]string, 0, len(environ)+len(set))
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		replaced := false
+		for _, s := range set {
+			if sk, _, _ := strings.Cut(s, "="); sk == k {
+				replaced = true
+			}
+		}
+		if !replaced {
+			out = append(out, kv)
+		}
+	}
+	return append(out, set...)
+}
+
+// findLibrary finds one of gpumem's libraries: the flag's path, the
+// environment variable's, or name beside the executable, in ../lib or in
+// .. of it.
+func findLibrary(flagPath, envName, name string) (string, error) {
+	for _, p := range []string{flagPath, os.Getenv(envName)} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%s: %w", name, err)
+		}
+		return filepath.Abs(p)
+	}
+	var tried []string
+	if exe, err := os.Executable(); err == nil {
+		if r, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = r
+		}
+		dir := filepath.Dir(exe)
+		for _, d := range []string{dir, filepath.Join(dir, "..", "lib"), filepath.Join(dir, "..")} {
+			p := filepath.Join(d, name)
+			if _, err := os.Stat(p); err == nil {
+				return filepath.Abs(p)
+			}
+			tried = append(tried, filepath.Clean(p))
+		}
+	}
+	return "", fmt.Errorf("%s not found (looked at %s); build it with scripts/lib.sh, or name it with %s", name,
+		strings.Join(tried, ", "), envName)
+}
+
+// execCommand replaces this process with the command.
+func execCommand(path string, argv, envv []string) error { return syscall.Exec(path, argv, envv) }

@@ -1,0 +1,106 @@
+package cli
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// runEnv is fakeEnv with an exec that records what it was asked to run.
+func runEnv(got *[]string, gotEnv *[]string) *env {
+	e := fakeEnv()
+	e.exec = func(path string, argv, envv []string) error {
+		*got = append([]string{path}, argv...)
+		*gotEnv = envv
+		return errors.New("recorded, not run")
+	}
+	return e
+}
+
+func envValue(envv []string, key string) (string, int) {
+	var v string
+	n := 0
+	for _, kv := range envv {
+		if k, val, _ := strings.Cut(kv, "="); k == key {
+			v = val
+			n++
+		}
+	}
+	return v, n
+}
+
+func fakeLibraries(t *testing.T) (lib, shim string) {
+	dir := t.TempDir()
+	lib, shim = filepath.Join(dir, "libgpumem.so"), filepath.Join(dir, "libgpumem_preload.so")
+	for _, p := range []string{lib, shim} {
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return lib, shim
+}
+
+func TestRun(t *testing.T) {
+	lib, shim := fakeLibraries(t)
+	t.Setenv("GPUMEM_CONFIG", "release_threshold=1GiB,limit=10GiB")
+	t.Setenv("LD_PRELOAD", "/other/preload.so")
+	t.Setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+	var argv, envv []string
+	code, _, stderr := run(t, runEnv(&argv, &envv), "run", "--limit", "20GiB", "--release-after", "30s",
+		"--library", lib, "--shim", shim, "--", "sh", "-c", "echo --limit")
+	if code != ExitFail || !strings.Contains(stderr, "recorded, not run") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	if !strings.HasSuffix(argv[0], "/sh") || !slices.Equal(argv[1:], []string{"sh", "-c", "echo --limit"}) {
+		t.Errorf("ran %q, want sh with its arguments untouched", argv)
+	}
+	for key, want := range map[string]string{
+		"GPUMEM_CONFIG":                 "release_threshold=1GiB,limit=20GiB,release_after=30s",
+		"LD_PRELOAD":                    shim + ":/other/preload.so",
+		"GPUMEM_LIBRARY":                lib,
+		"XLA_PYTHON_CLIENT_ALLOCATOR":   "cuda_async",
+		"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+		"TF_GPU_ALLOCATOR":              "cuda_malloc_async",
+	} {
+		if v, n := envValue(envv, key); v != want || n != 1 {
+			t.Errorf("%s=%q (%d times), want %q once", key, v, n, want)
+		}
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	lib, shim := fakeLibraries(t)
+	t.Setenv("GPUMEM_CONFIG", "")
+	var argv, envv []string
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"run"}, ExitUsage, "no COMMAND"},
+		{[]string{"run", "--limit", "lots", "--", "true"}, ExitUsage, "limit=lots"},
+		{[]string{"run", "--release-after", "-1s", "--", "true"}, ExitUsage, "must not be negative"},
+		{[]string{"run", "--library", "/nonexistent/libgpumem.so", "--shim", shim, "--", "true"}, ExitFail, "/nonexistent/libgpumem.so"},
+		{[]string{"run", "--library", lib, "--shim", shim, "--", "no-such-command-gpumem"}, 127, "no-such-command-gpumem"},
+	} {
+		code, _, stderr := run(t, runEnv(&argv, &envv), tc.args...)
+		if code != tc.code || !strings.Contains(stderr, tc.says) {
+			t.Errorf("%q: exit %d, stderr %q; want %d saying %q", tc.args, code, stderr, tc.code, tc.says)
+		}
+	}
+}
+
+func TestJoinConfig(t *testing.T) {
+	for _, tc := range []struct{ cfg, kv, want string }{
+		{"", "limit=1GiB", "limit=1GiB"},
+		{"limit=2GiB,mode=plain", "limit=1GiB", "mode=plain,limit=1GiB"},
+		{"mode=plain", "limit=1GiB,release_after=5s", "mode=plain,limit=1GiB,release_after=5s"},
+	} {
+		if got := joinConfig(tc.cfg, tc.kv); got != tc.want {
+			t.Errorf("joinConfig(%q, %q) = %q, want %q", tc.cfg, tc.kv, got, tc.want)
+		}
+	}
+}
