@@ -603,7 +603,10 @@ func (a *Allocator) opCount() uint64 {
 
 func (a *Allocator) idleLoop(d time.Duration) {
 	defer close(a.idleDone)
-	tick := time.NewTicker(d / 4)
+	// Checked every d/100 (at least 5 ms): the release comes at most that
+	// long after the idle time is up (gpumem run promises the release delay
+	// plus 100 ms); a check locks each pool once, nothing more.
+	tick := time.NewTicker(max(d/100, 5*time.Millisecond))
 	defer tick.Stop()
 	last, since := a.opCount(), time.Now()
 	for {

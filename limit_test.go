@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpumem/gpumem"
 )
@@ -164,4 +165,31 @@ func TestGrowthToTheLimit(t *testing.T) {
 	}
 	_ = a.Free(b)
 	_ = a.Free(keep)
+}
+
+// TestIdleReleaseTiming: the idle release comes after the idle time and not
+// much later (it was checked every quarter of it, so up to 1.25 times the
+// delay passed; gpumem run promises the delay plus 100 ms). The bounds are
+// loose for slow CI machines; the check interval is d/100.
+func TestIdleReleaseTiming(t *testing.T) {
+	const idle = 400 * time.Millisecond
+	a := newAlloc(t, newSim(1<<30), gpumem.Config{IdleRelease: idle})
+	b, err := a.Alloc(64*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(b); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	time.Sleep(idle / 2)
+	if a.Stats().Reserved == 0 {
+		t.Fatalf("released %v after the last operation, before the idle time of %v", time.Since(start), idle)
+	}
+	for a.Stats().Reserved != 0 {
+		if time.Since(start) > idle+300*time.Millisecond {
+			t.Fatalf("still holding %d bytes %v after the last operation (idle release %v)", a.Stats().Reserved, time.Since(start), idle)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }

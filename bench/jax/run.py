@@ -65,17 +65,21 @@ def main():
     jax.clear_caches()
     t1 = time.perf_counter()
     after_at_once = nvml_used(pid)
-    release_ms, after = None, after_at_once
+    release_ms, after, drops = None, after_at_once, []
     while time.perf_counter() - t1 < args.wait:
-        after = nvml_used(pid)
+        now = nvml_used(pid)
+        if now < after - (8 << 20):
+            drops.append(((time.perf_counter() - t1) * 1e3, now))
+        after = now
         if after <= start + (64 << 20):
             release_ms = (time.perf_counter() - t1) * 1e3
             break
         time.sleep(0.005)
-    trim_ms = None
+    trim_ms, gm = None, None
     if os.environ.get("GPUMEM_LIBRARY"):
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import gpumem
+        gm = json.loads(gpumem.library().stats_json(0))
         t2 = time.perf_counter()
         gpumem.trim()
         while time.perf_counter() - t2 < 1.0:
@@ -89,9 +93,11 @@ def main():
     rec = {"program": args.program, "mode": args.mode, "nvml_start_bytes": start, "nvml_peak_bytes": peak,
            "nvml_end_of_program_bytes": during, "nvml_after_cleanup_at_once_bytes": after_at_once,
            "nvml_after_cleanup_bytes": after, "release_ms": release_ms, "trim_ms": trim_ms,
+           "nvml_drops_ms_bytes": drops,
            "jax_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
            "median_step_ms": {k: statistics.median(v[2:]) for k, v in times.items() if len(v) > 2},
-           "step_ms": times, "losses": losses, "wall_s": wall, "jax": jax.__version__}
+           "step_ms": times, "losses": losses, "wall_s": wall, "jax": jax.__version__,
+           "gpumem_stats_after_release": gm}
     line = json.dumps(rec)
     print(line)
     if args.out:
