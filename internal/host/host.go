@@ -227,6 +227,11 @@ func (h *Host) Free(ordinal int, ptr uint64) error {
 	if err != nil {
 		return err
 	}
+	return d.free(e)
+}
+
+// free records the free of a buffer taken from the table and frees it.
+func (d *Device) free(e entry) error {
 	if r := d.rec.Load(); r != nil && e.rec != 0 && e.recGen == r.gen {
 		r.free(e.rec - 1)
 	}
@@ -248,10 +253,7 @@ func (h *Host) FreeOn(ordinal int, ptr, stream uint64) error {
 		d.tab.put(ptr, e) // nothing changed: the buffer stays live
 		return err
 	}
-	if r := d.rec.Load(); r != nil && e.rec != 0 && e.recGen == r.gen {
-		r.free(e.rec - 1)
-	}
-	return d.Alloc.Free(e.buf)
+	return d.free(e)
 }
 
 func (h *Host) take(ordinal int, ptr uint64) (*Device, entry, error) {
