@@ -26,7 +26,9 @@ mode with preallocation off:
 cuMemGetInfo answers within the limit, so a framework sizes itself to it;
 each program run this way holds its own limit. Memory left unused for
 --release-after goes back to the driver; gpumem.trim() from Python gives it
-back at once. An out-of-memory reaches the framework as the driver's
+back at once. With --serve the program's pool is readable live over HTTP
+(/debug/gpumem/stats, /debug/gpumem/snapshot, /metrics). An out-of-memory
+reaches the framework as the driver's
 CUDA_ERROR_OUT_OF_MEMORY, with gpumem's verdict printed once on stderr.
 
 The libraries are found through --library and --shim, else GPUMEM_LIBRARY
@@ -56,6 +58,7 @@ func (e *env) run(args []string) int {
 	limit := fs.String("limit", "", "cap the memory gpumem holds: a size (40GiB) or a percentage of the GPU (90%)")
 	release := fs.Duration("release-after", defaultReleaseAfter, "give memory unused this long back to the driver (0: keep it until trimmed)")
 	config := fs.String("config", "", "more configuration, as in GPUMEM_CONFIG (key=value,...)")
+	serve := fs.String("serve", "", "serve the program's pool over HTTP on `ADDR` (stats, snapshot, Prometheus metrics; port 0 picks one)")
 	library := fs.String("library", "", "libgpumem.so to use")
 	shim := fs.String("shim", "", "libgpumem_preload.so to use")
 	flagArgs, command := splitCommand(args)
@@ -74,7 +77,7 @@ func (e *env) run(args []string) int {
 		return e.usageError(fs, "--release-after must not be negative")
 	}
 	cfg := os.Getenv("GPUMEM_CONFIG")
-	for _, kv := range []string{*config, optional("limit", *limit), "release_after=" + release.String()} {
+	for _, kv := range []string{*config, optional("limit", *limit), optional("serve", *serve), "release_after=" + release.String()} {
 		if kv != "" {
 			cfg = joinConfig(cfg, kv)
 		}

@@ -158,6 +158,7 @@ EXPORT gpumem_status gpumem_mem_info(int device, uint64_t *free_bytes, uint64_t 
 EXPORT char *gpumem_snapshot_json(int device) { return gpumemGo_json(device, 0); }
 EXPORT char *gpumem_stats_json(int device) { return gpumemGo_json(device, 1); }
 EXPORT void gpumem_string_free(char *s) { free(s); }
+EXPORT char *gpumem_serve(const char *addr) { return gpumemGo_serve((char *)addr); }
 
 EXPORT gpumem_status gpumem_record_start(int device, const char *path) {
 	gpumem_status st = gpumemGo_record_start(device, (char *)path);

@@ -199,6 +199,23 @@ func gpumemGo_json(device C.int, what C.int) *C.char {
 	return C.CString(string(b))
 }
 
+// gpumemGo_serve serves the allocators over HTTP on addr and returns the
+// address bound, in C memory the caller frees; NULL on failure.
+//
+//export gpumemGo_serve
+func gpumemGo_serve(addr *C.char) *C.char {
+	if addr == nil {
+		fail(errors.New("gpumem: serve: no address"), -1)
+		return nil
+	}
+	a, err := theHost().Serve(C.GoString(addr))
+	if err != nil {
+		fail(err, -1)
+		return nil
+	}
+	return C.CString(a)
+}
+
 //export gpumemGo_record_start
 func gpumemGo_record_start(device C.int, path *C.char) C.gpumem_status {
 	if path == nil {

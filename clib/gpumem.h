@@ -171,6 +171,12 @@ gpumem_status gpumem_mem_info(int device, uint64_t *free_bytes, uint64_t *total_
 char *gpumem_snapshot_json(int device);
 char *gpumem_stats_json(int device);
 void gpumem_string_free(char *s);
+/* Serves the allocators' statistics, snapshots and Prometheus metrics over
+ * HTTP on addr ("127.0.0.1:9464"; port 0 picks one): /debug/gpumem/stats,
+ * /debug/gpumem/snapshot, /metrics. Returns the address bound (the
+ * caller's, to free with gpumem_string_free), or NULL. One server per
+ * process; GPUMEM_CONFIG's serve= starts it at the first allocation. */
+char *gpumem_serve(const char *addr);
 
 /* --- Recording -------------------------------------------------------------- */
 

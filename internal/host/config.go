@@ -3,6 +3,7 @@ package host
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -37,6 +38,9 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	record_sites       true or false: allocation call stacks in leak reports
 //	check              true or false: run the invariant checker after every
 //	                   operation (slow)
+//	serve              an address (127.0.0.1:9464; port 0 picks one): serve
+//	                   the allocators' stats, snapshots and Prometheus metrics
+//	                   over HTTP there (package httpdebug), from the first use
 //
 // Sizes are written as units.Parse reads them (80GiB, 512MiB, 1.5GB);
 // durations as time.ParseDuration does. An unknown key, a key given twice
@@ -48,6 +52,8 @@ type Config struct {
 	// device's memory (limit=90%); it overrides Alloc.Limit.
 	LimitFraction float64
 	Alloc         gpumem.Config
+	// Serve is the address to serve over HTTP (serve=), "" for none.
+	Serve string
 }
 
 // defaultSimCapacity is the simulated device's memory when capacity is not
@@ -141,8 +147,13 @@ func (c *Config) set(key, val string) error {
 		c.Alloc.RecordSites, err = strconv.ParseBool(val)
 	case "check":
 		c.Alloc.CheckInvariants, err = strconv.ParseBool(val)
+	case "serve":
+		if _, _, e := net.SplitHostPort(val); e != nil {
+			return errors.New("want host:port, such as 127.0.0.1:9464")
+		}
+		c.Serve = val
 	default:
-		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, record_sites or check)")
+		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, record_sites, check or serve)")
 	}
 	return err
 }

@@ -41,6 +41,9 @@ type Host struct {
 	cfgErr  error // the environment's configuration was bad: every call fails with it
 	started bool  // a device exists: only the limit may still change
 
+	served     string // the address served over HTTP, "" if none (serve.go)
+	serveTried bool
+
 	devs [MaxDevices]atomic.Pointer[Device]
 }
 
@@ -109,11 +112,12 @@ func (h *Host) Configure(s string) error {
 		return nil
 	}
 	for _, k := range keys {
-		if k != "limit" {
-			return fmt.Errorf("%w: %s cannot change once a device is in use (only limit can)", ErrConfig, k)
+		if k != "limit" && k != "serve" {
+			return fmt.Errorf("%w: %s cannot change once a device is in use (only limit and serve can)", ErrConfig, k)
 		}
 	}
 	h.cfg = next
+	h.serveFromConfig()
 	var errs []error
 	for i := range h.devs {
 		if d := h.devs[i].Load(); d != nil {
@@ -161,6 +165,7 @@ func (h *Host) Device(ordinal int) (*Device, error) {
 	d := &Device{Ordinal: ordinal, Alloc: a, dev: dev, closeFn: closeFn}
 	h.devs[ordinal].Store(d)
 	h.started = true
+	h.serveFromConfig()
 	return d, nil
 }
 

@@ -3,6 +3,8 @@ package host
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -393,5 +395,32 @@ func TestFreeOn(t *testing.T) {
 	}
 	if err := h.FreeOn(0, 0xbad000, 1); Code(err) != StatusInvalidPointer {
 		t.Errorf("FreeOn of a foreign pointer: %v", err)
+	}
+}
+
+// TestServe: serve= starts an HTTP server at the first use, which serves
+// the host's allocators; Serve returns the address.
+func TestServe(t *testing.T) {
+	h := newSimHost(t, "serve=127.0.0.1:0")
+	p, err := h.Alloc(0, 3*miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := h.Serve("ignored:0")
+	if err != nil || addr == "" {
+		t.Fatalf("Serve: %q, %v", addr, err)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `gpumem_allocated_bytes{device="0",pool="gpumem"} 3.145728e+06`) {
+		t.Errorf("metrics of a served host:\n%s", body)
+	}
+	_ = h.Free(0, p)
+	if _, err := ParseConfig("serve=nowhere"); Code(err) != StatusConfig {
+		t.Errorf("serve=nowhere: %v", err)
 	}
 }

@@ -14,7 +14,7 @@ import json
 from ._lib import GpumemError, OutOfMemory, OutOfMemoryError, load
 
 __all__ = ["GpumemError", "OutOfMemory", "OutOfMemoryError", "configure", "trim",
-           "stats", "snapshot", "reset_peaks", "last_oom", "version", "library"]
+           "stats", "snapshot", "reset_peaks", "last_oom", "serve", "version", "library"]
 
 
 def library():
@@ -76,6 +76,13 @@ def reset_peaks(device=-1):
 def snapshot(device=0):
     """The allocator's segments, spans and blocks, as a dict."""
     return json.loads(load().snapshot_json(device))
+
+
+def serve(addr="127.0.0.1:0"):
+    """Serves gpumem's statistics, snapshots and Prometheus metrics over HTTP
+    on addr (port 0 picks one) and returns the address bound:
+    http://ADDR/metrics, http://ADDR/debug/gpumem/stats."""
+    return load().serve(addr)
 
 
 def last_oom():

@@ -116,6 +116,7 @@ _PROTOTYPES = {
     "gpumem_version": (ctypes.c_char_p, []),
     "gpumem_api_version": (ctypes.c_int, []),
 }
+_PROTOTYPES["gpumem_serve"] = (ctypes.c_void_p, [ctypes.c_char_p])
 _PROTOTYPES["gpumem_import_snapshot"] = (_status, [ctypes.c_char_p, ctypes.c_char_p])
 _OPTIONAL = {}  # functions of later versions, bound when present
 
@@ -233,6 +234,15 @@ class Library:
 
     def stats_json(self, device=0):
         return self._json(self._c.gpumem_stats_json, device)
+
+    def serve(self, addr):
+        p = self._c.gpumem_serve(addr.encode())
+        if not p:
+            raise self.error(self._c.gpumem_last_status())
+        try:
+            return ctypes.string_at(p).decode()
+        finally:
+            self._c.gpumem_string_free(p)
 
     def record_start(self, device, path):
         self.check(self._c.gpumem_record_start(device, os.fsencode(path)))

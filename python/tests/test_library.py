@@ -264,3 +264,23 @@ def test_import_snapshot(tmp_path):
     assert ok == "True" and "bad.pickle" in msg, p.stdout
     lines = gzip.open(out, "rt").read().splitlines()
     assert sum(1 for l in lines if l.startswith("a ")) == 657
+
+
+@needs_library
+def test_serve():
+    """gpumem.serve: the process's allocators read over HTTP, the metrics in
+    Prometheus's text format."""
+    p = run("""
+        import json, urllib.request, gpumem
+        lib = gpumem.library()
+        keep = lib.allocate(3 << 20, 0, 0)
+        addr = gpumem.serve("127.0.0.1:0")
+        assert gpumem.serve("127.0.0.1:0") == addr   # one server per process
+        stats = json.load(urllib.request.urlopen(f"http://{addr}/debug/gpumem/stats"))
+        print(stats["0"]["stats"]["Allocated"])
+        metrics = urllib.request.urlopen(f"http://{addr}/metrics").read().decode()
+        print([l for l in metrics.splitlines() if l.startswith("gpumem_live_buffers")][0])
+    """, config=SIM)
+    lines = p.stdout.splitlines()
+    assert lines[0] == str(3 << 20)
+    assert lines[1] == 'gpumem_live_buffers{device="0",pool="gpumem"} 1'

@@ -1,0 +1,117 @@
+package metrics
+
+import (
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device/sim"
+)
+
+func newAllocator(t *testing.T) *gpumem.Allocator {
+	t.Helper()
+	a, err := gpumem.New(sim.MustNew(sim.Config{Capacity: 1 << 30}), gpumem.Config{Limit: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+// TestScrape: an HTTP scrape of the collector parses with Prometheus's own
+// text parser and reports the allocator's numbers under both labels.
+func TestScrape(t *testing.T) {
+	a, b := newAllocator(t), newAllocator(t)
+	keep, err := a.Alloc(3<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, _ := b.Alloc(1<<20, 0)
+	_ = b.Free(x)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(func() []Source {
+		return []Source{{"0", "gpumem", a}, {"1", "gpumem", b}}
+	}))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("the scrape does not parse: %v\n%s", err, body)
+	}
+	value := func(name, dev string, extra ...string) float64 {
+		t.Helper()
+		f := families[name]
+		if f == nil {
+			t.Fatalf("no %s in the scrape", name)
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			if got["device"] != dev || got["pool"] != "gpumem" {
+				continue
+			}
+			for i := 0; i+1 < len(extra); i += 2 {
+				if got[extra[i]] != extra[i+1] {
+					continue next
+				}
+			}
+			if m.Gauge != nil {
+				return m.Gauge.GetValue()
+			}
+			return m.Counter.GetValue()
+		}
+		t.Fatalf("no %s for device %s %v", name, dev, extra)
+		return 0
+	}
+	sa, sb := a.Stats(), b.Stats()
+	if got := value("gpumem_allocated_bytes", "0"); got != float64(sa.Allocated) || got != 3<<20 {
+		t.Errorf("allocated_bytes{device=0} = %v, want %d", got, sa.Allocated)
+	}
+	if got := value("gpumem_reserved_bytes", "1"); got != float64(sb.Reserved) {
+		t.Errorf("reserved_bytes{device=1} = %v, want %d", got, sb.Reserved)
+	}
+	if got := value("gpumem_frees_total", "1"); got != 1 {
+		t.Errorf("frees_total{device=1} = %v, want 1", got)
+	}
+	if got := value("gpumem_limit_bytes", "0"); got != 512<<20 {
+		t.Errorf("limit_bytes = %v", got)
+	}
+	if got := value("gpumem_device_calls_total", "0", "call", "create"); got != float64(sa.Creates) || got == 0 {
+		t.Errorf("device_calls_total{call=create} = %v, want %d", got, sa.Creates)
+	}
+	if families["gpumem_allocations_total"].GetType().String() != "COUNTER" || families["gpumem_reserved_bytes"].GetType().String() != "GAUGE" {
+		t.Error("counters and gauges are typed wrong")
+	}
+	_ = a.Free(keep)
+}
+
+// TestLint: the metrics follow Prometheus's naming conventions, as its own
+// linter checks them.
+func TestLint(t *testing.T) {
+	a := newAllocator(t)
+	problems, err := testutil.CollectAndLint(NewCollector(func() []Source { return []Source{{"0", "gpumem", a}} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("%s: %s", p.Metric, p.Text)
+	}
+}
