@@ -60,4 +60,3 @@ func (h *Host) serveFromConfig() {
 		fmt.Fprintf(os.Stderr, "gpumem: serving stats and metrics on http://%s/debug/gpumem/ (pid %d)\n", addr, os.Getpid())
 	}
 }
-
