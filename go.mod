@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/ebitengine/purego v0.11.3
+	github.com/google/pprof v0.0.0-20261016150608-1facf8f91b50
 	github.com/nlpodyssey/gopickle v0.2.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/common v0.72.0

@@ -49,6 +49,9 @@ type BlockSnapshot struct {
 	Scope     string `json:"scope,omitempty"`
 	Seq       uint64 `json:"seq,omitempty"` // allocation number on its stream
 	Site      string `json:"site,omitempty"`
+	// Stack is the allocation's call stack (program counters, innermost
+	// first) when Config.RecordSites is set: what a pprof profile is made of.
+	Stack []uintptr `json:"-"`
 }
 
 // Snapshot captures every segment and block. Free blocks of a virtual arena
@@ -85,6 +88,7 @@ func (a *Allocator) Snapshot() Snapshot {
 					}
 					if site := b.site(); site != nil {
 						bs.Site = formatSite(site)
+						bs.Stack = site
 					}
 					ss.Blocks = append(ss.Blocks, bs)
 				}

@@ -6,6 +6,8 @@
 //	/debug/gpumem/stats      every allocator's statistics (JSON, by device)
 //	/debug/gpumem/snapshot   one allocator's segments, spans and blocks
 //	                         (JSON; ?device=N, default the first)
+//	/debug/gpumem/profile    the live allocations by call site, a pprof
+//	                         profile (go tool pprof URL)
 //	/metrics                 the Prometheus metrics (package metrics)
 //
 // A Go program mounts Handler; a program that loads the C library sets
@@ -22,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/metrics"
 )
 
@@ -33,7 +36,7 @@ func Handler(list func() []metrics.Source) http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/gpumem/{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "gpumem\n\n/debug/gpumem/stats     statistics of every allocator (JSON)\n/debug/gpumem/snapshot  segments, spans and blocks (JSON; ?device=N)\n/metrics                Prometheus metrics\n\nallocators:\n")
+		fmt.Fprintf(w, "gpumem\n\n/debug/gpumem/stats     statistics of every allocator (JSON)\n/debug/gpumem/snapshot  segments, spans and blocks (JSON; ?device=N)\n/debug/gpumem/profile   live allocations by call site (pprof)\n/metrics                Prometheus metrics\n\nallocators:\n")
 		for _, s := range list() {
 			fmt.Fprintf(w, "  device %s, pool %s\n", s.Device, s.Pool)
 		}
@@ -44,6 +47,17 @@ func Handler(list func() []metrics.Source) http.Handler {
 			out[s.Device] = map[string]any{"pool": s.Pool, "limit": s.Allocator.Limit(), "stats": s.Allocator.Stats()}
 		}
 		writeJSON(w, out)
+	})
+	mux.HandleFunc("GET /debug/gpumem/profile", func(w http.ResponseWriter, r *http.Request) {
+		var as []*gpumem.Allocator
+		for _, s := range list() {
+			as = append(as, s.Allocator)
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Disposition", `attachment; filename="gpumem.pprof"`)
+		if err := Profile(as).Write(w); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
 	})
 	mux.HandleFunc("GET /debug/gpumem/snapshot", func(w http.ResponseWriter, r *http.Request) {
 		want := r.URL.Query().Get("device")
