@@ -14,6 +14,8 @@
 //	gpumem run [flags] -- COMMAND    run a TensorFlow or JAX program with
 //	                                 gpumem as its allocator (the preload
 //	                                 shim; flags before "--" only)
+//	gpumem serve [--listen ADDR]     export the GPUs (NVML) and the pools of
+//	                                 gpumem processes to Prometheus
 //	gpumem devices [--json]          list the GPUs (NVML): memory and the
 //	                                 processes using it
 //	gpumem version                   print the version

@@ -401,6 +401,7 @@ func TestFreeOn(t *testing.T) {
 // TestServe: serve= starts an HTTP server at the first use, which serves
 // the host's allocators; Serve returns the address.
 func TestServe(t *testing.T) {
+	t.Setenv("GPUMEM_RUN_DIR", t.TempDir())
 	h := newSimHost(t, "serve=127.0.0.1:0")
 	p, err := h.Alloc(0, 3*miB, 0, 0)
 	if err != nil {

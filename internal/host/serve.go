@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/gpumem/gpumem/httpdebug"
+	"github.com/gpumem/gpumem/internal/announce"
 	"github.com/gpumem/gpumem/metrics"
 )
 
@@ -40,6 +41,9 @@ func (h *Host) serveLocked(addr string) (string, error) {
 	srv := &http.Server{Handler: httpdebug.Handler(h.Sources)}
 	go srv.Serve(ln)
 	h.served = ln.Addr().String()
+	// Tools find the process through its announcement; without one they
+	// can still be pointed at the address.
+	_ = announce.Announce(h.served)
 	return h.served, nil
 }
 
