@@ -14,6 +14,8 @@
 //	gpumem run [flags] -- COMMAND    run a TensorFlow or JAX program with
 //	                                 gpumem as its allocator (the preload
 //	                                 shim; flags before "--" only)
+//	gpumem top [--interval D]        a live view of the GPUs, their processes
+//	                                 and the pools of gpumem processes
 //	gpumem serve [--listen ADDR]     export the GPUs (NVML) and the pools of
 //	                                 gpumem processes to Prometheus
 //	gpumem devices [--json]          list the GPUs (NVML): memory and the

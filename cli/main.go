@@ -68,6 +68,7 @@ func init() {
 		{"replay", "replay allocation traces and report peak memory, fragmentation and speed", (*env).replay},
 		{"import", "convert a PyTorch memory snapshot into allocation traces", (*env).importSnapshot},
 		{"run", "run a TensorFlow or JAX program with gpumem as its allocator", (*env).run},
+		{"top", "a live view of the GPUs, their processes and gpumem's pools", (*env).top},
 		{"serve", "export the host's GPUs and gpumem pools to Prometheus", (*env).serve},
 		{"devices", "list the GPUs, their memory and the processes using it", (*env).devices},
 		{"version", "print gpumem's version", (*env).version},

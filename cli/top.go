@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/internal/announce"
+	"github.com/gpumem/gpumem/internal/units"
+)
+
+const topAbout = `Top shows, refreshed every interval until interrupted, the GPUs of this
+host and the processes holding their memory (NVML), and for each process
+that runs on gpumem and serves its handler (gpumem run --serve, serve= in
+GPUMEM_CONFIG, gpumem.serve()) its pool: bytes allocated, held from the
+driver (reserved), cached, and how fragmented the cache is. For those
+processes it reconciles NVML's figure with gpumem's: NVML's figure minus
+what gpumem reserved is the CUDA context and anything allocated outside
+gpumem, shown as "other".
+
+--once prints one frame and exits (for scripts).`
+
+func (e *env) top(args []string) int {
+	fs := e.flagSet("top", "", topAbout)
+	interval := fs.Duration("interval", time.Second, "refresh every `DURATION`")
+	once := fs.Bool("once", false, "print one frame and exit")
+	rest, code := e.parse(fs, args)
+	if code >= 0 {
+		return code
+	}
+	if len(rest) > 0 {
+		return e.usageError(fs, "top takes no arguments")
+	}
+	if *interval <= 0 {
+		return e.usageError(fs, "--interval must be positive")
+	}
+	if *once {
+		e.topFrame(e.stdout)
+		return ExitOK
+	}
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, os.Interrupt)
+	defer signal.Stop(stop)
+	tick := time.NewTicker(*interval)
+	defer tick.Stop()
+	for {
+		var b strings.Builder
+		b.WriteString("\x1b[H\x1b[2J") // home, clear
+		e.topFrame(&b)
+		io.WriteString(e.stdout, b.String())
+		select {
+		case <-stop:
+			return ExitOK
+		case <-tick.C:
+		}
+	}
+}
+
+// poolView is a gpumem process's pools, as its handler reports them.
+type poolView struct {
+	PID   int
+	Addr  string
+	Err   error
+	Stats map[string]struct {
+		Pool  string       `json:"pool"`
+		Limit uint64       `json:"limit"`
+		Stats gpumem.Stats `json:"stats"`
+	}
+}
+
+func fetchPools() []poolView {
+	procs, _ := announce.List()
+	client := &http.Client{Timeout: time.Second}
+	var out []poolView
+	for _, p := range procs {
+		v := poolView{PID: p.PID, Addr: p.Addr}
+		resp, err := client.Get("http://" + p.Addr + "/debug/gpumem/stats")
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&v.Stats)
+			resp.Body.Close()
+		}
+		v.Err = err
+		out = append(out, v)
+	}
+	return out
+}
+
+// topFrame writes one frame: the GPUs with their processes, then the
+// gpumem processes' pools.
+func (e *env) topFrame(w io.Writer) {
+	fmt.Fprintf(w, "gpumem top  %s\n\n", time.Now().Format("15:04:05"))
+	pools := fetchPools()
+	reserved := map[int]uint64{} // by pid, over its devices
+	for _, p := range pools {
+		for _, d := range p.Stats {
+			reserved[p.PID] += d.Stats.Reserved
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	reports, err := e.listGPUs()
+	if err != nil {
+		fmt.Fprintf(w, "GPUs: %v\n", err)
+	}
+	for _, r := range reports {
+		g := r.GPU
+		fmt.Fprintf(w, "GPU %d  %s  %s used of %s\n", g.Index, g.Name, units.Format(g.Memory.Used), units.Format(g.Memory.Total))
+		fmt.Fprintln(tw, "pid\tNVML\tgpumem reserved\tother (context, outside gpumem)\t")
+		procs := r.Processes
+		sort.Slice(procs, func(i, j int) bool { return procs[i].UsedMemory > procs[j].UsedMemory })
+		for _, p := range procs {
+			res, gm := reserved[p.PID]
+			other, resCol := "", "-"
+			if gm {
+				resCol = units.Format(res)
+				if p.UsedMemory >= res {
+					other = units.Format(p.UsedMemory - res)
+				} else {
+					other = "-" + units.Format(res-p.UsedMemory)
+				}
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t\n", p.PID, units.Format(p.UsedMemory), resCol, other)
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
+	if len(pools) == 0 {
+		fmt.Fprintf(w, "no gpumem process serves its pool here (gpumem run --serve, serve= in GPUMEM_CONFIG; announcements in %s)\n", announce.Dir())
+		return
+	}
+	fmt.Fprintln(w, "gpumem pools")
+	fmt.Fprintln(tw, "pid\tdevice\tallocated\treserved\tpeak reserved\tcached\tfragmented\tlimit\tbuffers\t")
+	for _, p := range pools {
+		if p.Err != nil {
+			fmt.Fprintf(tw, "%d\t%s\t%v\t\t\t\t\t\t\t\n", p.PID, p.Addr, p.Err)
+			continue
+		}
+		devs := make([]string, 0, len(p.Stats))
+		for d := range p.Stats {
+			devs = append(devs, d)
+		}
+		sort.Strings(devs)
+		for _, d := range devs {
+			s := p.Stats[d]
+			st := s.Stats
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%d\t\n", p.PID, d, units.Format(st.Allocated),
+				units.Format(st.Reserved), units.Format(st.PeakReserved), units.Format(st.Cached),
+				100*st.Fragmentation, units.Format(s.Limit), st.LiveBuffers)
+		}
+	}
+	tw.Flush()
+}
+
