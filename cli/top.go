@@ -157,4 +157,3 @@ func (e *env) topFrame(w io.Writer) {
 	}
 	tw.Flush()
 }
-
