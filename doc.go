@@ -56,7 +56,7 @@
 // against a separate small arena and against small pages carved out of the
 // large arena, the single heap gave the lowest ratio on four traces, within
 // 0.0013 of it on the others, and the fewest remaps on five, so ModeVirtual
-// uses it (docs/BENCHMARKS.md, "Small requests").
+// uses it (docs/EXPERIMENTS.md, "Small requests").
 //
 // Every request is rounded up to 512 bytes (minBlock): the alignment CUDA
 // kernels assume, and small enough that rounding costs under 0.1% on real

@@ -17,7 +17,7 @@ import (
 // spans: one device handle mapped whole over a run of chunks. CUDA can map
 // only whole handles and unmap only whole mappings, and every mapping costs
 // tens of microseconds to map, grant and unmap whatever its size
-// (docs/BENCHMARKS.md, "Driver costs"), so the span is the unit of growth,
+// (docs/EXPERIMENTS.md, "What the driver costs"), so the span is the unit of growth,
 // of reuse elsewhere and of release. Each run of unmapped chunks under a new
 // block gets spans of at most Config.SpanSize (larger at the frontier of a
 // grown arena, see runEnd): one create, one map, one access grant each.
@@ -25,7 +25,7 @@ import (
 // The span size is the trade between speed and fit. Empty chunks of a span
 // that still has a live chunk cannot be given back or moved, so larger spans
 // hold more idle memory; smaller ones cost more driver calls. Measured on
-// the six shipped traces (docs/BENCHMARKS.md, "Span size"), 16 MiB spans
+// the six shipped traces (docs/EXPERIMENTS.md, "Span size"), 16 MiB spans
 // keep every ratio under 1.02 with about a sixth of the driver time of
 // 2 MiB spans.
 //
@@ -411,7 +411,7 @@ const (
 // the chunks ahead of it, up to the span size: the requests that follow at
 // the frontier find memory mapped. The frontier holds at most one such
 // partly used span, and the threshold keeps small programs, for which a few
-// spans are a large share, on exact spans. Measured (docs/BENCHMARKS.md,
+// spans are a large share, on exact spans. Measured (docs/EXPERIMENTS.md,
 // "Growth at the frontier"): about half the creates of a first pass on the
 // shipped traces and five synthetic families, every shipped ratio at most
 // 1.0153; the cost is fit on programs that free at random (up to 2%).
@@ -535,7 +535,7 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1, c1 int, prealloc boo
 // rarely be reused (a run needs an exact size), and each would be released
 // while a new one is created: measured on sweep_create_dispose, a second
 // pass made 28 creates and 17 releases instead of 3 and 2
-// (docs/BENCHMARKS.md, "Growth at the frontier"). Other pools' spans are
+// (docs/EXPERIMENTS.md, "Growth at the frontier"). Other pools' spans are
 // left to findEmpty's exact matches: moving them costs their stream a fence.
 func (p *pool) emptyToStretch(seg *segment, r0 int, k int32) int32 {
 	room := int32(0)

@@ -74,7 +74,7 @@ func TestSecondPassReusesSpans(t *testing.T) {
 
 // TestLaterPassesFit replays each shipped trace six times in a row on one
 // allocator: a program that runs longer than its trace. The peak over all
-// passes rises on some traces (docs/BENCHMARKS.md, "Later passes": by the
+// passes rises on some traces (docs/EXPERIMENTS.md, "Later passes": by the
 // sixth pass gpt2_generate 1.0447, t5_train_varlen 1.0217) and must stay
 // below what the best PyTorch allocator held over ten passes of the same
 // trace on the H100 (expandable segments, which never gives memory back).

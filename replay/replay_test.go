@@ -194,7 +194,7 @@ func TestReplayPasses(t *testing.T) {
 		t.Errorf("ns_per_op_warm %v without Warm, later passes %+v: want none, and the later passes timed", res.NsPerOpWarm, res.Passes)
 	}
 
-	// gpt2_generate's peak rises in its third pass (docs/BENCHMARKS.md,
+	// gpt2_generate's peak rises in its third pass (docs/EXPERIMENTS.md,
 	// "Later passes"): the first-pass figures must not hide it.
 	gen, err := trace.Load("../testdata/traces/gpt2_generate.trace.gz")
 	if err != nil {

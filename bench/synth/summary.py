@@ -8,7 +8,7 @@ name without digits is its own family. Per family: traces, mean and max ratio,
 with `--passes N` also the mean and max ratio over all passes, and the
 driver calls of the first pass with an estimate of their time on the
 H100 from the single-thread costs measured by TestDriverParallel (16 MiB
-spans, docs/BENCHMARKS.md): create 11.3 us, map 1.2 us + access grant 25 us,
+spans, docs/EXPERIMENTS.md): create 11.3 us, map 1.2 us + access grant 25 us,
 unmap 16.8 us, release 14.7 us. The estimate ranks policies; only device runs
 measure time.
 """

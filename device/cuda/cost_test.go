@@ -10,7 +10,7 @@ import (
 
 // BenchmarkDriverCost measures what each driver call the allocator makes
 // costs on this GPU, at the sizes it makes them: the figures that decide
-// how gpumem batches its work (docs/BENCHMARKS.md). Run with
+// how gpumem batches its work (docs/EXPERIMENTS.md). Run with
 // -test.bench DriverCost -test.benchtime 50x.
 func BenchmarkDriverCost(b *testing.B) {
 	d, err := Open(0)
