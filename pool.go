@@ -180,11 +180,19 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 	// with record_stream). One event query per pending block, on the slow
 	// path only.
 	if p.npending > 0 {
-		if err := p.processPending(false); err != nil {
+		if err := p.processPending(false, false); err != nil {
 			return nil, err
 		}
 	}
 	b := h.free.find(rounded)
+	if b == nil && p.npending > 0 {
+		// Frees without events wait for a device synchronize: only when
+		// nothing else fits.
+		if err := p.processPending(false, true); err != nil {
+			return nil, err
+		}
+		b = h.free.find(rounded)
+	}
 	if b == nil {
 		if err := h.grow(rounded); err != nil {
 			return nil, err
@@ -321,14 +329,14 @@ func (p *pool) dropEvents(b *block) {
 }
 
 // processPending frees the pending blocks whose events have completed (all
-// of them, waiting, when wait is set).
-func (p *pool) processPending(wait bool) error {
+// of them, waiting, when wait is set). Blocks without events (no event
+// support, or recording failed) need the whole device synchronized: done
+// only when sync is set; otherwise they stay pending.
+func (p *pool) processPending(wait, sync bool) error {
 	ev := p.a.ev
 	var errs []error
-	// Blocks without events (no event support, or recording failed) need
-	// the whole device synchronized; without that they stay pending.
 	synced := false
-	for b := p.pending; b != nil; b = b.fnext {
+	for b := p.pending; b != nil && sync; b = b.fnext {
 		if len(b.x.events) == 0 {
 			if err := p.a.syncDevice(); err != nil {
 				errs = append(errs, err)
@@ -620,7 +628,7 @@ func (p *pool) trim(all bool) error {
 	p.flush()
 	var errs []error
 	if p.npending > 0 {
-		if err := p.processPending(true); err != nil {
+		if err := p.processPending(true, true); err != nil {
 			errs = append(errs, err)
 		}
 	}
