@@ -432,35 +432,21 @@ static CUresult w_cuMemPoolSetAccess(CUmemoryPool pool, const void *map, size_t 
 	return CUDA_SUCCESS;
 }
 
-static void *lookup(const char *name, int ptds, int version, int *found);
-static void keep_real(const char *name, void *fn, int ptds, int version);
-static int is_own(void *fn);
+static void *take_over(const char *name, void *fn, int ptds, int version);
 
 /* cuGetProcAddress (both versions): the driver's answer, with the shim's
  * function for a wrapped name. */
 static CUresult w_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, void *status) {
 	CUresult r = REAL(cuGetProcAddress_v2)(symbol, pfn, version, flags, status);
-	if (r == CUDA_SUCCESS && pfn && *pfn && symbol) {
-		int ptds = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, found = 0;
-		void *w = lookup(symbol, ptds, version, &found);
-		if (found) {
-			keep_real(symbol, *pfn, ptds, version);
-			*pfn = w;
-		}
-	}
+	if (r == CUDA_SUCCESS && pfn && *pfn && symbol)
+		*pfn = take_over(symbol, *pfn, flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, version);
 	return r;
 }
 
 static CUresult w_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
 	CUresult r = REAL(cuGetProcAddress)(symbol, pfn, version, flags);
-	if (r == CUDA_SUCCESS && pfn && *pfn && symbol) {
-		int ptds = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, found = 0;
-		void *w = lookup(symbol, ptds, version, &found);
-		if (found) {
-			keep_real(symbol, *pfn, ptds, version);
-			*pfn = w;
-		}
-	}
+	if (r == CUDA_SUCCESS && pfn && *pfn && symbol)
+		*pfn = take_over(symbol, *pfn, flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, version);
 	return r;
 }
 
@@ -497,21 +483,13 @@ static const struct entry {
 };
 #define NTABLE (sizeof table / sizeof table[0])
 
-/* The shim's function for a name asked of dlsym (ptds < 0: by exact name)
- * or of cuGetProcAddress (base name, per-thread flag, version); the real
- * function is whatever the driver answered, already in the slot. */
-static void *lookup(const char *name, int ptds, int version, int *found) {
-	for (size_t i = 0; i < NTABLE; i++) {
-		const struct entry *e = &table[i];
-		if (ptds < 0 ? strcmp(name, e->name) == 0
-		             : e->ptds != -2 && strcmp(name, e->base) == 0 && (e->ptds < 0 || e->ptds == (ptds != 0)) &&
-		                   version >= e->min_version) {
-			*found = 1;
-			return e->wrapper;
-		}
-	}
-	*found = 0;
-	return NULL;
+/* Whether table entry e is what a program asks for by name: of dlsym
+ * (ptds < 0: the exact name), or of cuGetProcAddress (the base name, the
+ * per-thread-stream flag, and a version at least the entry's). */
+static int matches(const struct entry *e, const char *name, int ptds, int version) {
+	if (ptds < 0) return strcmp(name, e->name) == 0;
+	return e->ptds != -2 && strcmp(name, e->base) == 0 && (e->ptds < 0 || e->ptds == (ptds != 0)) &&
+	       version >= e->min_version;
 }
 
 /* Whether fn is the shim's own (a library whose own references to its
@@ -523,20 +501,22 @@ static int is_own(void *fn) {
 	return dladdr(fn, &info) && info.dli_fbase == base;
 }
 
-/* Records the driver's function for a wrapped name (first answer wins;
- * they are the same function). */
-static void keep_real(const char *name, void *fn, int ptds, int version) {
+/* What the program gets for name, which the driver answered with fn: the
+ * shim's function if name is in the table, after keeping fn as the real
+ * one (first answer wins; they are the same function); else fn. */
+static void *take_over(const char *name, void *fn, int ptds, int version) {
+	void *wrapper = NULL;
 	for (size_t i = 0; i < NTABLE; i++) {
 		const struct entry *e = &table[i];
-		int match = ptds < 0 ? strcmp(name, e->name) == 0
-		                     : e->ptds != -2 && strcmp(name, e->base) == 0 && (e->ptds < 0 || e->ptds == (ptds != 0)) &&
-		                           version >= e->min_version;
-		if (!match || *e->real) continue;
+		if (!matches(e, name, ptds, version)) continue;
+		if (!wrapper) wrapper = e->wrapper;
+		if (*e->real) continue;
 		/* The shim's own function came back (the library's references to
 		 * its functions were interposed): ask libcuda itself. */
-		void *real = fn && !is_own(fn) ? fn : driver_symbol(e->name);
+		void *real = !is_own(fn) ? fn : driver_symbol(e->name);
 		if (real && !is_own(real)) *e->real = real;
 	}
+	return wrapper ? wrapper : fn;
 }
 
 /* Fills every slot from libcuda, for a program that calls the shim's
@@ -560,11 +540,7 @@ EXPORT void *dlsym(void *handle, const char *name) {
 	resolve_real_dlsym();
 	void *fn = real_dlsym(handle, name);
 	if (!fn || name[0] != 'c' || name[1] != 'u' || from_gpumem(__builtin_return_address(0))) return fn;
-	int found = 0;
-	void *w = lookup(name, -1, 0, &found);
-	if (!found) return fn;
-	keep_real(name, fn, -1, 0);
-	return w;
+	return take_over(name, fn, -1, 0);
 }
 
 /* --- the shim's functions under the driver's names ---------------------------
