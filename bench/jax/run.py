@@ -21,7 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "train"))
-from run import nvml_used  # noqa: E402
+from run import emit, nvml_used  # noqa: E402
 
 
 def main():
@@ -98,11 +98,7 @@ def main():
            "median_step_ms": {k: statistics.median(v[2:]) for k, v in times.items() if len(v) > 2},
            "step_ms": times, "losses": losses, "wall_s": wall, "jax": jax.__version__,
            "gpumem_stats_after_release": gm}
-    line = json.dumps(rec)
-    print(line)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(line + "\n")
+    emit(rec, args.out)
 
 
 if __name__ == "__main__":

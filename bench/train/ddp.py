@@ -11,7 +11,6 @@ the same on every rank, so that the ranks stay in step); tokens differ by
 rank."""
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -21,6 +20,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from run import emit  # noqa: E402
 
 
 def main():
@@ -82,11 +83,7 @@ def main():
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     dist.barrier()
     dist.destroy_process_group()
-    line = json.dumps(rec)
-    print(line)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(line + "\n")
+    emit(rec, args.out)
 
 
 if __name__ == "__main__":

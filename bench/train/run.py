@@ -36,6 +36,15 @@ def nvml_used(pid):
     return total
 
 
+def emit(rec, out):
+    """Prints rec as one JSON line, and appends it to the file out if given."""
+    line = json.dumps(rec)
+    print(line)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("program")
@@ -151,11 +160,7 @@ def main():
     }
     if args.allocator == "gpumem":
         rec["gpumem_stats"] = json.loads(gpumem.library().stats_json(0))
-    line = json.dumps(rec)
-    print(line)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(line + "\n")
+    emit(rec, args.out)
 
 
 if __name__ == "__main__":
