@@ -41,14 +41,17 @@ type metric struct {
 	value func(s gpumem.Stats, a *gpumem.Allocator) float64
 }
 
-func gauge(name, help string, f func(s gpumem.Stats) uint64) metric {
-	return metric{prometheus.NewDesc("gpumem_"+name, help, labels, nil), prometheus.GaugeValue,
+func stat(kind prometheus.ValueType, name, help string, f func(s gpumem.Stats) uint64) metric {
+	return metric{prometheus.NewDesc("gpumem_"+name, help, labels, nil), kind,
 		func(s gpumem.Stats, _ *gpumem.Allocator) float64 { return float64(f(s)) }}
 }
 
+func gauge(name, help string, f func(s gpumem.Stats) uint64) metric {
+	return stat(prometheus.GaugeValue, name, help, f)
+}
+
 func counter(name, help string, f func(s gpumem.Stats) uint64) metric {
-	return metric{prometheus.NewDesc("gpumem_"+name, help, labels, nil), prometheus.CounterValue,
-		func(s gpumem.Stats, _ *gpumem.Allocator) float64 { return float64(f(s)) }}
+	return stat(prometheus.CounterValue, name, help, f)
 }
 
 // deviceCall is the counter of one kind of driver call, by label.
