@@ -22,9 +22,11 @@ host and the processes holding their memory (NVML), and for each process
 that runs on gpumem and serves its handler (gpumem run --serve, serve= in
 GPUMEM_CONFIG, gpumem.serve()) its pool: bytes allocated, held from the
 driver (reserved), cached, and how fragmented the cache is. For those
-processes it reconciles NVML's figure with gpumem's: NVML's figure minus
-what gpumem reserved is the CUDA context and anything allocated outside
-gpumem, shown as "other".
+processes it reconciles NVML's figure with gpumem's: NVML's figure is what
+gpumem reserved, plus what the process held outside gpumem when it started
+serving (its CUDA context, loaded modules, earlier allocations; measured
+once through NVML), plus what neither explains, shown with its share of
+NVML's figure (modules loaded later, allocations made beside gpumem).
 
 --once prints one frame and exits (for scripts).`
 
@@ -70,9 +72,10 @@ type poolView struct {
 	Addr  string
 	Err   error
 	Stats map[string]struct {
-		Pool  string       `json:"pool"`
-		Limit uint64       `json:"limit"`
-		Stats gpumem.Stats `json:"stats"`
+		Pool    string       `json:"pool"`
+		Limit   uint64       `json:"limit"`
+		Outside *uint64      `json:"outside"` // absent where not measured
+		Stats   gpumem.Stats `json:"stats"`
 	}
 }
 
@@ -99,9 +102,19 @@ func (e *env) topFrame(w io.Writer) {
 	fmt.Fprintf(w, "gpumem top  %s\n\n", time.Now().Format("15:04:05"))
 	pools := fetchPools()
 	reserved := map[int]uint64{} // by pid, over its devices
+	outside := map[int]uint64{}  // by pid, where every device's was measured
 	for _, p := range pools {
+		known := true
 		for _, d := range p.Stats {
 			reserved[p.PID] += d.Stats.Reserved
+			if d.Outside == nil {
+				known = false
+			} else {
+				outside[p.PID] += *d.Outside
+			}
+		}
+		if !known {
+			delete(outside, p.PID)
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -112,21 +125,25 @@ func (e *env) topFrame(w io.Writer) {
 	for _, r := range reports {
 		g := r.GPU
 		fmt.Fprintf(w, "GPU %d  %s  %s used of %s\n", g.Index, g.Name, units.Format(g.Memory.Used), units.Format(g.Memory.Total))
-		fmt.Fprintln(tw, "pid\tNVML\tgpumem reserved\tother (context, outside gpumem)\t")
+		fmt.Fprintln(tw, "pid\tNVML\tgpumem reserved\tcontext (outside gpumem at start)\tunexplained\t")
 		procs := r.Processes
 		sort.Slice(procs, func(i, j int) bool { return procs[i].UsedMemory > procs[j].UsedMemory })
 		for _, p := range procs {
 			res, gm := reserved[p.PID]
-			other, resCol := "", "-"
+			resCol, ctxCol, rest := "-", "", ""
 			if gm {
 				resCol = units.Format(res)
-				if p.UsedMemory >= res {
-					other = units.Format(p.UsedMemory - res)
-				} else {
-					other = "-" + units.Format(res-p.UsedMemory)
+				ctx, known := outside[p.PID]
+				ctxCol = "?"
+				if known {
+					ctxCol = units.Format(ctx)
+				}
+				rest = signedBytes(p.UsedMemory, res+ctx)
+				if p.UsedMemory > 0 {
+					rest += fmt.Sprintf(" (%+.2f%%)", 100*(float64(p.UsedMemory)-float64(res+ctx))/float64(p.UsedMemory))
 				}
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t\n", p.PID, units.Format(p.UsedMemory), resCol, other)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", p.PID, units.Format(p.UsedMemory), resCol, ctxCol, rest)
 		}
 		tw.Flush()
 		fmt.Fprintln(w)
@@ -156,4 +173,12 @@ func (e *env) topFrame(w io.Writer) {
 		}
 	}
 	tw.Flush()
+}
+
+// signedBytes writes a - b, with its sign.
+func signedBytes(a, b uint64) string {
+	if a >= b {
+		return units.Format(a - b)
+	}
+	return "-" + units.Format(b-a)
 }

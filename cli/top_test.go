@@ -31,7 +31,7 @@ func servedPool(t *testing.T) *gpumem.Allocator {
 	if _, err := a.Alloc(7<<20, 0); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(httpdebug.Handler(func() []metrics.Source { return []metrics.Source{{Device: "0", Pool: "gpumem", Allocator: a}} }))
+	srv := httptest.NewServer(httpdebug.Handler(func() []metrics.Source { return []metrics.Source{{Device: "0", Pool: "gpumem", Allocator: a, Outside: 480 << 20, OutsideKnown: true}} }))
 	t.Cleanup(srv.Close)
 	if err := announce.Announce(strings.TrimPrefix(srv.URL, "http://")); err != nil {
 		t.Fatal(err)
@@ -54,7 +54,7 @@ func TestTopOnce(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d", code)
 	}
-	for _, want := range []string{"GPU 0  NVIDIA H100 80GB HBM3", strconv.Itoa(pid), "500.00 MiB", "gpumem pools", "7.00 MiB", "512.00 MiB"} {
+	for _, want := range []string{"GPU 0  NVIDIA H100 80GB HBM3", strconv.Itoa(pid), "480.00 MiB", "20.00 MiB (+", "gpumem pools", "7.00 MiB", "512.00 MiB"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the frame lacks %q:\n%s", want, out)
 		}

@@ -44,7 +44,11 @@ func Handler(list func() []metrics.Source) http.Handler {
 	mux.HandleFunc("GET /debug/gpumem/stats", func(w http.ResponseWriter, r *http.Request) {
 		out := map[string]any{}
 		for _, s := range list() {
-			out[s.Device] = map[string]any{"pool": s.Pool, "limit": s.Allocator.Limit(), "stats": s.Allocator.Stats()}
+			d := map[string]any{"pool": s.Pool, "limit": s.Allocator.Limit(), "stats": s.Allocator.Stats()}
+			if s.OutsideKnown {
+				d["outside"] = s.Outside
+			}
+			out[s.Device] = d
 		}
 		writeJSON(w, out)
 	})

@@ -22,6 +22,13 @@ type Source struct {
 	Device    string
 	Pool      string
 	Allocator *gpumem.Allocator
+	// Outside is what the process held on the device outside gpumem (its
+	// CUDA context, loaded modules, allocations made before gpumem) when
+	// it was measured: NVML's figure for the process minus Reserved then.
+	// OutsideKnown is false where it was not measured (no NVML, a
+	// simulated device).
+	Outside      uint64
+	OutsideKnown bool
 }
 
 // Collector is a prometheus.Collector over the allocators that its list
@@ -89,7 +96,11 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- m.desc
 	}
 	ch <- deviceCalls
+	ch <- outsideDesc
 }
+
+var outsideDesc = prometheus.NewDesc("gpumem_process_outside_bytes",
+	"Device memory the process held outside gpumem when measured (CUDA context, modules, earlier allocations): NVML's figure minus reserved_bytes then.", labels, nil)
 
 // Collect reads every allocator's statistics once and sends them.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
@@ -104,6 +115,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}{{"alloc", s.DeviceAllocs}, {"free", s.DeviceFrees}, {"create", s.Creates}, {"release", s.Releases},
 			{"map", s.Maps}, {"unmap", s.Unmaps}, {"set_access", s.SetAccess}, {"reserve", s.Reserves}} {
 			ch <- prometheus.MustNewConstMetric(deviceCalls, prometheus.CounterValue, float64(call.n), src.Device, src.Pool, call.name)
+		}
+		if src.OutsideKnown {
+			ch <- prometheus.MustNewConstMetric(outsideDesc, prometheus.GaugeValue, float64(src.Outside), src.Device, src.Pool)
 		}
 	}
 }

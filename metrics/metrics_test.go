@@ -38,7 +38,7 @@ func TestScrape(t *testing.T) {
 	_ = b.Free(x)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewCollector(func() []Source {
-		return []Source{{"0", "gpumem", a}, {"1", "gpumem", b}}
+		return []Source{{Device: "0", Pool: "gpumem", Allocator: a}, {Device: "1", Pool: "gpumem", Allocator: b, Outside: 560 << 20, OutsideKnown: true}}
 	}))
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
@@ -97,6 +97,16 @@ func TestScrape(t *testing.T) {
 	if got := value("gpumem_device_calls_total", "0", "call", "create"); got != float64(sa.Creates) || got == 0 {
 		t.Errorf("device_calls_total{call=create} = %v, want %d", got, sa.Creates)
 	}
+	if got := value("gpumem_process_outside_bytes", "1"); got != 560<<20 {
+		t.Errorf("process_outside_bytes{device=1} = %v, want %d", got, 560<<20)
+	}
+	for _, m := range families["gpumem_process_outside_bytes"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "device" && l.GetValue() == "0" {
+				t.Error("process_outside_bytes exported for device 0, where it was not measured")
+			}
+		}
+	}
 	if families["gpumem_allocations_total"].GetType().String() != "COUNTER" || families["gpumem_reserved_bytes"].GetType().String() != "GAUGE" {
 		t.Error("counters and gauges are typed wrong")
 	}
@@ -107,7 +117,7 @@ func TestScrape(t *testing.T) {
 // linter checks them.
 func TestLint(t *testing.T) {
 	a := newAllocator(t)
-	problems, err := testutil.CollectAndLint(NewCollector(func() []Source { return []Source{{"0", "gpumem", a}} }))
+	problems, err := testutil.CollectAndLint(NewCollector(func() []Source { return []Source{{Device: "0", Pool: "gpumem", Allocator: a, Outside: 1, OutsideKnown: true}} }))
 	if err != nil {
 		t.Fatal(err)
 	}

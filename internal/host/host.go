@@ -55,6 +55,7 @@ type Device struct {
 	closeFn func() error
 	tab     table
 	rec     atomic.Pointer[recorder] // nil unless recording
+	outside outside                  // the process's memory outside gpumem (outside.go)
 }
 
 // New makes a Host whose configuration is env (the value of GPUMEM_CONFIG;
@@ -166,6 +167,9 @@ func (h *Host) Device(ordinal int) (*Device, error) {
 	h.devs[ordinal].Store(d)
 	h.started = true
 	h.serveFromConfig()
+	if h.served != "" {
+		d.measureOutside() // before its first allocation: nothing reserved yet
+	}
 	return d, nil
 }
 

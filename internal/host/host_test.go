@@ -425,3 +425,58 @@ func TestServe(t *testing.T) {
 		t.Errorf("serve=nowhere: %v", err)
 	}
 }
+
+// TestOutside: a served host measures what its process holds outside gpumem
+// on each device, once: NVML's figure minus what gpumem reserved then (at
+// the device's start when serving is configured, at Serve for devices that
+// started before), and serves it beside the stats.
+func TestOutside(t *testing.T) {
+	t.Setenv("GPUMEM_RUN_DIR", t.TempDir())
+	calls := 0
+	processMemory = func(dev device.Device) (uint64, bool) {
+		calls++
+		return 600*miB + 64*miB, true // a context of 600 MiB, and gpumem's 64 MiB once it holds it
+	}
+	t.Cleanup(func() { processMemory = measureWithNVML })
+
+	// Serving configured: measured at the device's start, nothing reserved.
+	h := newSimHost(t, "serve=127.0.0.1:0")
+	if _, err := h.Device(0); err != nil {
+		t.Fatal(err)
+	}
+	d := h.existing(0)
+	if got, ok := d.Outside(); !ok || got != 664*miB {
+		t.Errorf("outside at the start = %d, %v; want %d (nothing reserved yet)", got, ok, 664*miB)
+	}
+
+	// Served later: what gpumem reserved by then is not outside.
+	h2 := newSimHost(t, "")
+	p, err := h2.Alloc(0, 64*miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h2.existing(0).Outside(); ok {
+		t.Error("measured before serving")
+	}
+	res := h2.existing(0).Alloc.Stats().Reserved
+	addr, err := h2.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := h2.existing(0).Outside(); !ok || got != 664*miB-res {
+		t.Errorf("outside after Serve = %d, %v; want %d", got, ok, 664*miB-res)
+	}
+	resp, err := http.Get("http://" + addr + "/debug/gpumem/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := fmt.Sprintf(`"outside": %d`, 664*miB-res); !strings.Contains(string(body), want) {
+		t.Errorf("stats lack %s:\n%s", want, body)
+	}
+	_ = h2.Free(0, p)
+	if calls != 2 {
+		t.Errorf("NVML read %d times for two devices, want once each", calls)
+	}
+}

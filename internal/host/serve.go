@@ -16,7 +16,9 @@ import (
 func (h *Host) Sources() []metrics.Source {
 	var out []metrics.Source
 	for _, d := range h.Devices() {
-		out = append(out, metrics.Source{Device: strconv.Itoa(d.Ordinal), Pool: "gpumem", Allocator: d.Alloc})
+		src := metrics.Source{Device: strconv.Itoa(d.Ordinal), Pool: "gpumem", Allocator: d.Alloc}
+		src.Outside, src.OutsideKnown = d.Outside()
+		out = append(out, src)
 	}
 	return out
 }
@@ -37,6 +39,9 @@ func (h *Host) serveLocked(addr string) (string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("%w: serving on %s: %v", ErrIO, addr, err)
+	}
+	for _, d := range h.Devices() {
+		d.measureOutside()
 	}
 	srv := &http.Server{Handler: httpdebug.Handler(h.Sources)}
 	go srv.Serve(ln)
