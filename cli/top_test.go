@@ -31,7 +31,9 @@ func servedPool(t *testing.T) *gpumem.Allocator {
 	if _, err := a.Alloc(7<<20, 0); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(httpdebug.Handler(func() []metrics.Source { return []metrics.Source{{Device: "0", Pool: "gpumem", Allocator: a, Outside: 480 << 20, OutsideKnown: true}} }))
+	srv := httptest.NewServer(httpdebug.Handler(func() []metrics.Source {
+		return []metrics.Source{{Device: "0", Pool: "gpumem", Allocator: a, Outside: 480 << 20, OutsideKnown: true}}
+	}))
 	t.Cleanup(srv.Close)
 	if err := announce.Announce(strings.TrimPrefix(srv.URL, "http://")); err != nil {
 		t.Fatal(err)

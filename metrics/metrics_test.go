@@ -117,7 +117,9 @@ func TestScrape(t *testing.T) {
 // linter checks them.
 func TestLint(t *testing.T) {
 	a := newAllocator(t)
-	problems, err := testutil.CollectAndLint(NewCollector(func() []Source { return []Source{{Device: "0", Pool: "gpumem", Allocator: a, Outside: 1, OutsideKnown: true}} }))
+	problems, err := testutil.CollectAndLint(NewCollector(func() []Source {
+		return []Source{{Device: "0", Pool: "gpumem", Allocator: a, Outside: 1, OutsideKnown: true}}
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
