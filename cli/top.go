@@ -125,7 +125,7 @@ func (e *env) topFrame(w io.Writer) {
 	for _, r := range reports {
 		g := r.GPU
 		fmt.Fprintf(w, "GPU %d  %s  %s used of %s\n", g.Index, g.Name, units.Format(g.Memory.Used), units.Format(g.Memory.Total))
-		fmt.Fprintln(tw, "pid\tNVML\tgpumem reserved\tcontext (outside gpumem at start)\tunexplained\t")
+		fmt.Fprintln(tw, "pid\tNVML\tgpumem reserved\toutside gpumem (context; measured)\tunexplained\t")
 		procs := r.Processes
 		sort.Slice(procs, func(i, j int) bool { return procs[i].UsedMemory > procs[j].UsedMemory })
 		for _, p := range procs {

@@ -26,20 +26,20 @@ GPUMEM = os.path.join(ROOT, "build", "gpu", "gpumem")
 
 CHILD = r"""
 import os, sys, time
-sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "bench", "train"))
+sys.path.insert(0, os.path.join(@ROOT@, "python"))
+sys.path.insert(0, os.path.join(@ROOT@, "bench", "train"))
 import gpumem, gpumem.torch
 gpumem.torch.use()
 import torch, programs
-fn, _ = programs.PROGRAMS[PROGRAM]
+fn, _ = programs.PROGRAMS[@PROGRAM@]
 n = [0]
 def log(loss):
     n[0] += 1
-    if n[0] == 1 and VARIANT == "serve_after_step":
+    if n[0] == 1 and @VARIANT@ == "serve_after_step":
         torch.cuda.synchronize()
         print("served", gpumem.serve("127.0.0.1:0"), flush=True)
-for _ in range(ROUNDS):
-    fn(STEPS, log)
+for _ in range(@ROUNDS@):
+    fn(@STEPS@, log)
 torch.cuda.synchronize()
 print("done", flush=True)
 time.sleep(3)
@@ -72,8 +72,8 @@ def variant(name, program, steps, rounds, outdir, frames, metrics_out):
     env = dict(os.environ, GPUMEM_RUN_DIR=run_dir, PYTHONUNBUFFERED="1")
     if name == "serve_at_start":
         env["GPUMEM_CONFIG"] = "serve=127.0.0.1:0"
-    code = CHILD.replace("ROOT", repr(ROOT)).replace("PROGRAM", repr(program)).replace(
-        "VARIANT", repr(name)).replace("ROUNDS", str(rounds)).replace("STEPS", str(steps))
+    code = CHILD.replace("@ROOT@", repr(ROOT)).replace("@PROGRAM@", repr(program)).replace(
+        "@VARIANT@", repr(name)).replace("@ROUNDS@", str(rounds)).replace("@STEPS@", str(steps))
     child = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     os.set_blocking(child.stdout.fileno(), False)
     serve = subprocess.Popen([GPUMEM, "serve", "--listen", "127.0.0.1:19464"], env=env,
