@@ -38,6 +38,14 @@ var misses = map[string]float64{
 	"gpt2_train_varlen/tf-bfc": 1.315,
 	"bert_mlm_varlen/tf-bfc":   1.411,
 	"t5_train_varlen/tf-bfc":   1.701,
+	// cuda-async: a model of split and merged pieces does not reproduce
+	// CUDA's pool, which remaps physical pages (cuda_async.go).
+	"bert_mlm_varlen/cuda-async":      1.320,
+	"gpt2_generate/cuda-async":        1.248,
+	"gpt2_train_varlen/cuda-async":    1.475,
+	"resnet50_train/cuda-async":       1.176,
+	"sweep_create_dispose/cuda-async": 1.072,
+	"t5_train_varlen/cuda-async":      1.177,
 }
 
 // anchorCapacity is the H100's memory, on which the anchors were measured.
