@@ -164,8 +164,11 @@ func (e *OutOfMemoryError) Error() string {
 	fmt.Fprintf(&b, " on stream %d: ", e.Stream)
 	switch e.Cause {
 	case CauseLimit:
-		fmt.Fprintf(&b, "live buffers hold %s of the limit of %s, so no packing could fit it",
-			size(e.Allocated), size(e.Limit))
+		fmt.Fprintf(&b, "live buffers hold %s of the limit of %s", size(e.Allocated), size(e.Limit))
+		if e.Limit == e.Total {
+			b.WriteString(" (the device's whole memory: no limit was set)")
+		}
+		b.WriteString(", so no packing could fit it")
 	case CauseDevice:
 		fmt.Fprintf(&b, "the device has %s free of %s; gpumem holds %s of it (live buffers %s, cached %s) and other users %s",
 			size(e.DeviceFree), size(e.Total), size(e.Reserved), size(e.Allocated), size(e.Cached), size(e.Others))

@@ -188,6 +188,27 @@ func TestReplayOOM(t *testing.T) {
 	if code != 0 || errs != "" || !strings.Contains(out, `"ooms":1,`) {
 		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errs)
 	}
+	var r struct {
+		OOMs     int `json:"ooms"`
+		FirstOOM struct {
+			Event   int
+			ID      uint64
+			Verdict map[string]any
+		} `json:"first_oom"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if v := r.FirstOOM.Verdict; r.FirstOOM.Event != 7 || r.FirstOOM.ID != 4 || v["cause"] != "limit" ||
+		v["requested"] != float64(10<<20) || v["would_fit"] != float64(2<<20) || v["after_trim"] != "no" {
+		t.Errorf("first_oom %+v: want event 7 (request 4 of 10 MiB), the limit, 2 MiB would fit, no help from a trim", r.FirstOOM)
+	}
+	// The table, then the verdict.
+	code, out, errs = run(t, nil, "replay", "--device", "sim", "--capacity", "8MiB", "testdata/tiny.trace")
+	want := "tiny: first OOM at event 7 (request 4): gpumem: out of memory (allocator limit): requested 10.00 MiB (10485760) on stream 0: live buffers hold 4.00 MiB of the limit of 8.00 MiB (the device's whole memory: no limit was set)"
+	if code != 0 || errs != "" || !strings.Contains(out, want) || !strings.Contains(out, "largest request that would have fit: 2.00 MiB") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want the first OOM's verdict", code, out, errs)
+	}
 	code, out, errs = run(t, nil, "replay", "--device", "sim", "--limit", "4MiB", "--json", "testdata/tiny.trace")
 	if code != 0 || errs != "" || strings.Contains(out, `"ooms":0,`) {
 		t.Errorf("--limit 4MiB: exit %d, stdout %q, stderr %q", code, out, errs)

@@ -35,7 +35,12 @@ device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
 ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
 peak_active_bytes and end_reserved_bytes; with --warm or --passes also
 passes: {n, peak_reserved_bytes and ratio over all passes, creates_later,
-maps_later, releases_later, ns_per_op_later}. The first-pass ratio is what
+maps_later, releases_later, ns_per_op_later}; when a request ran out of
+memory, first_oom: {event, id, verdict}, the verdict of the first (the
+fields of gpumem.h's gpumem_oom, cause and answers as words, and the
+message). Without --json, each trace's first OOM is printed after the
+table: its cause with the numbers, and what would have fit (after a trim,
+with virtual-memory spans, a smaller request). The first-pass ratio is what
 a program as long as its trace holds; passes.ratio is what it holds if it
 goes on doing the same (its peak may rise as its cache is rearranged).
 
@@ -213,5 +218,21 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 		}
 		t.rows = append(t.rows, row)
 	}
-	return t.write(w)
+	if err := t.write(w); err != nil {
+		return err
+	}
+	return writeFirstOOMs(w, results)
+}
+
+// writeFirstOOMs writes, for each trace that ran out of memory, the
+// verdict of its first OOM: one paragraph each, after the table.
+func writeFirstOOMs(w io.Writer, results []replay.Result) error {
+	for _, r := range results {
+		if o := r.FirstOOM; o != nil {
+			if _, err := fmt.Fprintf(w, "\n%s: first OOM at event %d (request %d): %v\n", r.Trace, o.Event, o.ID, o.Verdict); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
