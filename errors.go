@@ -164,11 +164,7 @@ func (e *OutOfMemoryError) Error() string {
 	fmt.Fprintf(&b, " on stream %d: ", e.Stream)
 	switch e.Cause {
 	case CauseLimit:
-		fmt.Fprintf(&b, "live buffers hold %s of the limit of %s", size(e.Allocated), size(e.Limit))
-		if e.Limit == e.Total {
-			b.WriteString(" (the device's whole memory: no limit was set)")
-		}
-		b.WriteString(", so no packing could fit it")
+		fmt.Fprintf(&b, "live buffers hold %s of %s, so no packing could fit it", size(e.Allocated), limitPhrase(e))
 	case CauseDevice:
 		fmt.Fprintf(&b, "the device has %s free of %s; gpumem holds %s of it (live buffers %s, cached %s) and other users %s",
 			size(e.DeviceFree), size(e.Total), size(e.Reserved), size(e.Allocated), size(e.Cached), size(e.Others))
@@ -176,7 +172,7 @@ func (e *OutOfMemoryError) Error() string {
 		fmt.Fprintf(&b, "%s is free in all (%s), %s the request, but the largest free piece is %s",
 			size(e.FreeTotal), freeParts(e), times(e.FreeTotal, e.Requested), size(e.LargestFree))
 		if e.Reserved+e.Growth > e.Limit {
-			fmt.Fprintf(&b, ", and growing by %s would pass the limit of %s (reserved %s)", size(e.Growth), size(e.Limit), size(e.Reserved))
+			fmt.Fprintf(&b, ", and growing by %s would pass %s (reserved %s)", size(e.Growth), limitPhrase(e), size(e.Reserved))
 		} else {
 			fmt.Fprintf(&b, ", and the device refused %s more (%s free, other users hold %s)", size(e.Growth), size(e.DeviceFree), size(e.Others))
 		}
@@ -225,6 +221,15 @@ func (e *OutOfMemoryError) Error() string {
 		b.WriteString(": " + e.Err.Error())
 	}
 	return b.String()
+}
+
+// limitPhrase names the limit, and says when it is the device's whole
+// memory (no limit was set).
+func limitPhrase(e *OutOfMemoryError) string {
+	if e.Limit == e.Total {
+		return "the limit of " + size(e.Limit) + " (the device's whole memory: no limit was set)"
+	}
+	return "the limit of " + size(e.Limit)
 }
 
 // freeParts names the parts of FreeTotal: the cache and the room to grow.

@@ -215,6 +215,53 @@ func TestReplayOOM(t *testing.T) {
 	}
 }
 
+// TestReplayOOMPolicies: a trace that fragments plain segments runs out of
+// memory in --mode plain; the verdict says virtual-memory spans would have
+// fit, and the emulated policies say which allocators would have run it on
+// that device: gpumem's default (virtual memory) did, PyTorch's native
+// allocator (plain segments) did not.
+func TestReplayOOMPolicies(t *testing.T) {
+	args := []string{"replay", "--device", "sim", "--mode", "plain", "--capacity", "100MiB"}
+	code, out, errs := run(t, nil, append(args, "testdata/fragments.trace")...)
+	for _, want := range []string{
+		"fragments: first OOM at event 15 (request 10): gpumem: out of memory (fragmentation): requested 30.00 MiB",
+		"the largest free piece is 11.00 MiB", "With virtual-memory spans: yes",
+		"fragments: under emulated policies on a device of 100.00 MiB (gpumem's in its default configuration): ran without OOM: gpumem",
+		"torch-native (1 OOM)",
+	} {
+		if code != 0 || errs != "" || !strings.Contains(out, want) {
+			t.Errorf("exit %d, stderr %q; stdout lacks %q:\n%s", code, errs, want, out)
+		}
+	}
+	code, out, errs = run(t, nil, append(args, "--json", "testdata/fragments.trace")...)
+	var r struct {
+		FirstOOM struct {
+			Verdict  map[string]any
+			Policies []struct {
+				Policy   string
+				Capacity uint64
+				OOMs     int
+			}
+		} `json:"first_oom"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); code != 0 || errs != "" || err != nil {
+		t.Fatalf("exit %d, stderr %q, %v: %s", code, errs, err, out)
+	}
+	if v := r.FirstOOM.Verdict; v["cause"] != "fragmentation" || v["with_virtual"] != "yes" || v["after_trim"] != "no" {
+		t.Errorf("verdict %v: want fragmentation, virtual memory yes, trim no", v)
+	}
+	ooms := map[string]int{}
+	for _, p := range r.FirstOOM.Policies {
+		ooms[p.Policy] = p.OOMs
+		if p.Capacity != 100<<20 {
+			t.Errorf("policy %s on %d bytes, want the 100 MiB the replay ran out of", p.Policy, p.Capacity)
+		}
+	}
+	if g, ok := ooms["gpumem"]; !ok || g != 0 || ooms["torch-native"] != 1 {
+		t.Errorf("policies' OOMs %v: want gpumem 0 and torch-native 1", ooms)
+	}
+}
+
 func TestReplayErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

@@ -191,6 +191,13 @@ func (e *env) replay(args []string) int {
 			status = ExitFail
 			break
 		}
+		if o := res.FirstOOM; o != nil {
+			if o.Policies, err = policyOOMs(tr, o.Verdict.Limit); err != nil {
+				fmt.Fprintf(e.stderr, "gpumem replay: %s: %v\n", path, err)
+				status = ExitFail
+				break
+			}
+		}
 		if *jsonOut {
 			if err := enc.Encode(res); err != nil {
 				fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
@@ -245,14 +252,53 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 	return writeFirstOOMs(w, results)
 }
 
+// policyOOMs replays tr under every emulated policy on a device of
+// capacity bytes (the memory a replay ran out of): which allocator would
+// have run the program there.
+func policyOOMs(tr *trace.Trace, capacity uint64) ([]replay.PolicyOOMs, error) {
+	var out []replay.PolicyOOMs
+	for _, name := range policy.Names() {
+		r, err := policy.Run(tr, name, capacity, false, policy.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("under policy %s: %w", name, err)
+		}
+		out = append(out, replay.PolicyOOMs{Policy: name, Capacity: capacity, OOMs: r.OOMs})
+	}
+	return out, nil
+}
+
 // writeFirstOOMs writes, for each trace that ran out of memory, the
-// verdict of its first OOM: one paragraph each, after the table.
+// verdict of its first OOM, then how the trace fared under the emulated
+// policies: one paragraph each, after the table.
 func writeFirstOOMs(w io.Writer, results []replay.Result) error {
 	for _, r := range results {
-		if o := r.FirstOOM; o != nil {
-			if _, err := fmt.Fprintf(w, "\n%s: first OOM at event %d (request %d): %v\n", r.Trace, o.Event, o.ID, o.Verdict); err != nil {
-				return err
+		o := r.FirstOOM
+		if o == nil {
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "\n%s: first OOM at event %d (request %d): %v\n", r.Trace, o.Event, o.ID, o.Verdict); err != nil {
+			return err
+		}
+		if len(o.Policies) == 0 {
+			continue
+		}
+		var ok, failed []string
+		for _, p := range o.Policies {
+			if p.OOMs == 0 {
+				ok = append(ok, p.Policy)
+			} else {
+				failed = append(failed, fmt.Sprintf("%s (%d OOM%s)", p.Policy, p.OOMs, map[bool]string{true: "s"}[p.OOMs > 1]))
 			}
+		}
+		if len(ok) == 0 {
+			ok = []string{"none"}
+		}
+		if len(failed) == 0 {
+			failed = []string{"none"}
+		}
+		if _, err := fmt.Fprintf(w, "%s: under emulated policies on a device of %s (gpumem's in its default configuration): ran without OOM: %s; ran out of memory: %s\n",
+			r.Trace, units.Format(o.Policies[0].Capacity), strings.Join(ok, ", "), strings.Join(failed, ", ")); err != nil {
+			return err
 		}
 	}
 	return nil

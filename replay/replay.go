@@ -82,6 +82,19 @@ type OOM struct {
 	Event   int                      `json:"event"`   // its index among the trace's events
 	ID      uint64                   `json:"id"`      // its request id in the trace
 	Verdict *gpumem.OutOfMemoryError `json:"verdict"` // the allocator's
+	// Policies is how the same trace fared under other allocators'
+	// policies on a device of the memory the request ran into
+	// (Verdict.Limit): the question a single allocator cannot answer. Run
+	// leaves it empty; gpumem replay fills it from package policy.
+	Policies []PolicyOOMs `json:"policies,omitempty"`
+}
+
+// PolicyOOMs is how many requests of a trace ran out of memory under one
+// emulated policy.
+type PolicyOOMs struct {
+	Policy   string `json:"policy"`
+	Capacity uint64 `json:"capacity"`
+	OOMs     int    `json:"ooms"`
 }
 
 // PassesResult is what a replay of several passes on one allocator held
