@@ -172,7 +172,7 @@ func (e *OutOfMemoryError) Error() string {
 		fmt.Fprintf(&b, "%s is free in all (%s), %s the request, but the largest free piece is %s",
 			size(e.FreeTotal), freeParts(e), times(e.FreeTotal, e.Requested), size(e.LargestFree))
 		if e.Reserved+e.Growth > e.Limit {
-			fmt.Fprintf(&b, ", and growing by %s would pass %s (reserved %s)", size(e.Growth), limitPhrase(e), size(e.Reserved))
+			fmt.Fprintf(&b, ", and growing by %s beyond the %s reserved would pass %s", size(e.Growth), size(e.Reserved), limitPhrase(e))
 		} else {
 			fmt.Fprintf(&b, ", and the device refused %s more (%s free, other users hold %s)", size(e.Growth), size(e.DeviceFree), size(e.Others))
 		}

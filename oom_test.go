@@ -140,7 +140,7 @@ func TestOOMVerdictTrimHelps(t *testing.T) {
 	if oom.AfterTrim != gpumem.AnswerYes {
 		t.Errorf("after trim: %v, want yes", oom.AfterTrim)
 	}
-	wantIn(t, oom.Error(), "growing by 80.00 MiB would pass the limit of 100.00 MiB",
+	wantIn(t, oom.Error(), "growing by 80.00 MiB beyond the 64.00 MiB reserved would pass the limit of 100.00 MiB",
 		"torch.cuda.empty_cache): yes, it gives back 64.00 MiB")
 	if err := a.Trim(); err != nil {
 		t.Fatal(err)
