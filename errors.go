@@ -224,10 +224,10 @@ func (e *OutOfMemoryError) Error() string {
 }
 
 // limitPhrase names the limit, and says when it is the device's whole
-// memory (no limit was set).
+// memory (the limit when none is set).
 func limitPhrase(e *OutOfMemoryError) string {
-	if e.Limit == e.Total {
-		return "the limit of " + size(e.Limit) + " (the device's whole memory: no limit was set)"
+	if e.Limit == e.Total && e.Total != 0 {
+		return "the limit of " + size(e.Limit) + " (the device's whole memory)"
 	}
 	return "the limit of " + size(e.Limit)
 }

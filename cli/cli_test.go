@@ -205,7 +205,7 @@ func TestReplayOOM(t *testing.T) {
 	}
 	// The table, then the verdict.
 	code, out, errs = run(t, nil, "replay", "--device", "sim", "--capacity", "8MiB", "testdata/tiny.trace")
-	want := "tiny: first OOM at event 7 (request 4): gpumem: out of memory (allocator limit): requested 10.00 MiB (10485760) on stream 0: live buffers hold 4.00 MiB of the limit of 8.00 MiB (the device's whole memory: no limit was set)"
+	want := "tiny: first OOM at event 7 (request 4): gpumem: out of memory (allocator limit): requested 10.00 MiB (10485760) on stream 0: live buffers hold 4.00 MiB of the limit of 8.00 MiB (the device's whole memory)"
 	if code != 0 || errs != "" || !strings.Contains(out, want) || !strings.Contains(out, "largest request that would have fit: 2.00 MiB") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want the first OOM's verdict", code, out, errs)
 	}
