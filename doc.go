@@ -82,8 +82,10 @@
 //     and give each run of them a span (back, newSpan).
 //  6. If the limit or the device refused (a shortage), unlock, return every
 //     pool's cache to the device (reclaim), lock and retry once.
-//  7. Still short: fail with an *OutOfMemoryError that says which limit
-//     bit and what would have fit.
+//  7. Still short: fail with an *OutOfMemoryError, the verdict (oom.go):
+//     which of the limit, the device or fragmentation bit, with the
+//     numbers, and what would have fit: after a trim, with virtual-memory
+//     spans, a smaller request.
 //
 // # The free path
 //

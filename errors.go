@@ -3,8 +3,10 @@ package gpumem
 // See doc.go for the overview.
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors; match with errors.Is.
@@ -55,41 +57,199 @@ func (c Cause) String() string {
 	return fmt.Sprintf("Cause(%d)", int(c))
 }
 
-// OutOfMemoryError carries the numbers of a failed request. It matches
-// ErrOutOfMemory with errors.Is.
+// Answer is the verdict on one "would it have fit?" question of an
+// OutOfMemoryError. The zero value is AnswerUnknown: not decided (an error
+// built by hand, or read from an older library).
+type Answer int
+
+const (
+	AnswerUnknown Answer = iota
+	AnswerNo
+	AnswerYes
+	// AnswerNotApplicable: the question does not apply (a scope's quota;
+	// virtual-memory spans for an allocator that already uses them).
+	AnswerNotApplicable
+)
+
+func (a Answer) String() string {
+	switch a {
+	case AnswerUnknown:
+		return "unknown"
+	case AnswerNo:
+		return "no"
+	case AnswerYes:
+		return "yes"
+	case AnswerNotApplicable:
+		return "n/a"
+	}
+	return fmt.Sprintf("Answer(%d)", int(a))
+}
+
+// OutOfMemoryError is the verdict on a failed request: the cause, the
+// numbers at the failure, and what would have fit. It matches
+// ErrOutOfMemory with errors.Is. How each field is decided is written once,
+// in oom.go. The numbers are read after the reclaim that precedes every
+// failure (doc.go, the alloc path, step 6): what is still cached then is
+// memory the allocator could not give back.
+//
+// Identities (exact when no other operation runs meanwhile):
+//
+//	Cached == Reserved - Active == Releasable + Pinned
+//	PinnedInChunks <= Pinned
+//	Others == Total - DeviceFree - Reserved (0 if the device says less)
 type OutOfMemoryError struct {
 	Requested   uint64 // bytes asked for
 	Stream      uint64
 	Limit       uint64 // the allocator's limit (or the scope's quota for CauseQuota)
 	DeviceFree  uint64 // the device's free memory at the failure
+	Total       uint64 // the device's capacity
+	Others      uint64 // device memory held by others (other processes, other allocators): not gpumem's to give back
 	Reserved    uint64 // bytes the allocator held from the device
 	Allocated   uint64 // bytes held by live buffers (of the scope, for CauseQuota)
+	Active      uint64 // bytes of the blocks behind live buffers (requests rounded to 512 B)
 	Cached      uint64 // Reserved - Active: held but unused
 	LargestFree uint64 // largest request that would have fit without growing
+	// Releasable is the part of Cached that Trim would still give back:
+	// what the reclaim before the failure keeps (preallocated memory,
+	// handles the driver refused to release).
+	Releasable uint64
+	// Pinned is the part of Cached that lies in segments (ModePlain) or
+	// spans (ModeVirtual) that also hold live buffers: no trim gives it
+	// back, and it is usable only by requests that fit in its pieces.
+	Pinned uint64
+	// PinnedInChunks (ModeVirtual) is the part of Pinned that is free
+	// space inside chunks (the device's granule) that also hold live
+	// buffers; the rest of Pinned is whole chunks idle in spans that hold
+	// live buffers elsewhere.
+	PinnedInChunks uint64
+	// Growth is what the request would have taken from the device: the
+	// smallest segment (ModePlain) or the chunks (ModeVirtual) for it.
+	Growth uint64
+	// FreeTotal is what the allocator could still use for new buffers, in
+	// all its pieces: the cache plus the room to grow within the limit and
+	// the device. FreeTotal/Requested is how many requests of the asked size
+	// its bytes would hold if they were one piece.
+	FreeTotal uint64
 	// WouldFit is the largest request that would have succeeded at the
 	// failure: a free block as large (LargestFree), or room to grow within
 	// both the limit and the device's free memory.
 	WouldFit uint64
-	Scope    string // for CauseQuota: the scope whose quota was hit
-	Cause    Cause
-	Err      error // the device error, if any
+	// AfterTrim: would the request have fit after Trim (gpumem_trim,
+	// torch.cuda.empty_cache) gave Releasable back.
+	AfterTrim Answer
+	// WithVirtual: would ModeVirtual (virtual-memory spans, which map
+	// physical memory wherever the address space has room and so do not
+	// need one free piece) have placed the request: AnswerYes or AnswerNo
+	// for an allocator in ModePlain; AnswerNotApplicable in ModeVirtual,
+	// where Pinned and PinnedInChunks say what blocks it.
+	WithVirtual Answer
+	Mode        Mode   // the allocator's mode
+	Scope       string // for CauseQuota: the scope whose quota was hit
+	Cause       Cause
+	Err         error // the device error, if any
+
+	noVM bool // the device has no virtual memory (WithVirtual is AnswerNo)
 }
 
+// Error is one paragraph: the cause with its numbers, then what would have
+// fit (after a trim, with virtual-memory spans, a smaller request).
 func (e *OutOfMemoryError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "gpumem: out of memory (%s): requested %s", e.Cause, fmtBytes(e.Requested))
 	if e.Cause == CauseQuota {
-		return fmt.Sprintf("gpumem: out of memory (scope quota): scope %s holds %s of its quota of %s; requested %s",
-			e.Scope, fmtBytes(e.Allocated), fmtBytes(e.Limit), fmtBytes(e.Requested))
+		fmt.Fprintf(&b, ": scope %s holds %s of its quota of %s; the largest request that would have fit: %s",
+			e.Scope, size(e.Allocated), size(e.Limit), size(e.WouldFit))
+		return b.String()
 	}
-	s := fmt.Sprintf("gpumem: out of memory (%s): requested %s on stream %d; limit %s, device free %s, reserved %s, allocated %s, cached %s, largest free block %s; the largest request that would have fit: %s",
-		e.Cause, fmtBytes(e.Requested), e.Stream, fmtBytes(e.Limit), fmtBytes(e.DeviceFree), fmtBytes(e.Reserved),
-		fmtBytes(e.Allocated), fmtBytes(e.Cached), fmtBytes(e.LargestFree), fmtBytes(e.WouldFit))
+	fmt.Fprintf(&b, " on stream %d: ", e.Stream)
+	switch e.Cause {
+	case CauseLimit:
+		fmt.Fprintf(&b, "live buffers hold %s of %s, so no packing could fit it", size(e.Allocated), limitPhrase(e))
+	case CauseDevice:
+		fmt.Fprintf(&b, "the device has %s free of %s; gpumem holds %s of it (live buffers %s, cached %s) and other users %s",
+			size(e.DeviceFree), size(e.Total), size(e.Reserved), size(e.Allocated), size(e.Cached), size(e.Others))
+	case CauseFragmentation:
+		fmt.Fprintf(&b, "%s is free in all (%s), %s the request, but the largest free piece is %s",
+			size(e.FreeTotal), freeParts(e), times(e.FreeTotal, e.Requested), size(e.LargestFree))
+		if e.Reserved+e.Growth > e.Limit {
+			fmt.Fprintf(&b, ", and growing by %s beyond the %s reserved would pass %s", size(e.Growth), size(e.Reserved), limitPhrase(e))
+		} else {
+			fmt.Fprintf(&b, ", and the device refused %s more (%s free, other users hold %s)", size(e.Growth), size(e.DeviceFree), size(e.Others))
+		}
+	default:
+		fmt.Fprintf(&b, "limit %s, device free %s, reserved %s, allocated %s, cached %s",
+			size(e.Limit), size(e.DeviceFree), size(e.Reserved), size(e.Allocated), size(e.Cached))
+	}
+	fmt.Fprintf(&b, ". Would fit after a trim (Trim, gpumem_trim, torch.cuda.empty_cache): %s", e.AfterTrim)
+	switch {
+	case e.AfterTrim == AnswerYes:
+		fmt.Fprintf(&b, ", it gives back %s (preallocated or unreleased memory)", size(e.Releasable))
+	case e.Releasable == 0 && e.Pinned > 0:
+		fmt.Fprintf(&b, ", the %s cached lies in %s that hold live buffers", size(e.Pinned), pieceName(e.Mode))
+	case e.Releasable > 0:
+		fmt.Fprintf(&b, ", the %s it gives back is not enough", size(e.Releasable))
+	}
+	if e.Cause == CauseDevice && e.Others > 0 {
+		fmt.Fprintf(&b, "; the %s other users hold is not gpumem's to give back", size(e.Others))
+	}
+	fmt.Fprintf(&b, ". With virtual-memory spans: ")
+	switch e.WithVirtual {
+	case AnswerNotApplicable:
+		if e.Cause == CauseFragmentation {
+			fmt.Fprintf(&b, "in use; blocked by %s idle in spans that also hold live buffers and %s free inside partly used chunks",
+				size(e.Pinned-min(e.PinnedInChunks, e.Pinned)), size(e.PinnedInChunks))
+		} else {
+			fmt.Fprintf(&b, "in use; blocked by %s", map[Cause]string{CauseLimit: "the limit", CauseDevice: "the device's free memory"}[e.Cause])
+		}
+	case AnswerYes:
+		fmt.Fprintf(&b, "yes, live buffers' %s and the request fit within the limit and the device (mode=virtual)", size(e.Active))
+	case AnswerNo:
+		if e.noVM {
+			b.WriteString("no, the device has no virtual memory")
+		} else {
+			fmt.Fprintf(&b, "no, live buffers' %s and the request need more than the limit of %s or the %s the device could give (its free memory and gpumem's)",
+				size(e.Active), size(e.Limit), size(e.DeviceFree+e.Reserved))
+		}
+	default:
+		b.WriteString(e.WithVirtual.String())
+	}
+	fmt.Fprintf(&b, ". The largest request that would have fit: %s", size(e.WouldFit))
 	if e.Scope != "" {
-		s += ", scope " + e.Scope
+		b.WriteString(", scope " + e.Scope)
 	}
 	if e.Err != nil {
-		s += ": " + e.Err.Error()
+		b.WriteString(": " + e.Err.Error())
 	}
-	return s
+	return b.String()
+}
+
+// limitPhrase names the limit, and says when it is the device's whole
+// memory (the limit when none is set).
+func limitPhrase(e *OutOfMemoryError) string {
+	if e.Limit == e.Total && e.Total != 0 {
+		return "the limit of " + size(e.Limit) + " (the device's whole memory)"
+	}
+	return "the limit of " + size(e.Limit)
+}
+
+// freeParts names the parts of FreeTotal: the cache and the room to grow.
+func freeParts(e *OutOfMemoryError) string {
+	return fmt.Sprintf("%s cached, %s room to grow", size(e.Cached), size(e.FreeTotal-min(e.Cached, e.FreeTotal)))
+}
+
+// times says how many times n holds m: "2.5 times".
+func times(n, m uint64) string {
+	if m == 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%.1f times", float64(n)/float64(m))
+}
+
+func pieceName(m Mode) string {
+	if m == ModeVirtual {
+		return "spans"
+	}
+	return "segments"
 }
 
 func (e *OutOfMemoryError) Is(target error) bool { return target == ErrOutOfMemory }
@@ -111,6 +271,15 @@ func (e *BufferError) Error() string {
 
 func (e *BufferError) Unwrap() error { return e.Err }
 
+// size writes a byte count readably, without the exact count: "1.50 GiB".
+func size(n uint64) string {
+	s := fmtBytes(n)
+	if i := strings.IndexByte(s, '('); i > 0 {
+		return s[:i-1]
+	}
+	return s
+}
+
 // fmtBytes writes a byte count readably: "1.50 GiB (1610612736)".
 func fmtBytes(n uint64) string {
 	const unit = 1024
@@ -123,4 +292,54 @@ func fmtBytes(n uint64) string {
 		u++
 	}
 	return fmt.Sprintf("%.2f %ciB (%d)", f, "KMGTP"[u-1], n)
+}
+
+// MarshalJSON writes the verdict as one object with snake_case keys (the
+// names of gpumem.h's gpumem_oom), the cause as "limit", "device",
+// "fragmentation" or "quota", the answers as "yes", "no", "n/a" or
+// "unknown", and the message.
+func (e *OutOfMemoryError) MarshalJSON() ([]byte, error) {
+	v := struct {
+		Cause          string `json:"cause"`
+		Requested      uint64 `json:"requested"`
+		Stream         uint64 `json:"stream"`
+		Limit          uint64 `json:"limit"`
+		DeviceFree     uint64 `json:"device_free"`
+		Total          uint64 `json:"total"`
+		Others         uint64 `json:"others"`
+		Reserved       uint64 `json:"reserved"`
+		Allocated      uint64 `json:"allocated"`
+		Active         uint64 `json:"active"`
+		Cached         uint64 `json:"cached"`
+		Releasable     uint64 `json:"releasable"`
+		Pinned         uint64 `json:"pinned"`
+		PinnedInChunks uint64 `json:"pinned_in_chunks"`
+		LargestFree    uint64 `json:"largest_free"`
+		FreeTotal      uint64 `json:"free_total"`
+		Growth         uint64 `json:"growth"`
+		WouldFit       uint64 `json:"would_fit"`
+		AfterTrim      string `json:"after_trim"`
+		WithVirtual    string `json:"with_virtual"`
+		Mode           string `json:"mode"`
+		Scope          string `json:"scope,omitempty"`
+		Message        string `json:"message"`
+	}{e.Cause.key(), e.Requested, e.Stream, e.Limit, e.DeviceFree, e.Total, e.Others, e.Reserved, e.Allocated, e.Active,
+		e.Cached, e.Releasable, e.Pinned, e.PinnedInChunks, e.LargestFree, e.FreeTotal, e.Growth, e.WouldFit,
+		e.AfterTrim.String(), e.WithVirtual.String(), e.Mode.String(), e.Scope, e.Error()}
+	return json.Marshal(v)
+}
+
+// key is the cause's one-word name in JSON and in the Python package.
+func (c Cause) key() string {
+	switch c {
+	case CauseDevice:
+		return "device"
+	case CauseLimit:
+		return "limit"
+	case CauseFragmentation:
+		return "fragmentation"
+	case CauseQuota:
+		return "quota"
+	}
+	return "unknown"
 }

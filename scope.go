@@ -116,8 +116,7 @@ func (s *Scope) charge(size uint64) error {
 				}
 				a := s.a
 				a.c.ooms.Add(1)
-				return &OutOfMemoryError{Requested: size, Limit: x.quota, Allocated: u, Scope: x.Name(),
-					Reserved: a.reserved.Load(), Cached: a.cached(), Cause: CauseQuota}
+				return a.quotaError(size, x, u)
 			}
 			if x.used.CompareAndSwap(u, u+size) {
 				break

@@ -188,9 +188,77 @@ func TestReplayOOM(t *testing.T) {
 	if code != 0 || errs != "" || !strings.Contains(out, `"ooms":1,`) {
 		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errs)
 	}
+	var r struct {
+		OOMs     int `json:"ooms"`
+		FirstOOM struct {
+			Event   int
+			ID      uint64
+			Verdict map[string]any
+		} `json:"first_oom"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if v := r.FirstOOM.Verdict; r.FirstOOM.Event != 7 || r.FirstOOM.ID != 4 || v["cause"] != "limit" ||
+		v["requested"] != float64(10<<20) || v["would_fit"] != float64(2<<20) || v["after_trim"] != "no" {
+		t.Errorf("first_oom %+v: want event 7 (request 4 of 10 MiB), the limit, 2 MiB would fit, no help from a trim", r.FirstOOM)
+	}
+	// The table, then the verdict.
+	code, out, errs = run(t, nil, "replay", "--device", "sim", "--capacity", "8MiB", "testdata/tiny.trace")
+	want := "tiny: first OOM at event 7 (request 4): gpumem: out of memory (allocator limit): requested 10.00 MiB (10485760) on stream 0: live buffers hold 4.00 MiB of the limit of 8.00 MiB (the device's whole memory)"
+	if code != 0 || errs != "" || !strings.Contains(out, want) || !strings.Contains(out, "largest request that would have fit: 2.00 MiB") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want the first OOM's verdict", code, out, errs)
+	}
 	code, out, errs = run(t, nil, "replay", "--device", "sim", "--limit", "4MiB", "--json", "testdata/tiny.trace")
 	if code != 0 || errs != "" || strings.Contains(out, `"ooms":0,`) {
 		t.Errorf("--limit 4MiB: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// TestReplayOOMPolicies: a trace that fragments plain segments runs out of
+// memory in --mode plain; the verdict says virtual-memory spans would have
+// fit, and the emulated policies say which allocators would have run it on
+// that device: gpumem's default (virtual memory) did, PyTorch's native
+// allocator (plain segments) did not.
+func TestReplayOOMPolicies(t *testing.T) {
+	args := []string{"replay", "--device", "sim", "--mode", "plain", "--capacity", "100MiB"}
+	code, out, errs := run(t, nil, append(args, "testdata/fragments.trace")...)
+	for _, want := range []string{
+		"fragments: first OOM at event 15 (request 10): gpumem: out of memory (fragmentation): requested 30.00 MiB",
+		"the largest free piece is 11.00 MiB", "With virtual-memory spans: yes",
+		"fragments: under emulated policies on a device of 100.00 MiB (gpumem's in its default configuration): ran without OOM: gpumem",
+		"torch-native (1 OOM)",
+	} {
+		if code != 0 || errs != "" || !strings.Contains(out, want) {
+			t.Errorf("exit %d, stderr %q; stdout lacks %q:\n%s", code, errs, want, out)
+		}
+	}
+	code, out, errs = run(t, nil, append(args, "--json", "testdata/fragments.trace")...)
+	var r struct {
+		FirstOOM struct {
+			Verdict  map[string]any
+			Policies []struct {
+				Policy   string
+				Capacity uint64
+				OOMs     int
+			}
+		} `json:"first_oom"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); code != 0 || errs != "" || err != nil {
+		t.Fatalf("exit %d, stderr %q, %v: %s", code, errs, err, out)
+	}
+	if v := r.FirstOOM.Verdict; v["cause"] != "fragmentation" || v["with_virtual"] != "yes" || v["after_trim"] != "no" {
+		t.Errorf("verdict %v: want fragmentation, virtual memory yes, trim no", v)
+	}
+	ooms := map[string]int{}
+	for _, p := range r.FirstOOM.Policies {
+		ooms[p.Policy] = p.OOMs
+		if p.Capacity != 100<<20 {
+			t.Errorf("policy %s on %d bytes, want the 100 MiB the replay ran out of", p.Policy, p.Capacity)
+		}
+	}
+	if g, ok := ooms["gpumem"]; !ok || g != 0 || ooms["torch-native"] != 1 {
+		t.Errorf("policies' OOMs %v: want gpumem 0 and torch-native 1", ooms)
 	}
 }
 

@@ -8,7 +8,9 @@
 //	                                 allocator on the GPU or a simulated
 //	                                 device, and report peak memory,
 //	                                 fragmentation (peak reserved / peak
-//	                                 live), OOMs, mappings and speed
+//	                                 live), OOMs (the first one's verdict,
+//	                                 and which emulated policies would have
+//	                                 run the trace), mappings and speed
 //	gpumem import SNAPSHOT -o TRACE  convert a PyTorch memory snapshot into
 //	                                 traces, one per device
 //	gpumem run [flags] -- COMMAND    run a TensorFlow or JAX program with

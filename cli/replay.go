@@ -37,7 +37,12 @@ device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
 ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
 peak_active_bytes and end_reserved_bytes; with --warm or --passes also
 passes: {n, peak_reserved_bytes and ratio over all passes, creates_later,
-maps_later, releases_later, ns_per_op_later}. The first-pass ratio is what
+maps_later, releases_later, ns_per_op_later}; when a request ran out of
+memory, first_oom: {event, id, verdict}, the verdict of the first (the
+fields of gpumem.h's gpumem_oom, cause and answers as words, and the
+message). Without --json, each trace's first OOM is printed after the
+table: its cause with the numbers, and what would have fit (after a trim,
+with virtual-memory spans, a smaller request). The first-pass ratio is what
 a program as long as its trace holds; passes.ratio is what it holds if it
 goes on doing the same (its peak may rise as its cache is rearranged).
 
@@ -186,6 +191,13 @@ func (e *env) replay(args []string) int {
 			status = ExitFail
 			break
 		}
+		if o := res.FirstOOM; o != nil {
+			if o.Policies, err = policyOOMs(tr, o.Verdict.Limit); err != nil {
+				fmt.Fprintf(e.stderr, "gpumem replay: %s: %v\n", path, err)
+				status = ExitFail
+				break
+			}
+		}
 		if *jsonOut {
 			if err := enc.Encode(res); err != nil {
 				fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
@@ -234,7 +246,62 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 		}
 		t.rows = append(t.rows, row)
 	}
-	return t.write(w)
+	if err := t.write(w); err != nil {
+		return err
+	}
+	return writeFirstOOMs(w, results)
+}
+
+// policyOOMs replays tr under every emulated policy on a device of
+// capacity bytes (the memory a replay ran out of): which allocator would
+// have run the program there.
+func policyOOMs(tr *trace.Trace, capacity uint64) ([]replay.PolicyOOMs, error) {
+	var out []replay.PolicyOOMs
+	for _, name := range policy.Names() {
+		r, err := policy.Run(tr, name, capacity, false, policy.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("under policy %s: %w", name, err)
+		}
+		out = append(out, replay.PolicyOOMs{Policy: name, Capacity: capacity, OOMs: r.OOMs})
+	}
+	return out, nil
+}
+
+// writeFirstOOMs writes, for each trace that ran out of memory, the
+// verdict of its first OOM, then how the trace fared under the emulated
+// policies: one paragraph each, after the table.
+func writeFirstOOMs(w io.Writer, results []replay.Result) error {
+	for _, r := range results {
+		o := r.FirstOOM
+		if o == nil {
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "\n%s: first OOM at event %d (request %d): %v\n", r.Trace, o.Event, o.ID, o.Verdict); err != nil {
+			return err
+		}
+		if len(o.Policies) == 0 {
+			continue
+		}
+		var ok, failed []string
+		for _, p := range o.Policies {
+			if p.OOMs == 0 {
+				ok = append(ok, p.Policy)
+			} else {
+				failed = append(failed, fmt.Sprintf("%s (%d OOM%s)", p.Policy, p.OOMs, map[bool]string{true: "s"}[p.OOMs > 1]))
+			}
+		}
+		if len(ok) == 0 {
+			ok = []string{"none"}
+		}
+		if len(failed) == 0 {
+			failed = []string{"none"}
+		}
+		if _, err := fmt.Fprintf(w, "%s: under emulated policies on a device of %s (gpumem's in its default configuration): ran without OOM: %s; ran out of memory: %s\n",
+			r.Trace, units.Format(o.Policies[0].Capacity), strings.Join(ok, ", "), strings.Join(failed, ", ")); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // gpumemOnly are the replay flags that configure gpumem's allocator or a

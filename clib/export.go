@@ -50,6 +50,18 @@ func fail(err error, device C.int) C.gpumem_status {
 			cached:       C.uint64_t(oom.Cached),
 			largest_free: C.uint64_t(oom.LargestFree),
 			would_fit:    C.uint64_t(oom.WouldFit),
+
+			total:            C.uint64_t(oom.Total),
+			others:           C.uint64_t(oom.Others),
+			active:           C.uint64_t(oom.Active),
+			releasable:       C.uint64_t(oom.Releasable),
+			pinned:           C.uint64_t(oom.Pinned),
+			pinned_in_chunks: C.uint64_t(oom.PinnedInChunks),
+			growth:           C.uint64_t(oom.Growth),
+			free_total:       C.uint64_t(oom.FreeTotal),
+			after_trim:       C.int(oom.AfterTrim), // GPUMEM_ANSWER_* are gpumem.Answer's values
+			with_virtual:     C.int(oom.WithVirtual),
+			mode:             C.int(oom.Mode), // GPUMEM_MODE_* are gpumem.Mode's values
 		}
 		C.gpumem_set_error(C.gpumem_status(st), (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)), &v)
 	} else {
@@ -57,6 +69,17 @@ func fail(err error, device C.int) C.gpumem_status {
 	}
 	return C.gpumem_status(st)
 }
+
+// gpumem.h numbers answers and modes as package gpumem does (fail copies
+// them as they are): a difference fails the build here.
+var (
+	_ = [1]struct{}{}[gpumem.AnswerUnknown-C.GPUMEM_ANSWER_UNKNOWN]
+	_ = [1]struct{}{}[gpumem.AnswerNo-C.GPUMEM_ANSWER_NO]
+	_ = [1]struct{}{}[gpumem.AnswerYes-C.GPUMEM_ANSWER_YES]
+	_ = [1]struct{}{}[gpumem.AnswerNotApplicable-C.GPUMEM_ANSWER_NOT_APPLICABLE]
+	_ = [1]struct{}{}[gpumem.ModePlain-C.GPUMEM_MODE_PLAIN]
+	_ = [1]struct{}{}[gpumem.ModeVirtual-C.GPUMEM_MODE_VIRTUAL]
+)
 
 // oomCause numbers a cause as gpumem.h does (GPUMEM_OOM_*).
 func oomCause(c gpumem.Cause) int {

@@ -74,7 +74,32 @@ enum {
 	GPUMEM_OOM_FRAGMENTATION = 3  /* enough memory is held or allowed, but not in one usable piece */
 };
 
-/* The verdict of the calling thread's last out-of-memory. */
+/* The answer to a "would it have fit?" question of the verdict. 0 means not
+ * decided (a library older than these fields leaves them 0). */
+enum {
+	GPUMEM_ANSWER_UNKNOWN = 0,
+	GPUMEM_ANSWER_NO = 1,
+	GPUMEM_ANSWER_YES = 2,
+	GPUMEM_ANSWER_NOT_APPLICABLE = 3 /* with_virtual when mode is already virtual */
+};
+
+/* The allocator's mode (mode= of the configuration). */
+enum {
+	GPUMEM_MODE_PLAIN = 1,   /* whole segments from cuMemAlloc, as PyTorch's allocator */
+	GPUMEM_MODE_VIRTUAL = 2  /* memory mapped in spans into reserved address space */
+};
+
+/* The verdict of the calling thread's last out-of-memory: the cause, the
+ * numbers (bytes) at the failure, and what would have fit. The numbers are
+ * read after gpumem returned its cache to the driver and retried once, so
+ * what is still cached is memory it could not give back. gpumem_last_error
+ * says the same in one paragraph.
+ *
+ * The fields from total on were added within API version 1: the struct
+ * only grows at its end, and gpumem_last_oom fills as many bytes as the
+ * caller's size says, so programs built with the shorter struct still
+ * work. Identities: cached == releasable + pinned; pinned_in_chunks <=
+ * pinned; others == total - device_free - reserved (0 if negative). */
 typedef struct gpumem_oom {
 	int cause;             /* GPUMEM_OOM_* */
 	int device;
@@ -86,7 +111,28 @@ typedef struct gpumem_oom {
 	uint64_t allocated;    /* bytes of live buffers */
 	uint64_t cached;       /* reserved - in use: held but free */
 	uint64_t largest_free; /* largest request that would have fit without growing */
-	uint64_t would_fit;    /* largest request that would have succeeded */
+	uint64_t would_fit;    /* largest request that would have succeeded: a free
+	                        * piece, or room to grow within limit and device */
+	uint64_t total;        /* the device's memory */
+	uint64_t others;       /* device memory held by others (other processes):
+	                        * not gpumem's to give back */
+	uint64_t active;       /* bytes of live buffers' blocks (rounded to 512 B) */
+	uint64_t releasable;   /* part of cached that gpumem_trim would still give
+	                        * back (preallocated memory) */
+	uint64_t pinned;       /* part of cached in segments or spans that also hold
+	                        * live buffers: no trim gives it back */
+	uint64_t pinned_in_chunks; /* virtual mode: part of pinned that is free
+	                        * space in 2 MiB chunks holding live buffers; the
+	                        * rest is idle chunks of spans holding live buffers */
+	uint64_t growth;       /* what the request would take from the driver */
+	uint64_t free_total;   /* cached + room to grow: free bytes in all pieces
+	                        * (free_total / requested requests of this size) */
+	int after_trim;        /* GPUMEM_ANSWER_*: would it fit after gpumem_trim
+	                        * (torch.cuda.empty_cache) */
+	int with_virtual;      /* GPUMEM_ANSWER_*: would mode=virtual have placed it
+	                        * (NOT_APPLICABLE: already virtual; see pinned) */
+	int mode;              /* GPUMEM_MODE_* */
+	int reserved_0;        /* 0; keeps the struct's size a multiple of 8 */
 } gpumem_oom;
 
 /* An allocator's numbers (see gpumem.Stats in the Go package). Gauges are

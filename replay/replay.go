@@ -72,6 +72,29 @@ type Result struct {
 	// Passes is set when more than one pass ran (Options.Passes,
 	// Options.Warm).
 	Passes *PassesResult `json:"passes,omitempty"`
+	// FirstOOM is the first request of the first pass that ran out of
+	// memory, with the allocator's verdict; nil when none did.
+	FirstOOM *OOM `json:"first_oom,omitempty"`
+}
+
+// OOM is a request of a trace that ran out of memory in a replay.
+type OOM struct {
+	Event   int                      `json:"event"`   // its index among the trace's events
+	ID      uint64                   `json:"id"`      // its request id in the trace
+	Verdict *gpumem.OutOfMemoryError `json:"verdict"` // the allocator's
+	// Policies is how the same trace fared under other allocators'
+	// policies on a device of the memory the request ran into
+	// (Verdict.Limit): the question a single allocator cannot answer. Run
+	// leaves it empty; gpumem replay fills it from package policy.
+	Policies []PolicyOOMs `json:"policies,omitempty"`
+}
+
+// PolicyOOMs is how many requests of a trace ran out of memory under one
+// emulated policy.
+type PolicyOOMs struct {
+	Policy   string `json:"policy"`
+	Capacity uint64 `json:"capacity"`
+	OOMs     int    `json:"ooms"`
 }
 
 // PassesResult is what a replay of several passes on one allocator held
@@ -187,7 +210,8 @@ func RunOn(tr *trace.Trace, a *gpumem.Allocator, opt Options) (Result, error) {
 func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, opt Options) (Result, error) {
 	bufs := make([]gpumem.Buffer, tr.Requests)
 	before := a.Stats()
-	elapsed, ooms, err := pass(tr, a, streams, bufs, opt)
+	var first *OOM
+	elapsed, ooms, err := pass(tr, a, streams, bufs, opt, &first)
 	if err != nil {
 		return Result{}, err
 	}
@@ -205,6 +229,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		PeakLiveBytes:     tr.PeakLiveBytes,
 		PeakReservedBytes: st.PeakReserved,
 		OOMs:              ooms,
+		FirstOOM:          first,
 		Maps:              st.Maps - before.Maps,
 		Unmaps:            st.Unmaps - before.Unmaps,
 		DeviceCalls:       st.DeviceCalls() - before.DeviceCalls(),
@@ -231,7 +256,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 				bufs[i] = gpumem.Buffer{}
 			}
 		}
-		took, _, err := pass(tr, a, streams, bufs, opt)
+		took, _, err := pass(tr, a, streams, bufs, opt, nil)
 		if err != nil {
 			return Result{}, fmt.Errorf("pass %d of %d: %w", n, passes, err)
 		}
@@ -258,8 +283,9 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 }
 
 // pass replays every event of tr once, timing the loop, and leaves the
-// requests the trace never frees in bufs.
-func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options) (time.Duration, int, error) {
+// requests the trace never frees in bufs. If first is not nil, the first
+// request that runs out of memory is recorded there.
+func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, first **OOM) (time.Duration, int, error) {
 	ooms := 0
 	start := time.Now()
 	for i, ev := range tr.Events {
@@ -270,6 +296,10 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 			if err != nil {
 				if errors.Is(err, gpumem.ErrOutOfMemory) {
 					ooms++
+					var v *gpumem.OutOfMemoryError
+					if first != nil && *first == nil && errors.As(err, &v) {
+						*first = &OOM{Event: i, ID: ev.ID, Verdict: v}
+					}
 					continue
 				}
 				return 0, 0, fmt.Errorf("replay %s: event %d (a %d %d): %w", tr.Name, i, ev.ID, ev.Size, err)

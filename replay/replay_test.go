@@ -117,6 +117,9 @@ func TestReplayFreeOfFailedAlloc(t *testing.T) {
 		if res.OOMs != 1 {
 			t.Errorf("%v: %d OOMs, want 1", mode, res.OOMs)
 		}
+		if o := res.FirstOOM; o == nil || o.Event != 1 || o.ID != 1 || o.Verdict.Requested != 1<<30 || o.Verdict.Cause != gpumem.CauseLimit {
+			t.Errorf("%v: first OOM %+v, want event 1, request 1 of 1 GiB, over the device's whole memory", mode, o)
+		}
 		if err := dev.Leaks(); err != nil {
 			t.Errorf("%v: %v", mode, err)
 		}

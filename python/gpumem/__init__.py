@@ -88,5 +88,5 @@ def serve(addr="127.0.0.1:0"):
 def last_oom():
     """The verdict of this thread's last out-of-memory (an OutOfMemory, with
     cause "limit", "device" or "fragmentation", the numbers and what would
-    have fit), or None."""
+    have fit: would_fit, after_trim, with_virtual), or None."""
     return load().last_oom()

@@ -23,6 +23,8 @@ ERROR_IO = 10
 ERROR_FORMAT = 11
 
 OOM_CAUSES = {0: "none", 1: "device", 2: "limit", 3: "fragmentation"}
+ANSWERS = {0: "unknown", 1: "no", 2: "yes", 3: "n/a"}  # GPUMEM_ANSWER_*
+MODES = {1: "plain", 2: "virtual"}  # GPUMEM_MODE_*
 
 
 class GpumemError(RuntimeError):
@@ -35,17 +37,32 @@ class GpumemError(RuntimeError):
 
 
 class OutOfMemory:
-    """gpumem's verdict on an out-of-memory: cause is "limit", "device" or
-    "fragmentation"; the sizes are bytes; would_fit is the largest request
-    that would have succeeded."""
+    """gpumem's verdict on an out-of-memory (gpumem.h's gpumem_oom).
+
+    cause is "limit", "device" or "fragmentation"; the sizes are bytes, read
+    after gpumem gave its cache back and retried once. What would have fit:
+    would_fit, the largest request that would have succeeded (free_total is
+    what is free in all pieces); after_trim, whether it would fit after
+    gpumem.trim() / torch.cuda.empty_cache() gave releasable back; and
+    with_virtual, whether mode=virtual would have placed it ("n/a" when it
+    is the mode already: pinned and pinned_in_chunks say what blocks it).
+    The answers are "yes", "no", "n/a" or "unknown" (a library older than
+    these fields). others is device memory held by other processes: not
+    gpumem's to give back. message is the verdict in one paragraph."""
 
     __slots__ = ("cause", "device", "requested", "stream", "limit", "device_free",
-                 "reserved", "allocated", "cached", "largest_free", "would_fit", "message")
+                 "reserved", "allocated", "cached", "largest_free", "would_fit",
+                 "total", "others", "active", "releasable", "pinned", "pinned_in_chunks",
+                 "growth", "free_total", "after_trim", "with_virtual", "mode", "message")
+    _numbers = __slots__[1:19]
 
     def __init__(self, raw, message):
         self.cause = OOM_CAUSES.get(raw.cause, str(raw.cause))
-        for name in self.__slots__[1:-1]:
+        for name in self._numbers:
             setattr(self, name, int(getattr(raw, name)))
+        self.after_trim = ANSWERS.get(raw.after_trim, str(raw.after_trim))
+        self.with_virtual = ANSWERS.get(raw.with_virtual, str(raw.with_virtual))
+        self.mode = MODES.get(raw.mode, str(raw.mode))
         self.message = message
 
     def as_dict(self):
@@ -66,9 +83,8 @@ class OutOfMemoryError(GpumemError, MemoryError):
 
 class _Oom(ctypes.Structure):
     _fields_ = [("cause", ctypes.c_int), ("device", ctypes.c_int)] + [
-        (name, ctypes.c_uint64) for name in
-        ("requested", "stream", "limit", "device_free", "reserved", "allocated",
-         "cached", "largest_free", "would_fit")]
+        (name, ctypes.c_uint64) for name in OutOfMemory._numbers[1:]] + [
+        (name, ctypes.c_int) for name in ("after_trim", "with_virtual", "mode", "reserved_0")]
 
 
 class Stats(ctypes.Structure):

@@ -18,7 +18,8 @@ what PyTorch does not pass to a pluggable allocator by itself:
   gpumem's numbers;
 - an out-of-memory raises torch.cuda.OutOfMemoryError, as PyTorch's own
   allocator does, with gpumem's verdict (limit, device or fragmentation,
-  the numbers, and what would have fit); last_oom() returns it as an object.
+  the numbers, and what would have fit: a smaller request, after
+  empty_cache(), with mode=virtual); last_oom() returns it as an object.
 
 record(path) writes a gpumem trace of the code it wraps, for gpumem replay.
 """

@@ -117,6 +117,68 @@ def test_out_of_memory_verdict():
 
 
 @needs_library
+def test_out_of_memory_verdict_what_would_have_fit():
+    # Fragmentation in mode=plain: five 20 MiB segments under a limit of
+    # 100 MiB, each with a live 9 MiB buffer and 11 MiB free. No trim helps;
+    # virtual-memory spans would (the same program in mode=virtual gets the
+    # request); 11 MiB is the largest request that fits. Then, with 64 MiB
+    # preallocated, a request that only a trim makes room for.
+    code = """
+        import json, gpumem
+        lib = gpumem.library()
+        gpumem.configure(MODE)
+        def oom(size):
+            try:
+                lib.allocate(size, 0, 0)
+            except gpumem.OutOfMemoryError as e:
+                assert gpumem.last_oom().as_dict() == e.verdict.as_dict()
+                return e.verdict
+            raise AssertionError("no OutOfMemoryError")
+        second = []
+        for _ in range(5):
+            lib.allocate(9 << 20, 0, 0)
+            second.append(lib.allocate(9 << 20, 0, 0))
+        for p in second:
+            lib.deallocate(p, 0)
+        try:
+            lib.deallocate(lib.allocate(30 << 20, 0, 0), 0)
+            print("fits")
+        except gpumem.OutOfMemoryError as e:
+            v = e.verdict
+            print(json.dumps(v.as_dict()))
+            lib.deallocate(lib.allocate(v.would_fit, 0, 0), 0)
+    """
+    plain = run(code.replace("MODE", '"mode=plain,limit=100MiB"'), config=SIM).stdout.splitlines()
+    v = json.loads(plain[0])
+    assert v["cause"] == "fragmentation" and v["mode"] == "plain", v
+    assert v["after_trim"] == "no" and v["with_virtual"] == "yes", v
+    assert v["pinned"] == 55 << 20 and v["releasable"] == 0 and v["cached"] == v["pinned"] + v["releasable"], v
+    assert v["would_fit"] == v["largest_free"] == 11 << 20 and v["free_total"] == 55 << 20, v
+    assert v["requested"] == 30 << 20 and v["limit"] == 100 << 20 and v["allocated"] == 45 << 20, v
+    assert v["total"] == 4 << 30 and v["others"] == 0 and v["growth"] == 30 << 20, v
+    assert v["message"].startswith("gpumem: out of memory (fragmentation): requested 30.00 MiB"), v
+    assert "empty_cache): no, the 55.00 MiB cached lies in segments that hold live buffers" in v["message"], v
+    assert "With virtual-memory spans: yes" in v["message"], v
+    virtual = run(code.replace("MODE", '"mode=virtual,limit=100MiB"'), config=SIM).stdout.splitlines()
+    assert virtual == ["fits"], virtual
+
+    p = run("""
+        import gpumem
+        lib = gpumem.library()
+        gpumem.configure("mode=plain,limit=100MiB,preallocate=64MiB")
+        try:
+            lib.allocate(80 << 20, 0, 0)
+        except gpumem.OutOfMemoryError as e:
+            v = e.verdict
+            print(v.cause, v.after_trim, v.releasable, v.pinned)
+        gpumem.trim()
+        lib.deallocate(lib.allocate(80 << 20, 0, 0), 0)
+        print("fits after trim")
+    """, config=SIM)
+    assert p.stdout.splitlines() == ["fragmentation yes %d 0" % (64 << 20), "fits after trim"], p.stdout
+
+
+@needs_library
 def test_configuration_errors():
     p = run("""
         import gpumem
