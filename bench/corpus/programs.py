@@ -377,7 +377,8 @@ def moe_top2_train(seed=0):
             ce = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
             return ce + 0.01 * aux
 
-    model = MoELM(vocab, dim, heads, 8, block=lambda d, h: MoEBlock(d, h, 3072, 8)).to(DEVICE)
+    with torch.device(DEVICE):  # 300M expert weights initialize slowly on a CPU
+        model = MoELM(vocab, dim, heads, 8, block=lambda d, h: MoEBlock(d, h, 3072, 8))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rng, g = _rng("moe_top2_train", seed), _gen(seed)
     for _ in range(40):

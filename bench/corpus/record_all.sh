@@ -36,6 +36,9 @@ while [ $# -gt 0 ]; do
 	esac
 done
 py=${PYTHON:-python3}
+# Nothing is downloaded: every model is built from a config. Offline, a
+# library that would look something up fails at once instead of waiting.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 if [ ! -x build/gpumem ]; then
 	echo "record_all.sh: build/gpumem is missing: CGO_ENABLED=0 go build -o build/gpumem ./cmd/gpumem, and carry build/" >&2
 	exit 2
@@ -134,3 +137,7 @@ print("record_all: %d of %d traces packed into %s" % (ok, len(names), out))
 EOF
 rm -rf "$work"
 say "finished"
+# What comes back from a device run is at most 16 MiB a file: keep the end.
+if [ "$(stat -c %s "$log")" -gt $((15 << 20)) ]; then
+	tail -c $((15 << 20)) "$log" >"$log.tmp" && mv "$log.tmp" "$log"
+fi
