@@ -20,6 +20,9 @@ Then the snapshot is dumped to OUTDIR/NAME.snapshot.pickle and
 `build/gpumem import` (the Go binary, built with
 `CGO_ENABLED=0 go build -o build/gpumem ./cmd/gpumem`) converts it into
 OUTDIR/NAME.trace.gz; the pickle is deleted once the trace is written.
+The call sites in the trace are then rewritten to name no directory of the
+recording machine (shorten_sites: "site-packages/...", "python/...", and
+paths relative to the repository root).
 
 OUTDIR/NAME.json gets one line of JSON: name, split, seconds (the program,
 model build included, without the dump), max_memory_allocated,
@@ -36,9 +39,11 @@ the GPU runs the next:
     record.py --import-only NAME OUTDIR   convert the pickle, update the summary
 """
 
+import gzip
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -49,6 +54,37 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 GPUMEM = os.environ.get("GPUMEM_BIN", os.path.join(ROOT, "build", "gpumem"))
 MAX_ENTRIES = 50_000_000
 RECORDED = ("alloc", "free_requested")
+
+
+# Absolute paths of the recording machine in call sites: the packages and
+# the standard library lose their prefix, files of this repository become
+# relative to its root.
+_SITE_PREFIXES = [
+    (re.compile(r"(?<![^\s<])/\S*?/(?:site|dist)-packages/"), "site-packages/"),
+    (re.compile(r"(?<![^\s<])/\S*?/lib/python3(?:\.\d+)?/"), "python/"),
+]
+
+
+def shorten_sites(trace_path, root=ROOT):
+    """Rewrite the site lines ("s N TEXT") of a gzip trace so that they name
+    no directory of the machine that recorded it; returns the number of
+    site lines changed. Event lines are copied as they are."""
+    root = root.rstrip("/") + "/"
+    tmp = trace_path + ".tmp"
+    changed = 0
+    with gzip.open(trace_path, "rt", encoding="utf-8", newline="\n") as src, \
+            gzip.open(tmp, "wt", encoding="utf-8", newline="\n", compresslevel=6) as dst:
+        for line in src:
+            if line.startswith("s "):
+                new = line.replace(" " + root, " ")
+                for pat, repl in _SITE_PREFIXES:
+                    new = pat.sub(repl, new)
+                if new != line:
+                    changed += 1
+                line = new
+            dst.write(line)
+    os.replace(tmp, trace_path)
+    return changed
 
 
 def paths(name, outdir):
@@ -126,11 +162,12 @@ def convert(name, outdir):
     t = time.monotonic()
     proc = subprocess.run([GPUMEM, "import", pickle_path, "-o", trace_path], capture_output=True, text=True)
     summary["import_seconds"] = round(time.monotonic() - t, 2)
-    summary["import"] = proc.stdout.strip()
+    summary["import"] = proc.stdout.strip().replace(trace_path, os.path.basename(trace_path))
     if proc.stderr.strip():
         summary["import_notes"] = proc.stderr.strip()
         sys.stderr.write(proc.stderr)
     if proc.returncode == 0 and os.path.exists(trace_path):
+        summary["sites_shortened"] = shorten_sites(trace_path)
         summary["trace_bytes"] = os.path.getsize(trace_path)
         os.remove(pickle_path)
     else:
@@ -147,11 +184,12 @@ def main(argv):
         sys.stderr.write(__doc__)
         return 2
     name, outdir = argv
-    sys.path.insert(0, HERE)
-    import programs
-    if name not in programs.PROGRAMS:
-        sys.stderr.write("record.py: unknown program %r; known: %s\n" % (name, ", ".join(programs.PROGRAMS)))
-        return 2
+    if mode != "--import-only":  # (converting needs no torch: only recording imports the programs)
+        sys.path.insert(0, HERE)
+        import programs
+        if name not in programs.PROGRAMS:
+            sys.stderr.write("record.py: unknown program %r; known: %s\n" % (name, ", ".join(programs.PROGRAMS)))
+            return 2
     os.makedirs(outdir, exist_ok=True)
     if mode != "--import-only":
         summary = record(name, outdir)
