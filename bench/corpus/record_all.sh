@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# record_all.sh [--budget S] [--deadline S] [--timeout S] [--out DIR] [NAMES...]
+# record_all.sh [--budget S] [--deadline S] [--timeout S] [--import-timeout S] [--out DIR] [NAMES...]
 #
 # Records the corpus programs (all of programs.PROGRAMS in its order, or
 # NAMES) one process each with bench/corpus/record.py, on the GPU machine,
 # from the repository root, with the Go binary at build/gpumem:
 #
 #   - each program runs under `timeout` (--timeout, default 90 s), cut
-#     shorter so that it ends by --deadline (default 540 s after the start);
-#   - no program starts after --budget seconds (default 480);
+#     shorter so that it ends by --deadline (default 500 s after the start);
+#   - no program starts after --budget seconds (default 420);
 #   - a program that fails or times out is logged, with its traceback, and
 #     the next one runs;
 #   - while the GPU runs the next program, the previous snapshot is
-#     converted by `gpumem import` in the background (CPU only).
+#     converted by `gpumem import` in the background (CPU only, at most
+#     --import-timeout s each, default 60).
+#
+# The defaults leave a device call of 600 s about 100 s for the last
+# imports and the packing: the tars are written only at the end, so a run
+# killed before it returns nothing.
 #
 # At the end, under DIR (default $OUT, else bench/out/corpus): at most 3
 # tar files corpus-N.tar (uncompressed; the traces inside are gzip) of at
@@ -22,15 +27,16 @@
 # summary line.
 set -u
 cd "$(dirname "$0")/../.."
-budget=480 deadline=540 per=90 out="${OUT:-bench/out/corpus}"
+budget=420 deadline=500 per=90 import_limit=60 out="${OUT:-bench/out/corpus}"
 names=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--budget) budget=$2; shift 2 ;;
 	--deadline) deadline=$2; shift 2 ;;
 	--timeout) per=$2; shift 2 ;;
+	--import-timeout) import_limit=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
-	-h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,30p' "$0"; exit 0 ;;
 	-*) echo "record_all.sh: unknown option $1" >&2; exit 2 ;;
 	*) names+=("$1"); shift ;;
 	esac
@@ -84,7 +90,8 @@ for name in "${names[@]}"; do
 		continue
 	fi
 	say "$name: recorded; importing in the background"
-	( $py bench/corpus/record.py --import-only "$name" "$work" >"$work/$name.import.log" 2>&1 ) &
+	( timeout -k 5 "$import_limit" $py bench/corpus/record.py --import-only "$name" "$work" >"$work/$name.import.log" 2>&1 ||
+		echo "record_all.sh: import of $name failed or timed out (exit $?)" >>"$work/$name.import.log" ) &
 	imports+=($!)
 done
 for pid in "${imports[@]}"; do wait "$pid"; done
@@ -131,6 +138,8 @@ with open(os.path.join(out, "summary.jsonl"), "w") as f:
             d = {"name": n, "error": "no summary: %s" % e}
         if n in left_out:
             d["left_out"] = "trace of %d bytes fits in no tar" % left_out[n]
+        if "error" not in d and not os.path.exists(os.path.join(work, n + ".trace.gz")):
+            d["error"] = "no trace: the import failed or timed out (record.log)"
         f.write(json.dumps(d, sort_keys=True) + "\n")
 ok = sum(1 for n in names if os.path.exists(os.path.join(work, n + ".trace.gz")) and n not in left_out)
 print("record_all: %d of %d traces packed into %s" % (ok, len(names), out))
