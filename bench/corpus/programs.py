@@ -531,7 +531,7 @@ def prefetch_two_stream(seed=0):
     torch.cuda.synchronize()
 
 
-def _init_dist(kind):
+def _init_dist():
     import torch.distributed as dist
     path = os.path.join(tempfile.mkdtemp(prefix="corpus_dist_"), "store")
     dist.init_process_group("nccl", init_method="file://" + path, rank=0, world_size=1)
@@ -547,7 +547,7 @@ def comm_buckets(seed=0):
     back; the optimizer waits for the comm stream. GPT-2 small, random
     lengths, bf16 autocast."""
     from transformers import GPT2Config, GPT2LMHeadModel
-    dist = _init_dist("comm_buckets")
+    dist = _init_dist()
     try:
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(GPT2Config()).to(DEVICE)
@@ -609,7 +609,7 @@ def ddp_world1(seed=0):
     T5-small-sized encoder-decoder trained on random source and target
     lengths, bf16 autocast."""
     from transformers import T5Config, T5ForConditionalGeneration
-    dist = _init_dist("ddp_world1")
+    dist = _init_dist()
     try:
         torch.manual_seed(seed)
         cfg = T5Config(d_model=512, d_ff=2048, num_layers=8, num_decoder_layers=8, num_heads=8,
