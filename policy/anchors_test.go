@@ -43,9 +43,9 @@ var anchors = map[string]map[string]float64{
 // cuda-async: no model tried reproduces torch-async on all six traces
 // (cuda_async.go, docs/EXPERIMENTS.md "Emulated policies").
 var misses = map[string]float64{
-	"gpt2_train_varlen/tf-bfc": 1.315,
-	"bert_mlm_varlen/tf-bfc":   1.411,
-	"t5_train_varlen/tf-bfc":   1.701,
+	"gpt2_train_varlen/tf-bfc":        1.315,
+	"bert_mlm_varlen/tf-bfc":          1.411,
+	"t5_train_varlen/tf-bfc":          1.701,
 	"bert_mlm_varlen/cuda-async":      1.320,
 	"gpt2_generate/cuda-async":        1.248,
 	"gpt2_train_varlen/cuda-async":    1.475,
