@@ -20,14 +20,19 @@ error: for each policy (gpumem's default configuration and the emulated
 allocators of gpumem replay --policy), the least device capacity, to 2 MiB,
 on which the replay of its trace (or of a PyTorch memory snapshot, .pickle,
 imported as gpumem import does; its first device with a history) has no
-OOM, by bisection. With --gpu SIZE it also says whether the program fits a
-GPU of that size under each policy, replayed at exactly that capacity.
+OOM. With --gpu SIZE it also says whether the program fits a GPU of that
+size under each policy, replayed at exactly that capacity.
+
+"fits on" is the capacity to buy: the least C such that the program fits
+on C and on every capacity above it, 2 MiB apart, up to C + 1/32 of C (at
+least 16 MiB), each replayed. Fitting is not always monotone: near the
+limit an allocator can run out at one capacity and not at a smaller one
+(an OOM retry or a reclaim at another moment). "least found" is where
+bisection from the peak live bytes landed: it fits and 2 MiB less does
+not; where it is below "fits on", some capacity between them fails.
 
 tf-bfc-prealloc is XLA's default: 75% of the GPU is taken at start and is
-the limit, so it fits a GPU whose 75% holds the program's pool. A capacity
-found by bisection fits; a policy that fits on a device may still fail on a
-slightly larger one (an OOM retry at another moment), in which case a
-capacity just below the one printed may fit too.
+the limit, so it fits a GPU whose 75% holds the program's pool.
 
 A progress bar goes to stderr when stderr is a terminal.`
 
@@ -56,19 +61,19 @@ func (e *env) fit(args []string) int {
 		return ExitFail
 	}
 	bar := newProgressBar(e.stderr, len(names))
-	t := table{header: []string{"policy", "fits on", "x peak live"}}
+	t := table{header: []string{"policy", "fits on", "x peak live", "least found"}}
 	if gpu > 0 {
 		t.header = append(t.header, "fits "+units.Format(uint64(gpu)))
 	}
-	var verdict []string
+	var fit, need []string
 	for i, n := range names {
-		c, err := policy.Fit(tr, n, func(done, total int) { bar.update(i, done, total) })
+		f, err := policy.Fit(tr, n, func(done, total int) { bar.update(i, done, total) })
 		if err != nil {
 			bar.done()
 			fmt.Fprintf(e.stderr, "gpumem fit: %v\n", err)
 			return ExitFail
 		}
-		row := []string{n, units.Format(c), strconv.FormatFloat(float64(c)/float64(max(tr.PeakLiveBytes, 1)), 'f', 3, 64)}
+		row := []string{n, units.Format(f.Capacity), strconv.FormatFloat(float64(f.Capacity)/float64(max(tr.PeakLiveBytes, 1)), 'f', 3, 64), units.Format(f.Least)}
 		if gpu > 0 {
 			ok, err := policy.Fits(tr, n, uint64(gpu))
 			if err != nil {
@@ -78,9 +83,9 @@ func (e *env) fit(args []string) int {
 			}
 			row = append(row, map[bool]string{true: "yes", false: "no"}[ok])
 			if ok {
-				verdict = append(verdict, "fits a "+units.Format(uint64(gpu))+" GPU under "+n)
+				fit = append(fit, n)
 			} else {
-				verdict = append(verdict, n+" needs "+units.Format(c))
+				need = append(need, n+" needs "+shortSize(f.Capacity))
 			}
 		}
 		t.rows = append(t.rows, row)
@@ -90,10 +95,38 @@ func (e *env) fit(args []string) int {
 	if err := t.write(e.stdout); err != nil {
 		return ExitFail
 	}
-	if len(verdict) > 0 {
-		fmt.Fprintln(e.stdout, strings.Join(verdict, "; "))
+	if gpu > 0 {
+		fmt.Fprintln(e.stdout, fitVerdict(shortSize(uint64(gpu)), fit, need))
 	}
 	return ExitOK
+}
+
+// fitVerdict is the one line of --gpu: the policies under which the program
+// fits a GPU of that size, grouped, then what each of the others needs:
+// "fits a 16 GiB GPU under gpumem and tf-bfc; tf-bfc-prealloc needs 17.7 GiB".
+func fitVerdict(gpu string, fit, need []string) string {
+	under := "no policy"
+	if len(fit) > 0 {
+		under = andList(fit)
+	}
+	return strings.Join(append([]string{"fits a " + gpu + " GPU under " + under}, need...), "; ")
+}
+
+// shortSize is units.Format without trailing zeros: "16 GiB", "17.7 GiB".
+func shortSize(n uint64) string {
+	num, unit, _ := strings.Cut(units.Format(n), " ")
+	if strings.Contains(num, ".") {
+		num = strings.TrimRight(strings.TrimRight(num, "0"), ".")
+	}
+	return num + " " + unit
+}
+
+// andList joins "a", "a and b", "a, b and c".
+func andList(s []string) string {
+	if len(s) <= 1 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
 // loadTraceOrSnapshot loads a trace, or a PyTorch snapshot (.pickle) as the

@@ -13,15 +13,23 @@ func TestFit(t *testing.T) {
 	}
 	// tiny: 14 MiB live at the peak; gpumem fits on 16 MiB, torch-native
 	// needs its 22 MiB (TestReplayPolicyJSON works it out).
-	for _, want := range []string{"tiny: peak live 14.00 MiB", "fits a 20.00 MiB GPU under gpumem", "torch-native needs 22.00 MiB"} {
+	// Grouped: one list of the policies that fit, then what each other needs.
+	for _, want := range []string{"tiny: peak live 14.00 MiB", "fits a 20 MiB GPU under gpumem, cuda-async and tf-bfc-prealloc; torch-native needs 22 MiB; torch-expandable needs 22 MiB; tf-bfc needs 24 MiB\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
 		}
 	}
-	if !strings.Contains(out, "torch-native      22.00 MiB") {
+	if !strings.Contains(out, "torch-native      22.00 MiB        1.571    22.00 MiB") {
 		t.Errorf("torch-native's row is not 22 MiB:\n%s", out)
 	}
-	// The shared snapshot fixture, beside the repository (../shared).
+	if code, _, errs := run(t, nil, "fit", "--policy", "nope", "testdata/tiny.trace"); code != ExitUsage || !strings.Contains(errs, `invalid value "nope"`) {
+		t.Errorf("bad policy: exit %d, %q", code, errs)
+	}
+	if code, _, errs := run(t, nil, "fit", "testdata/corrupt.trace"); code != ExitFail || !strings.Contains(errs, "corrupt.trace") {
+		t.Errorf("corrupt trace: exit %d, %q", code, errs)
+	}
+	// The shared snapshot fixture, beside the repository (../shared): last,
+	// since its absence skips the rest.
 	snap := "../../shared/fixtures/resnet18_snapshot.pickle"
 	if _, err := os.Stat(snap); err != nil {
 		t.Skipf("no snapshot fixture: %v", err)
@@ -30,10 +38,25 @@ func TestFit(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "resnet18_snapshot: peak live") {
 		t.Errorf("snapshot: exit %d, %q", code, out)
 	}
-	if code, _, errs := run(t, nil, "fit", "--policy", "nope", "testdata/tiny.trace"); code != ExitUsage || !strings.Contains(errs, `invalid value "nope"`) {
-		t.Errorf("bad policy: exit %d, %q", code, errs)
+}
+
+func TestFitVerdict(t *testing.T) {
+	for _, c := range []struct {
+		fit, need []string
+		want      string
+	}{
+		{[]string{"gpumem", "torch-native", "tf-bfc"}, []string{"tf-bfc-prealloc needs 17.7 GiB"}, "fits a 16 GiB GPU under gpumem, torch-native and tf-bfc; tf-bfc-prealloc needs 17.7 GiB"},
+		{[]string{"gpumem"}, nil, "fits a 16 GiB GPU under gpumem"},
+		{nil, []string{"gpumem needs 17 GiB", "tf-bfc needs 18 GiB"}, "fits a 16 GiB GPU under no policy; gpumem needs 17 GiB; tf-bfc needs 18 GiB"},
+	} {
+		if got := fitVerdict("16 GiB", c.fit, c.need); got != c.want {
+			t.Errorf("fitVerdict(%v, %v) = %q, want %q", c.fit, c.need, got, c.want)
+		}
 	}
-	if code, _, errs := run(t, nil, "fit", "testdata/corrupt.trace"); code != ExitFail || !strings.Contains(errs, "corrupt.trace") {
-		t.Errorf("corrupt trace: exit %d, %q", code, errs)
+	if got := shortSize(17 << 30); got != "17 GiB" {
+		t.Errorf("shortSize(17 GiB) = %q", got)
+	}
+	if got := shortSize(17<<30 + 700<<20); got != "17.68 GiB" {
+		t.Errorf("shortSize(17.68 GiB) = %q", got)
 	}
 }

@@ -1,7 +1,10 @@
 package policy
 
 import (
+	"bufio"
+	"encoding/json"
 	"math"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -26,20 +29,23 @@ var anchors = map[string]map[string]float64{
 
 // misses are the rows the emulation does not bring within 2% of its anchor,
 // with the ratio it reaches, which the test holds it to (a change shows).
-// Why (docs/BENCHMARKS.md, "Emulated policies"): tf-bfc's regions double
-// from 2 MiB, so on these traces it holds 2^k MiB - 2 MiB (16 GiB on
-// gpt2_train_varlen and bert_mlm_varlen, 8 GiB on t5); XLA held 17.8 GiB,
-// 17.9 GiB and 8.2 GiB there: 1.8, 1.9 and 0.2 GiB more, where the next
-// region of the doubling would have added 16 or 8 GiB. The real pool held
-// memory the trace does not account for (the JAX runtime's own buffers, or
-// a last region cut by a limit the harness did not report); no constant
-// tuned per trace stands in for it.
+//
+// tf-bfc: ANCHORS.md's jax-bfc column is not what this repository's own
+// H100 runs of the same harness measured (bench/results/h100_peers.jsonl,
+// h100-9b3cea7, h100-ed1c7b6: JAX 0.11.2, peak_pool_bytes, three runs,
+// identical): 1.3151, 1.4113, 1.701, 1.374, 2.2592 and 1.6071 where
+// ANCHORS.md has 1.464, 1.577, 1.740, 1.382, none and 1.596. The torch
+// columns of those runs are ANCHORS.md's to the third decimal. tf-bfc is
+// within 0.1% of the measured runs on all six traces (TestHarnessBFC), so
+// the emulation stands and the three rows below record how far the
+// anchor table is from it; no constant per trace stands in for the gap.
+//
+// cuda-async: no model tried reproduces torch-async on all six traces
+// (cuda_async.go, docs/EXPERIMENTS.md "Emulated policies").
 var misses = map[string]float64{
-	"gpt2_train_varlen/tf-bfc": 1.315,
-	"bert_mlm_varlen/tf-bfc":   1.411,
-	"t5_train_varlen/tf-bfc":   1.701,
-	// cuda-async: a model of split and merged pieces does not reproduce
-	// CUDA's pool, which remaps physical pages (cuda_async.go).
+	"gpt2_train_varlen/tf-bfc":        1.315,
+	"bert_mlm_varlen/tf-bfc":          1.411,
+	"t5_train_varlen/tf-bfc":          1.701,
 	"bert_mlm_varlen/cuda-async":      1.320,
 	"gpt2_generate/cuda-async":        1.248,
 	"gpt2_train_varlen/cuda-async":    1.475,
@@ -120,6 +126,61 @@ func TestAnchors(t *testing.T) {
 			if math.Abs(diff) > 0.02 {
 				t.Errorf("%s under %s: ratio %.3f, the real allocator's %.3f: %+.1f%%, beyond 2%%", tr.Name, name, r.Ratio, a, 100*diff)
 			}
+		}
+	}
+}
+
+// TestHarnessBFC holds tf-bfc to within 2% of XLA's BFC as this
+// repository's peer harness measured it on the H100
+// (bench/results/h100_peers.jsonl, jax-bfc: memory_stats()'s
+// peak_pool_bytes over the trace's peak live bytes), and checks that the
+// file's torch rows are ANCHORS.md's, so that the anchor table and the
+// measured runs differ in the jax-bfc column only.
+func TestHarnessBFC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays every shipped trace")
+	}
+	f, err := os.Open("../bench/results/h100_peers.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	measured := map[string]float64{} // trace/peer -> ratio
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var row struct {
+			Peer, Trace string
+			Ratio       float64
+		}
+		if json.Unmarshal(sc.Bytes(), &row) == nil && row.Ratio > 0 {
+			measured[row.Trace+"/"+row.Peer] = row.Ratio
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	peerOf := map[string]string{"torch-native": "torch-native", "torch-expandable": "torch-expandable", "cuda-async": "torch-async"}
+	for _, tr := range shipped(t) {
+		for policy, peer := range peerOf {
+			got, ok := measured[tr.Name+"/"+peer]
+			if want := anchors[tr.Name][policy]; !ok || math.Abs(got-want) > 0.0006 {
+				t.Errorf("%s %s: the harness measured %.4f (found %v), ANCHORS.md has %.3f", tr.Name, peer, got, ok, want)
+			}
+		}
+		want, ok := measured[tr.Name+"/jax-bfc"]
+		if !ok {
+			t.Errorf("%s: no jax-bfc row in the harness results", tr.Name)
+			continue
+		}
+		r, err := Run(tr, "tf-bfc", anchorCapacity, false, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		diff := r.Ratio/want - 1
+		t.Logf("%-22s tf-bfc %.4f, jax-bfc measured %.4f (%+.2f%%)", tr.Name, r.Ratio, want, 100*diff)
+		if math.Abs(diff) > 0.02 {
+			t.Errorf("%s: tf-bfc %.4f, XLA's BFC measured %.4f: %+.1f%%, beyond 2%%", tr.Name, r.Ratio, want, 100*diff)
 		}
 	}
 }

@@ -28,10 +28,18 @@ package policy
 // traces. NOT MET: no pair comes within 2% of torch-async's H100 ratios on
 // all six traces; the pair kept (512 B, 32 MiB) is 1-24% off on five and
 // 40% off on gpt2_train_varlen (docs/BENCHMARKS.md, "Emulated policies").
-// The real pool holds 1.05 on gpt2_train_varlen, as a virtual-memory
-// allocator does: it remaps free physical memory where it is needed, which
-// a model of split and merged pieces cannot; a model of mapped 2 MiB pages
-// (as gpumem's ModeVirtual) is the next step.
+// Models of 2 MiB pages tried after it, each one mechanism for all six
+// traces (docs/EXPERIMENTS.md, "Emulated policies: cuda-async"), none kept:
+// pages remapped freely (what the pool holds is the peak of the pages live
+// requests touch) reach 1.00-1.12 and cannot give ResNet-50's 1.278;
+// requests rounded to whole pages or to size classes give sweep at most
+// 1.008 (the pool held 1.028); one heap growing by pages and never
+// remapping gives ResNet-50 1.01; size-class sub-pools keeping their own
+// peaks with requests of 4 MiB and more in shared pages come within 2% on
+// five traces and -17% on ResNet-50. The real pool's first pass on
+// ResNet-50 (1.278) and its growth over later passes (bert 1.067 to 1.362,
+// docs/EXPERIMENTS.md "Later passes") say it fragments in a way no model
+// here reproduces; the pieces model stays until one does.
 var (
 	asyncRound  uint64 = 512
 	asyncGrowth uint64 = 32 << 20

@@ -13,6 +13,30 @@ const FitGranularity = 2 << 20
 // maxFitCapacity bounds Fit's search: 1 PiB, trace.MaxSize.
 const maxFitCapacity = trace.MaxSize
 
+// FitResult is what Fit found for one trace and policy.
+type FitResult struct {
+	// Capacity is the answer to "what is the smallest GPU on which it
+	// runs" for a buyer of a larger one: the least capacity C (a multiple
+	// of FitGranularity) such that the trace fits on C and on every
+	// capacity C + k*FitGranularity up to C + FitWindow(C), each checked by
+	// its replay.
+	Capacity uint64
+	// Least is the capacity the bisection landed on: it fits and one
+	// granule less does not. It is at most Capacity; where it is less, the
+	// policy's fit is not monotone there (it fits on Least but not on
+	// some capacity between Least and Capacity).
+	Least uint64
+	// Replays counts the replays Fit made.
+	Replays int
+}
+
+// FitWindow is how far above a capacity Fit checks, granule by granule,
+// that every larger capacity fits too: 1/32 of it (3%, the scale at which
+// a fit is judged), at least 8 granules.
+func FitWindow(c uint64) uint64 {
+	return max(roundUp(c/32, FitGranularity), 8*FitGranularity)
+}
+
 // Fits reports whether tr replays under the named policy on a device of
 // capacity bytes without an out-of-memory error.
 func Fits(tr *trace.Trace, name string, capacity uint64) (bool, error) {
@@ -20,53 +44,61 @@ func Fits(tr *trace.Trace, name string, capacity uint64) (bool, error) {
 	return err == nil && r.OOMs == 0, err
 }
 
-// Fit returns the smallest device capacity, a multiple of FitGranularity,
-// on which tr replays under the named policy without an out-of-memory
-// error: the capacity doubles from the trace's peak live bytes until the
-// trace fits, then bisection finds the least that fits between the last
-// that did not and the first that did. It assumes that a device that fits
-// the trace fits it with more memory too, which holds for these policies
-// except where a cut in a last region (tf-bfc) or a different moment of an
-// OOM retry changes later decisions; the capacity returned fits, checked by
-// its replay. For tf-bfc-prealloc, "fits" means on a GPU whose 75%,
-// preallocated at start, holds the program: XLA's default, a capacity 4/3
-// of what the pool needs. progress, if set, is called after each replay
-// with the number done and an estimate of the total.
-func Fit(tr *trace.Trace, name string, progress func(done, total int)) (uint64, error) {
+// Fit finds the capacity on which tr fits under the named policy, in two
+// steps:
+//
+//  1. Least: the capacity doubles from the trace's peak live bytes until the
+//     trace fits, then bisection finds a capacity that fits where one
+//     granule less does not. Bisection assumes that fitting is monotone in
+//     the capacity, which it is not everywhere: near the limit an OOM
+//     retry, a cut last region (tf-bfc) or gpumem's reclaim can happen at
+//     another moment and change later decisions, so a capacity above one
+//     that fits can fail.
+//  2. Capacity: every granule from Least up is replayed until FitWindow
+//     of consecutive capacities fit; a failure moves the candidate above
+//     it and the window with it. So the trace fits on Capacity and on
+//     every capacity from there to Capacity+FitWindow(Capacity); nothing
+//     is claimed above that window, where no policy here was seen to fail
+//     (a policy's decisions depend on the capacity only when the device is
+//     nearly full).
+//
+// For tf-bfc-prealloc, "fits" means on a GPU whose 75%, preallocated at
+// start, holds the program: XLA's default, a capacity 4/3 of what the pool
+// needs. progress, if set, is called after each replay with the number
+// done and an estimate of the total.
+func Fit(tr *trace.Trace, name string, progress func(done, total int)) (FitResult, error) {
+	var res FitResult
+	total := 40
+	fits := func(c uint64) (bool, error) {
+		ok, err := Fits(tr, name, c)
+		res.Replays++
+		total = max(total, res.Replays+1)
+		if progress != nil {
+			progress(res.Replays, total)
+		}
+		return ok, err
+	}
 	lo := uint64(0) // the largest capacity known not to fit
 	hi := max(roundUp(tr.PeakLiveBytes, FitGranularity), FitGranularity)
-	done, total := 0, 20
-	step := func() {
-		done++
-		total = max(total, done+1)
-		if progress != nil {
-			progress(done, total)
-		}
-	}
 	for {
-		ok, err := Fits(tr, name, hi)
-		step()
+		ok, err := fits(hi)
 		if err != nil {
-			return 0, err
+			return res, err
 		}
 		if ok {
 			break
 		}
 		lo = hi
 		if hi >= maxFitCapacity {
-			return 0, fmt.Errorf("policy %s: trace %s does not fit even a device of %d bytes", name, tr.Name, hi)
+			return res, fmt.Errorf("policy %s: trace %s does not fit even a device of %d bytes", name, tr.Name, hi)
 		}
 		hi = min(2*hi, maxFitCapacity)
 	}
-	if lo == 0 {
-		return hi, nil // the peak live rounded up: nothing less can fit
-	}
-	for hi-lo > FitGranularity {
+	for lo != 0 && hi-lo > FitGranularity {
 		mid := lo + (hi-lo)/2/FitGranularity*FitGranularity
-		ok, err := Fits(tr, name, mid)
-		step()
+		ok, err := fits(mid)
 		if err != nil {
-			return 0, err
+			return res, err
 		}
 		if ok {
 			hi = mid
@@ -74,8 +106,20 @@ func Fit(tr *trace.Trace, name string, progress func(done, total int)) (uint64, 
 			lo = mid
 		}
 	}
-	if progress != nil {
-		progress(done, done)
+	res.Least, res.Capacity = hi, hi
+	total = res.Replays + int(FitWindow(hi)/FitGranularity)
+	for c := hi + FitGranularity; c <= res.Capacity+FitWindow(res.Capacity) && c <= maxFitCapacity; c += FitGranularity {
+		ok, err := fits(c)
+		if err != nil {
+			return res, err
+		}
+		if !ok {
+			res.Capacity = c + FitGranularity
+			total = res.Replays + int(FitWindow(res.Capacity)/FitGranularity)
+		}
 	}
-	return hi, nil
+	if progress != nil {
+		progress(res.Replays, res.Replays)
+	}
+	return res, nil
 }

@@ -1,38 +1,43 @@
 package policy
 
 import (
+	"fmt"
 	"testing"
 )
 
 // TestFitGpumem holds gpumem's fit to within 3% of each shipped trace's peak
-// live bytes, and checks that the capacity found fits and one granule less
-// does not.
+// live bytes, and checks what Fit promises: the capacity found fits, so
+// does every granule of the window above it, and the bisection's least
+// capacity fits where one granule less does not.
 func TestFitGpumem(t *testing.T) {
 	if testing.Short() {
 		t.Skip("bisects every shipped trace")
 	}
 	for _, tr := range shipped(t) {
-		c, err := Fit(tr, "gpumem", nil)
+		f, err := Fit(tr, "gpumem", nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tr.Name, err)
 		}
-		over := float64(c)/float64(tr.PeakLiveBytes) - 1
-		t.Logf("%-22s fits %d bytes, %+.2f%% over peak live", tr.Name, c, 100*over)
+		over := float64(f.Capacity)/float64(tr.PeakLiveBytes) - 1
+		t.Logf("%-22s fits %d bytes (least found %d), %+.2f%% over peak live, %d replays", tr.Name, f.Capacity, f.Least, 100*over, f.Replays)
+		if f.Least > f.Capacity {
+			t.Errorf("%s: least %d above the capacity %d", tr.Name, f.Least, f.Capacity)
+		}
+		if ok, _ := Fits(tr, "gpumem", f.Least-FitGranularity); ok && f.Least-FitGranularity >= tr.PeakLiveBytes {
+			t.Errorf("%s: fits on %d bytes too: the bisection did not stop at a boundary", tr.Name, f.Least-FitGranularity)
+		}
 		if tr.Name == "gpt2_generate" {
-			// NOT MET, recorded: gpumem itself runs out near its limit on
-			// this trace: it fits on 940 MiB but not on 952 (the fit is
-			// not monotone, so bisection lands on 954 MiB, +5.1%), and
-			// nothing below 940 MiB (+3.6%) fits. Held to what it is.
-			if c != 1000341504 {
-				t.Errorf("%s: fits %d bytes, the recorded miss was 1000341504: update it and the docs", tr.Name, c)
+			// NOT MET, recorded: gpumem's own packing near a tight device.
+			// It fits on 940 MiB (+3.6%), not on 952 MiB, and on every
+			// capacity from 954 MiB up (+5.1%): the answer a buyer needs.
+			// The core (vm.go, pool.go) is out of this package's reach.
+			if f.Capacity != 1000341504 {
+				t.Errorf("%s: fits %d bytes, the recorded miss was 1000341504: update it and the docs", tr.Name, f.Capacity)
 			}
 			continue
 		}
 		if over < 0 || over > 0.03 {
-			t.Errorf("%s: gpumem fits on %d bytes, %+.2f%% from the peak live %d; want within 3%%", tr.Name, c, 100*over, tr.PeakLiveBytes)
-		}
-		if ok, _ := Fits(tr, "gpumem", c-FitGranularity); ok && c-FitGranularity >= tr.PeakLiveBytes {
-			t.Errorf("%s: fits on %d bytes too: not the least", tr.Name, c-FitGranularity)
+			t.Errorf("%s: gpumem fits on %d bytes, %+.2f%% from the peak live %d; want within 3%%", tr.Name, f.Capacity, 100*over, tr.PeakLiveBytes)
 		}
 	}
 }
@@ -42,24 +47,80 @@ func TestFitEmulations(t *testing.T) {
 	tr := mustTrace(t, "a 0 1048576 0 0\na 1 4194304 0 10\na 2 3000000 0 20\nf 1 30\na 3 4194304 0 40\nf 0 50\nf 2 60\na 4 10485760 0 70\n")
 	for _, n := range Names() {
 		calls := 0
-		c, err := Fit(tr, n, func(done, total int) { calls++ })
+		f, err := Fit(tr, n, func(done, total int) { calls++ })
 		if err != nil {
 			t.Fatalf("%s: %v", n, err)
 		}
+		c := f.Capacity
 		if ok, _ := Fits(tr, n, c); !ok || c < tr.PeakLiveBytes || c%FitGranularity != 0 {
 			t.Errorf("%s: fit %d does not fit, or is below the peak live %d, or not a multiple of 2 MiB", n, c, tr.PeakLiveBytes)
 		}
-		if ok, _ := Fits(tr, n, c-FitGranularity); ok {
-			t.Errorf("%s: fits on %d too", n, c-FitGranularity)
+		if ok, _ := Fits(tr, n, f.Least-FitGranularity); ok {
+			t.Errorf("%s: fits on %d too", n, f.Least-FitGranularity)
 		}
-		if calls == 0 {
-			t.Errorf("%s: no progress reported", n)
+		if calls != f.Replays+1 { // once per replay, and once at the end
+			t.Errorf("%s: progress reported %d times for %d replays", n, calls, f.Replays)
 		}
-		t.Logf("%s: %d MiB", n, c>>20)
+		t.Logf("%s: %d MiB (least %d MiB)", n, c>>20, f.Least>>20)
 	}
 	// torch-native holds 22 MiB at its peak (the CLI's test works it out);
 	// tf-bfc-prealloc needs a device whose 75% holds its pool.
-	if c, _ := Fit(tr, "torch-native", nil); c != 22<<20 {
-		t.Errorf("torch-native fits %d MiB, want 22", c>>20)
+	if f, _ := Fit(tr, "torch-native", nil); f.Capacity != 22<<20 || f.Least != 22<<20 {
+		t.Errorf("torch-native fits %+v, want 22 MiB", f)
+	}
+}
+
+// banded is torch-native made non-monotone on purpose: it refuses every
+// request on a device of capacity in [lo, hi).
+type banded struct {
+	Allocator
+	refuse bool
+}
+
+func (b *banded) Alloc(size, stream uint64) (uint64, error) {
+	if b.refuse {
+		return 0, fmt.Errorf("%w: banded: refused", ErrOutOfMemory)
+	}
+	return b.Allocator.Alloc(size, stream)
+}
+
+// withPolicy registers a policy for the length of a test.
+func withPolicy(t *testing.T, name string, mk func(capacity uint64) (Allocator, error)) {
+	saved := policies
+	policies = append(policies[:len(policies):len(policies)], struct {
+		name string
+		new  func(capacity uint64) (Allocator, error)
+	}{name, mk})
+	t.Cleanup(func() { policies = saved })
+}
+
+// TestFitNotMonotone: a policy that fits on 22-28 MiB, fails on 30 and
+// 32 MiB and fits from 34 MiB up. Bisection from the doubling (14 MiB
+// fails, 28 fits) lands on 22 MiB; the answer is 34 MiB, the least above
+// which every capacity of the window fits.
+func TestFitNotMonotone(t *testing.T) {
+	withPolicy(t, "banded", func(c uint64) (Allocator, error) {
+		return &banded{Allocator: newTorchNative(c), refuse: c >= 30<<20 && c < 34<<20}, nil
+	})
+	tr := mustTrace(t, "a 0 1048576 0 0\na 1 4194304 0 10\na 2 3000000 0 20\nf 1 30\na 3 4194304 0 40\nf 0 50\nf 2 60\na 4 10485760 0 70\n")
+	f, err := Fit(tr, "banded", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Least != 22<<20 || f.Capacity != 34<<20 {
+		t.Fatalf("fit %d MiB, least %d MiB; want 34 and 22", f.Capacity>>20, f.Least>>20)
+	}
+	for c := f.Capacity; c <= f.Capacity+FitWindow(f.Capacity); c += FitGranularity {
+		if ok, _ := Fits(tr, "banded", c); !ok {
+			t.Errorf("does not fit on %d MiB, in the window above the answer", c>>20)
+		}
+	}
+	if ok, _ := Fits(tr, "banded", f.Capacity-FitGranularity); ok {
+		t.Errorf("fits on %d MiB: the answer is not the least", (f.Capacity-FitGranularity)>>20)
+	}
+	// Doubling (14, 28), bisection (20, 24, 22), then the scan from 24 MiB
+	// to 34+16 MiB: the failures at 30 and 32 moved the window up.
+	if want := 2 + 3 + (50-22)/2; f.Replays != want {
+		t.Errorf("%d replays, want %d", f.Replays, want)
 	}
 }
