@@ -53,6 +53,7 @@ func (d *Data) requests(tr *trace.Trace, n int) {
 	}
 
 	d.Sites = map[uint32]string{}
+	d.AtPeak = []SiteBytes{} // [], not null, in the JSON
 	if len(tr.Sites) > 0 {
 		by := map[uint32]*SiteBytes{}
 		for slot, r := range reqs {
