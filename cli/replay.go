@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/sim"
 	"github.com/gpumem/gpumem/internal/units"
+	"github.com/gpumem/gpumem/policy"
 	"github.com/gpumem/gpumem/replay"
 	"github.com/gpumem/gpumem/trace"
 )
@@ -39,6 +41,21 @@ maps_later, releases_later, ns_per_op_later}. The first-pass ratio is what
 a program as long as its trace holds; passes.ratio is what it holds if it
 goes on doing the same (its peak may rise as its cache is rearranged).
 
+--policy NAME replays under another allocator's policy, emulated on the
+simulated device of --capacity bytes (see package policy): tf-bfc and
+tf-bfc-prealloc (TensorFlow's and XLA's BFC allocator, growing or with 75%
+of the device taken at start), torch-native and torch-expandable (PyTorch's
+caching allocator as shipped and with expandable segments) and cuda-async
+(CUDA's stream-ordered pool, as PyTorch's cudaMallocAsync backend uses it);
+gpumem, the default, is the replay described above; all replays each trace
+under every policy, gpumem's default configuration first. The table then
+has one row per trace and policy: the peak live and reserved bytes, their
+ratio, the OOMs and what was still reserved at the end; with --json, one
+object per row with the keys policy, trace, capacity, events,
+peak_live_bytes, peak_reserved_bytes, ratio, ooms, end_reserved_bytes and
+peak_event (the index of the event after which the peak was first held).
+The flags that configure gpumem or the GPU do not apply to it.
+
 A trace that cannot be read is reported and skipped; a replay that fails
 stops the command. Either way the exit status is 1. SIZE is bytes with an
 optional unit: 80GiB, 512MiB, 1.5GB, 1024.`
@@ -65,6 +82,7 @@ func (e *env) replay(args []string) int {
 	warm := fs.Bool("warm", false, "replay each trace a second time on the same allocator and report that pass's time too (ns_per_op_warm)")
 	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what a pass leaves live is freed before the next) and report the peak over all passes (passes.ratio): a program that runs longer than its trace")
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
+	pol := fs.String("policy", "gpumem", "the allocation `policy`: gpumem, or another allocator's emulated on the simulated device ("+strings.Join(policy.Names()[1:], ", ")+"), or all")
 
 	paths, code := e.parse(fs, args)
 	if code >= 0 {
@@ -76,6 +94,9 @@ func (e *env) replay(args []string) int {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *pol != "gpumem" {
+		return e.replayPolicies(fs, set, *pol, paths, uint64(capacity), *check, *jsonOut)
+	}
 
 	cfg := gpumem.Config{
 		Limit:               uint64(limit),
@@ -212,6 +233,89 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 			row = append(row, "1", "", "")
 		}
 		t.rows = append(t.rows, row)
+	}
+	return t.write(w)
+}
+
+// gpumemOnly are the replay flags that configure gpumem's allocator or a
+// real GPU: under another policy they mean nothing.
+var gpumemOnly = []string{"device", "gpu", "granularity", "mode", "limit", "preallocate", "preallocate-fraction",
+	"release-threshold", "small-size", "span", "touch", "warm", "passes", "repeat"}
+
+// replayPolicies is gpumem replay --policy NAME (or all) for a policy other
+// than gpumem alone: every trace under the policy, or under each, on the
+// simulated device's accounting.
+func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, paths []string, capacity uint64, check, jsonOut bool) int {
+	names := []string{name}
+	if name == "all" {
+		names = policy.Names()
+	} else if _, err := policy.New(name, 1<<30); err != nil {
+		return e.usageError(fs, fmt.Sprintf("invalid value %q for flag --policy: want %s or all", name, strings.Join(policy.Names(), ", ")))
+	}
+	for _, f := range gpumemOnly {
+		if set[f] {
+			return e.usageError(fs, fmt.Sprintf("--%s configures gpumem or the GPU; it does not apply to --policy %s", f, name))
+		}
+	}
+	if capacity == 0 {
+		return e.usageError(fs, "invalid value 0 for flag --capacity")
+	}
+	var results []policy.Result
+	enc := json.NewEncoder(e.stdout)
+	status := ExitOK
+	for i, path := range paths {
+		tr, err := trace.Load(path)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
+			status = ExitFail
+			continue
+		}
+		for _, n := range names {
+			r, err := policy.Run(tr, n, capacity, check, policy.Options{})
+			if err != nil {
+				msg := fmt.Sprintf("gpumem replay: %s: %v", path, err)
+				if left := len(paths) - i - 1; left > 0 {
+					msg += fmt.Sprintf(" (stopped: %d more not replayed)", left)
+				}
+				fmt.Fprintln(e.stderr, msg)
+				status = ExitFail
+				goto out
+			}
+			if jsonOut {
+				if err := enc.Encode(r); err != nil {
+					fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
+					return ExitFail
+				}
+				continue
+			}
+			results = append(results, r)
+		}
+	}
+out:
+	if len(results) > 0 {
+		if err := writePolicyTable(e.stdout, results); err != nil {
+			fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
+			return ExitFail
+		}
+	}
+	return status
+}
+
+// writePolicyTable writes one row per trace and policy, aligned as
+// writeReplayTable's.
+func writePolicyTable(w io.Writer, results []policy.Result) error {
+	t := table{header: []string{"trace", "policy", "events", "peak live", "peak reserved", "ratio", "OOMs", "end reserved"}}
+	for _, r := range results {
+		t.rows = append(t.rows, []string{
+			r.Trace,
+			r.Policy,
+			strconv.Itoa(r.Events),
+			units.Format(r.PeakLiveBytes),
+			units.Format(r.PeakReservedBytes),
+			strconv.FormatFloat(r.Ratio, 'f', 3, 64),
+			strconv.Itoa(r.OOMs),
+			units.Format(r.EndReservedBytes),
+		})
 	}
 	return t.write(w)
 }

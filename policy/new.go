@@ -1,0 +1,39 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The policies by name, in the order tables list them: gpumem first.
+var policies = []struct {
+	name string
+	new  func(capacity uint64) (Allocator, error)
+}{
+	{"gpumem", func(c uint64) (Allocator, error) { return newGpumem(c) }},
+	{"torch-native", func(c uint64) (Allocator, error) { return newTorchNative(c), nil }},
+}
+
+// Names returns the names of the policies New knows, gpumem first.
+func Names() []string {
+	out := make([]string, len(policies))
+	for i, p := range policies {
+		out[i] = p.name
+	}
+	return out
+}
+
+// New returns a new allocator of the named policy on a device of capacity
+// bytes. The allocator of "gpumem" holds a simulated device and implements
+// io.Closer; the emulations hold nothing but their books.
+func New(name string, capacity uint64) (Allocator, error) {
+	if capacity == 0 {
+		return nil, fmt.Errorf("policy %s: a device of capacity 0", name)
+	}
+	for _, p := range policies {
+		if p.name == name {
+			return p.new(capacity)
+		}
+	}
+	return nil, fmt.Errorf("policy: unknown policy %q (want one of %s)", name, strings.Join(Names(), ", "))
+}

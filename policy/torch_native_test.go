@@ -1,0 +1,97 @@
+package policy
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestTorchNativeSegmentSizes(t *testing.T) {
+	a := mustNew(t, "torch-native", 1<<30)
+	mustAlloc(t, a, 100, 0)      // small: a 2 MiB segment
+	mustAlloc(t, a, 11<<20+1, 0) // 10 MiB and above: rounded up to 2 MiB, 12 MiB
+	mustAlloc(t, a, 3<<20, 0)    // under 10 MiB: a 20 MiB segment
+	if got, want := segSizes(a), []uint64{2 << 20, 12 << 20, 20 << 20}; !slices.Equal(got, want) {
+		t.Fatalf("segments %v, want %v", got, want)
+	}
+	// Another 3 MiB request splits the 20 MiB segment's free rest (17 MiB
+	// left > 1 MiB), another small one the 2 MiB segment: no new segment.
+	mustAlloc(t, a, 3<<20, 0)
+	mustAlloc(t, a, 1<<20, 0) // 1 MiB is still small
+	if got := len(a.Segments()); got != 3 {
+		t.Fatalf("%d segments, want 3 (served from the cache)", got)
+	}
+	// Another stream does not see stream 0's free blocks.
+	mustAlloc(t, a, 100, 5)
+	if got := len(a.Segments()); got != 4 {
+		t.Fatalf("%d segments, want a fourth for stream 5", got)
+	}
+}
+
+func TestTorchNativeSplitRules(t *testing.T) {
+	a := mustNew(t, "torch-native", 1<<30)
+	// Large pool: a 12 MiB segment; a request leaving exactly 1 MiB is
+	// not split (the rest must be more than 1 MiB).
+	x := mustAlloc(t, a, 12<<20, 0)
+	mustFree(t, a, x)
+	y := mustAlloc(t, a, 11<<20, 0)
+	blocks := a.Segments()[0].Blocks
+	if len(blocks) != 1 || blocks[0].Size != 12<<20 || blocks[0].Requested != 11<<20 {
+		t.Fatalf("blocks %+v, want one 12 MiB block serving 11 MiB", blocks)
+	}
+	mustFree(t, a, y)
+	// 1 MiB + 512 B left: split.
+	mustAlloc(t, a, 11<<20-512, 0)
+	if blocks := a.Segments()[0].Blocks; len(blocks) != 2 || blocks[1].Size != 1<<20+512 {
+		t.Fatalf("blocks %+v, want a split leaving 1 MiB + 512 B", blocks)
+	}
+	// Small pool: a 512 B rest is split off; requests round to 512 B.
+	b := mustNew(t, "torch-native", 1<<30)
+	mustAlloc(t, b, 1<<20, 0)
+	mustAlloc(t, b, 1<<20-1000, 0) // rounds to 1 MiB - 512: 512 B left
+	seg := b.Segments()[0]
+	if len(seg.Blocks) != 3 || seg.Blocks[1].Size != 1<<20-512 || seg.Blocks[2].Size != 512 {
+		t.Fatalf("blocks %+v, want 1 MiB, 1 MiB - 512 B and 512 B", seg.Blocks)
+	}
+}
+
+func TestTorchNativeCoalesces(t *testing.T) {
+	a := mustNew(t, "torch-native", 1<<30)
+	x := mustAlloc(t, a, 4<<20, 0)
+	y := mustAlloc(t, a, 4<<20, 0)
+	z := mustAlloc(t, a, 4<<20, 0)
+	mustFree(t, a, x)
+	mustFree(t, a, z) // merges with the free tail
+	mustFree(t, a, y) // merges both sides: one free block
+	if blocks := a.Segments()[0].Blocks; len(blocks) != 1 || blocks[0].Size != 20<<20 || blocks[0].Live {
+		t.Fatalf("blocks %+v, want one free 20 MiB block", blocks)
+	}
+	// The whole segment is reused for a request of up to 20 MiB.
+	mustAlloc(t, a, 9<<20, 0)
+	if len(a.Segments()) != 1 {
+		t.Fatal("a new segment for a request the cache could serve")
+	}
+}
+
+func TestTorchNativeReleasesCacheOnOOM(t *testing.T) {
+	// 64 MiB device: 36 MiB of cached segments, then a 30 MiB request:
+	// the cached segments go back and the request fits.
+	a := mustNew(t, "torch-native", 64<<20)
+	x := mustAlloc(t, a, 5<<20, 0)  // a 20 MiB segment
+	y := mustAlloc(t, a, 16<<20, 0) // a 16 MiB segment
+	mustFree(t, a, x)
+	mustFree(t, a, y)
+	if a.Reserved() != 36<<20 {
+		t.Fatalf("reserved %d, want 36 MiB cached", a.Reserved())
+	}
+	mustAlloc(t, a, 30<<20, 0)
+	if got := segSizes(a); !slices.Equal(got, []uint64{30 << 20}) {
+		t.Fatalf("segments %v, want the cache released and one 30 MiB segment", got)
+	}
+	// A live block pins its segment: 40 MiB more does not fit beside 30.
+	if _, err := a.Alloc(40<<20, 0); err == nil {
+		t.Fatal("70 MiB fit on a 64 MiB device")
+	}
+	if err := Check(a); err != nil {
+		t.Fatal(err)
+	}
+}
