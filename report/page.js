@@ -87,7 +87,7 @@ function chart(parent, opt) {
   const box = html("div", { class: "chart" + (opt.wide ? " wide" : "") }, parent);
   if (opt.title) html("h3", {}, box, opt.title);
   const legend = html("div", { class: "legend" }, box);
-  const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opt.title || "" }, box);
+  const svg = el("svg", { id: opt.id, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opt.title || "" }, box);
   const x = t => m.l + (SPAN_US > 0 ? t / SPAN_US : 0) * iw;
   const y = v => m.t + ih - (opt.yMax > 0 ? Math.min(v / opt.yMax, 1.02) : 0) * ih;
 
@@ -109,7 +109,7 @@ function chart(parent, opt) {
 
   const drawn = {};
   for (const s of opt.series) {
-    const g = el("g", { class: "series", "data-series": s.name }, svg);
+    const g = el("g", { class: "series", "data-chart": opt.id, "data-series": s.name }, svg);
     let top = "", bottom = "", line = "", most = -Infinity, n = 0;
     for (let i = 0; i < s.max.length; i++) {
       if (s.max[i] < 0) continue; // undefined here (no memory reserved)
@@ -131,7 +131,7 @@ function chart(parent, opt) {
     item.appendChild(document.createTextNode(s.name));
   }
   for (const p of opt.points || []) {
-    const g = el("g", { class: "series", "data-series": p.name }, svg);
+    const g = el("g", { class: "series", "data-chart": opt.id, "data-series": p.name }, svg);
     let line = "", most = -Infinity;
     for (const [t, v] of p.pts) {
       if (v < 0) continue;
@@ -147,7 +147,7 @@ function chart(parent, opt) {
   }
   for (const mk of opt.markers || []) {
     const cx = x(mk.t), cy = y(mk.v);
-    const c = el("circle", { class: "peak", cx, cy, r: 4, fill: "#fff", stroke: mk.color, "stroke-width": 2, "data-bytes": mk.v, "data-t-us": mk.t, "data-series": mk.series }, svg);
+    const c = el("circle", { class: "peak", cx, cy, r: 4, fill: "#fff", stroke: mk.color, "stroke-width": 2, "data-chart": opt.id, "data-series": mk.series, "data-bytes": mk.v, "data-t-us": mk.t }, svg);
     el("title", {}, c).textContent = mk.label;
     if (mk.text) {
       const right = cx > m.l + iw * 0.7;
@@ -191,20 +191,17 @@ function memoryCharts() {
   const live = { name: "live", color: LIVE, min: D.live.min, max: D.live.max, fillOpacity: 0.35 };
   const liveMark = { t: D.peak_live.t_us - C.t0_us, v: D.peak_live.bytes, color: "#4b5563", series: "live",
     label: `live peak ${size(D.peak_live.bytes)} at ${secs(D.peak_live.t_us - C.t0_us)}` };
-  const step = ticks(yMax / GiB, 5)[1] || 1;
-  const dec = step >= 1 ? 0 : step >= 0.1 ? 1 : step >= 0.01 ? 2 : 3;
-  const common = { yMax, yTickUnit: GiB, yFmt: v => (v / GiB).toFixed(v === 0 ? 0 : dec), tipFmt: size, yUnit: "GiB" };
-  const all = chart(document.getElementById("overview"), Object.assign({}, common, {
-    title: "All policies", width: 1300, height: 300, wide: true,
+  const common = { yMax, yTickUnit: GiB, yFmt: v => String(+(v / GiB).toFixed(3)), tipFmt: size, yUnit: "GiB" };
+  chart(document.getElementById("overview"), Object.assign({}, common, {
+    id: "chart-all", title: "All policies", width: 1300, height: 300, wide: true,
     series: [live].concat(D.policies.map((p, i) => ({ name: p.name, color: color(i), min: p.reserved.min, max: p.reserved.max, fillOpacity: 0.08 }))),
     markers: [liveMark].concat(D.policies.map((p, i) => ({ t: p.peak_reserved.t_us - C.t0_us, v: p.peak_reserved.bytes, color: color(i), series: p.name,
       label: `${p.name} ${size(p.peak_reserved.bytes)}` }))),
   }));
-  all.id = "chart-all";
   const grid = document.getElementById("per-policy");
   D.policies.forEach((p, i) => {
     const svg = chart(grid, Object.assign({}, common, {
-      title: `${p.name}: peak ${size(p.peak_reserved.bytes)}, ratio ${p.ratio.toFixed(3)}` + (p.ooms ? `, ${p.ooms} OOMs` : ""),
+      id: "chart-policy-" + i, title: `${p.name}: peak ${size(p.peak_reserved.bytes)}, ratio ${p.ratio.toFixed(3)}` + (p.ooms ? `, ${p.ooms} OOMs` : ""),
       series: [live, { name: p.name + " reserved", color: color(i), min: p.reserved.min, max: p.reserved.max }],
       markers: [liveMark, { t: p.peak_reserved.t_us - C.t0_us, v: p.peak_reserved.bytes, color: color(i), series: p.name, text: true,
         label: `peak ${size(p.peak_reserved.bytes)} at ${secs(p.peak_reserved.t_us - C.t0_us)}` }],
@@ -216,18 +213,16 @@ function memoryCharts() {
 
 function fragCharts() {
   const fmt = v => (100 * v).toFixed(0) + "%";
-  const frag = chart(document.getElementById("frag"), {
-    title: "Reserved but not live", yMax: 1, yFmt: fmt, tipFmt: pct, yUnit: "share of reserved",
+  chart(document.getElementById("frag"), {
+    id: "chart-frag", title: "Reserved but not live", yMax: 1, yFmt: fmt, tipFmt: pct, yUnit: "share of reserved",
     series: D.policies.map((p, i) => ({ name: p.name, color: color(i), min: p.frag.min, max: p.frag.max, line: p.frag.mean, fillOpacity: 0.1 })),
   });
-  frag.id = "chart-frag";
-  const free = chart(document.getElementById("free"), {
-    title: "Free memory outside the largest free block", yMax: 1, yFmt: fmt, tipFmt: pct, yUnit: "share of free",
+  chart(document.getElementById("free"), {
+    id: "chart-free", title: "Free memory outside the largest free block", yMax: 1, yFmt: fmt, tipFmt: pct, yUnit: "share of free",
     series: [],
     points: D.policies.map((p, i) => ({ name: p.name, color: color(i),
       pts: p.free.map(s => [s.t_us - C.t0_us, s.bytes > 0 ? 1 - s.largest / s.bytes : -1]) })),
   });
-  free.id = "chart-free";
 }
 
 // maps draws each policy's segments at its peak on a canvas: the bytes in
@@ -252,7 +247,7 @@ function maps() {
 
     const cssH = rows * (rowH + gap);
     const dpr = window.devicePixelRatio || 1;
-    const cv = html("canvas", { width: Math.round(cssW * dpr), height: Math.round(cssH * dpr) }, box);
+    const cv = html("canvas", { id: "map-" + pi, "data-policy": p.name, width: Math.round(cssW * dpr), height: Math.round(cssH * dpr) }, box);
     cv.style.width = cssW + "px";
     cv.style.height = cssH + "px";
     const g = cv.getContext("2d");
@@ -262,11 +257,11 @@ function maps() {
     // span fills bytes [a, b) of the map, across rows.
     const span = (a, b, fill) => {
       g.fillStyle = fill;
-      while (a < b) {
-        const r = Math.min(rows - 1, Math.floor(a / perRow));
-        const end = Math.min(b, (r + 1) * perRow);
+      for (let r = Math.min(rows - 1, Math.floor(a / perRow)); a < b && r < rows; r++) {
+        const rowEnd = r === rows - 1 ? Infinity : (r + 1) * perRow;
+        if (rowEnd <= a) continue; // a sits at the row's end (rounding)
+        const end = Math.min(b, rowEnd);
         g.fillRect((a - r * perRow) / bpx, r * (rowH + gap), Math.max((end - a) / bpx, 0.35), rowH);
-        if (end <= a) break;
         a = end;
       }
     };
