@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 
 	"github.com/gpumem/gpumem/policy"
@@ -168,7 +169,10 @@ func Build(tr *trace.Trace, policies []Policy, opt Options) (*Data, error) {
 			defer func() { <-sem; wg.Done() }()
 			pd, err := replayPolicy(tr, d.Clock, p, opt)
 			if err != nil {
-				errs[i] = fmt.Errorf("report: trace %s: policy %s: %w", tr.Name, p.Name, err)
+				if !strings.HasPrefix(err.Error(), "policy "+p.Name+":") { // policy.New's errors name it
+					err = fmt.Errorf("policy %s: %w", p.Name, err)
+				}
+				errs[i] = fmt.Errorf("report: trace %s: %w", tr.Name, err)
 				return
 			}
 			if tr.PeakLiveBytes > 0 {
