@@ -66,6 +66,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"replay", "replay allocation traces and report peak memory, fragmentation and speed", (*env).replay},
+		{"fit", "the smallest GPU a trace runs on, under gpumem and each emulated allocator", (*env).fit},
 		{"report", "write an HTML report of where a trace's memory goes, per policy", (*env).report},
 		{"import", "convert a PyTorch memory snapshot into allocation traces", (*env).importSnapshot},
 		{"run", "run a TensorFlow or JAX program with gpumem as its allocator", (*env).run},

@@ -226,3 +226,6 @@ func (k *books) check(sets []*freeSet) error {
 	}
 	return nil
 }
+
+// roundTo rounds n up to a multiple of g, any g > 0.
+func roundTo(n, g uint64) uint64 { return (n + g - 1) / g * g }

@@ -12,6 +12,10 @@ var policies = []struct {
 }{
 	{"gpumem", func(c uint64) (Allocator, error) { return newGpumem(c) }},
 	{"torch-native", func(c uint64) (Allocator, error) { return newTorchNative(c), nil }},
+	{"torch-expandable", func(c uint64) (Allocator, error) { return newTorchExpandable(c), nil }},
+	{"cuda-async", func(c uint64) (Allocator, error) { return newCudaAsync(c), nil }},
+	{"tf-bfc", func(c uint64) (Allocator, error) { return newTFBFC(c, false), nil }},
+	{"tf-bfc-prealloc", func(c uint64) (Allocator, error) { return newTFBFC(c, true), nil }},
 }
 
 // Names returns the names of the policies New knows, gpumem first.

@@ -25,7 +25,8 @@ type Result struct {
 	OOMs             int    `json:"ooms"`
 	EndReservedBytes uint64 `json:"end_reserved_bytes"`
 	// PeakEvent is the index in the trace of the first event after which
-	// the allocator held PeakReservedBytes; -1 if it never held anything.
+	// the allocator held PeakReservedBytes; -1 if it held that before the
+	// first event (a preallocating policy, or an empty trace).
 	PeakEvent int `json:"peak_event"`
 }
 
@@ -50,6 +51,7 @@ func Replay(tr *trace.Trace, a Allocator, opt Options) (Result, error) {
 // replayTo replays the events of tr up to and including index last.
 func replayTo(tr *trace.Trace, a Allocator, last int, opt Options) (Result, error) {
 	r := Result{Trace: tr.Name, Events: len(tr.Events), PeakLiveBytes: tr.PeakLiveBytes, PeakEvent: -1}
+	r.PeakReservedBytes = a.Reserved()   // what a preallocating policy took at start
 	addrs := make([]uint64, tr.Requests) // 0: not allocated (refused, or freed)
 	for i := 0; i <= last; i++ {
 		ev := &tr.Events[i]
@@ -112,7 +114,7 @@ func Run(tr *trace.Trace, name string, capacity uint64, check bool, opt Options)
 // peak instead would cost a copy per growth, thousands on a long trace.
 func AtPeak(tr *trace.Trace, name string, capacity uint64) (Result, []Segment, error) {
 	r, err := Run(tr, name, capacity, false, Options{})
-	if err != nil || r.PeakEvent < 0 {
+	if err != nil {
 		return r, nil, err
 	}
 	a, err := New(name, capacity)
@@ -120,7 +122,7 @@ func AtPeak(tr *trace.Trace, name string, capacity uint64) (Result, []Segment, e
 		return r, nil, err
 	}
 	defer closeAllocator(a)
-	again, err := replayTo(tr, a, r.PeakEvent, Options{})
+	again, err := replayTo(tr, a, r.PeakEvent, Options{}) // none when PeakEvent is -1
 	if err != nil {
 		return r, nil, err
 	}

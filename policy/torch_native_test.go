@@ -95,3 +95,52 @@ func TestTorchNativeReleasesCacheOnOOM(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestTorchExpandableGrowsInPages(t *testing.T) {
+	a := mustNew(t, "torch-expandable", 1<<30)
+	x := mustAlloc(t, a, 100, 0)    // small pool: one 2 MiB page
+	y := mustAlloc(t, a, 30<<20, 0) // large pool: two 20 MiB pages
+	if got := segSizes(a); !slices.Equal(got, []uint64{2 << 20, 40 << 20}) {
+		t.Fatalf("segments %v, want 2 MiB and 40 MiB mapped", got)
+	}
+	// 15 MiB more: the free 10 MiB at the end plus one more page; the
+	// segment grows in place.
+	z := mustAlloc(t, a, 15<<20, 0)
+	if got := segSizes(a); !slices.Equal(got, []uint64{2 << 20, 60 << 20}) {
+		t.Fatalf("segments %v, want the large segment grown to 60 MiB", got)
+	}
+	if z != y+30<<20 {
+		t.Errorf("15 MiB at %#x, want right after the 30 MiB block at %#x", z, y)
+	}
+	// Freed memory stays mapped and is reused, by best fit.
+	mustFree(t, a, y)
+	w := mustAlloc(t, a, 20<<20, 0)
+	if w != y || a.Reserved() != 62<<20 {
+		t.Errorf("20 MiB at %#x with %d reserved, want at %#x with 62 MiB (reused)", w, a.Reserved(), y)
+	}
+	mustFree(t, a, x)
+	// Another stream has segments of its own.
+	mustAlloc(t, a, 100, 3)
+	if len(a.Segments()) != 3 {
+		t.Errorf("%d segments, want 3", len(a.Segments()))
+	}
+}
+
+func TestTorchExpandableUnmapsFreeEndOnOOM(t *testing.T) {
+	// 100 MiB: 80 MiB mapped, the last 60 freed; a new stream's 40 MiB
+	// request needs the free pages back.
+	a := mustNew(t, "torch-expandable", 100<<20)
+	mustAlloc(t, a, 20<<20, 0)
+	y := mustAlloc(t, a, 60<<20, 0)
+	mustFree(t, a, y)
+	mustAlloc(t, a, 40<<20, 1)
+	if got := segSizes(a); !slices.Equal(got, []uint64{20 << 20, 40 << 20}) {
+		t.Fatalf("segments %v, want stream 0's free end unmapped", got)
+	}
+	if _, err := a.Alloc(50<<20, 2); err == nil {
+		t.Fatal("50 MiB more fit beside 60 MiB live on 100 MiB")
+	}
+	if err := checkAll(a); err != nil {
+		t.Fatal(err)
+	}
+}
