@@ -109,7 +109,7 @@ function chart(parent, opt) {
 
   const drawn = {};
   for (const s of opt.series) {
-    const g = el("g", { class: "series", "data-chart": opt.id, "data-series": s.name }, svg);
+    const g = el("g", { class: "series", "data-chart": opt.id, "data-series": s.key || s.name }, svg);
     let top = "", bottom = "", line = "", most = -Infinity, n = 0;
     for (let i = 0; i < s.max.length; i++) {
       if (s.max[i] < 0) continue; // undefined here (no memory reserved)
@@ -125,7 +125,7 @@ function chart(parent, opt) {
     if (line) el("path", { d: line, fill: "none", stroke: s.color, "stroke-width": s.width || 1.4, "stroke-linejoin": "round" }, g);
     g.dataset.drawnMax = String(most);
     g.dataset.points = String(n);
-    drawn[s.name] = most;
+    drawn[s.key || s.name] = most;
     const item = html("span", {}, legend);
     html("span", { class: "swatch", style: `background:${s.color}` }, item);
     item.appendChild(document.createTextNode(s.name));
@@ -186,22 +186,32 @@ function chart(parent, opt) {
   return svg;
 }
 
+// The overview shares one scale, up to the peaks of the policies that hold
+// at most OUTLIER times the program's peak; a policy above (one that takes
+// most of the device at start) runs off the top, its peak labelled, and its
+// own chart has its own scale.
+const OUTLIER = 4;
+
 function memoryCharts() {
-  const yMax = Math.max(D.peak_live.bytes, ...D.policies.map(p => p.peak_reserved.bytes)) * 1.06;
+  const live0 = D.peak_live.bytes;
+  const within = D.policies.filter(p => p.peak_reserved.bytes <= OUTLIER * live0);
+  const shared = Math.max(live0, ...within.map(p => p.peak_reserved.bytes)) * 1.06;
   const live = { name: "live", color: LIVE, min: D.live.min, max: D.live.max, fillOpacity: 0.35 };
-  const liveMark = { t: D.peak_live.t_us - C.t0_us, v: D.peak_live.bytes, color: "#4b5563", series: "live",
-    label: `live peak ${size(D.peak_live.bytes)} at ${secs(D.peak_live.t_us - C.t0_us)}` };
-  const common = { yMax, yTickUnit: GiB, yFmt: v => String(+(v / GiB).toFixed(3)), tipFmt: size, yUnit: "GiB" };
-  chart(document.getElementById("overview"), Object.assign({}, common, {
-    id: "chart-all", title: "All policies", width: 1300, height: 300, wide: true,
-    series: [live].concat(D.policies.map((p, i) => ({ name: p.name, color: color(i), min: p.reserved.min, max: p.reserved.max, fillOpacity: 0.08 }))),
+  const liveMark = { t: D.peak_live.t_us - C.t0_us, v: live0, color: "#4b5563", series: "live",
+    label: `live peak ${size(live0)} at ${secs(D.peak_live.t_us - C.t0_us)}` };
+  const common = yMax => ({ yMax, yTickUnit: GiB, yFmt: v => String(+(v / GiB).toFixed(3)), tipFmt: size, yUnit: "GiB" });
+  const off = p => p.peak_reserved.bytes > shared;
+  chart(document.getElementById("overview"), Object.assign(common(shared), {
+    id: "chart-all", title: "All policies" + (D.policies.some(off) ? " (policies above the scale are drawn at its top)" : ""), width: 1300, height: 300, wide: true,
+    series: [live].concat(D.policies.map((p, i) => ({ name: p.name + (off(p) ? ` (${size(p.peak_reserved.bytes)}, above the scale)` : ""),
+      key: p.name, color: color(i), min: p.reserved.min, max: p.reserved.max, fillOpacity: 0.08 }))),
     markers: [liveMark].concat(D.policies.map((p, i) => ({ t: p.peak_reserved.t_us - C.t0_us, v: p.peak_reserved.bytes, color: color(i), series: p.name,
-      label: `${p.name} ${size(p.peak_reserved.bytes)}` }))),
+      label: `${p.name} ${size(p.peak_reserved.bytes)}`, text: off(p) }))),
   }));
   const grid = document.getElementById("per-policy");
   D.policies.forEach((p, i) => {
-    const svg = chart(grid, Object.assign({}, common, {
-      id: "chart-policy-" + i, title: `${p.name}: peak ${size(p.peak_reserved.bytes)}, ratio ${p.ratio.toFixed(3)}` + (p.ooms ? `, ${p.ooms} OOMs` : ""),
+    const svg = chart(grid, Object.assign(common(off(p) ? p.peak_reserved.bytes * 1.06 : shared), {
+      id: "chart-policy-" + i, title: `${p.name}: peak ${size(p.peak_reserved.bytes)}, ratio ${p.ratio.toFixed(3)}` + (p.ooms ? `, ${p.ooms} OOMs` : "") + (off(p) ? " (its own scale)" : ""),
       series: [live, { name: p.name + " reserved", color: color(i), min: p.reserved.min, max: p.reserved.max }],
       markers: [liveMark, { t: p.peak_reserved.t_us - C.t0_us, v: p.peak_reserved.bytes, color: color(i), series: p.name, text: true,
         label: `peak ${size(p.peak_reserved.bytes)} at ${secs(p.peak_reserved.t_us - C.t0_us)}` }],
