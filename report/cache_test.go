@@ -97,3 +97,33 @@ func (c *cache) Segments() []policy.Segment {
 	}
 	return out
 }
+
+// reserve adds a free segment of n bytes, as an allocator that preallocates
+// does when it is made.
+func (c *cache) reserve(n uint64) {
+	c.segs = append(c.segs, &policy.Segment{Addr: c.next, Size: n, Blocks: []policy.Block{{Addr: c.next, Size: n}}})
+	c.next += n + 2*mib
+	c.reserved += n
+}
+
+// broken is a cache whose Segments or Reserved lie, or whose decisions
+// change from one allocator to the next: what Build must catch.
+type broken struct {
+	*cache
+	fault string
+}
+
+func (b *broken) Reserved() uint64 {
+	if b.fault == "reserved" {
+		return b.cache.Reserved() + 512
+	}
+	return b.cache.Reserved()
+}
+
+func (b *broken) Segments() []policy.Segment {
+	segs := b.cache.Segments()
+	if b.fault == "gap" && len(segs) > 0 && len(segs[0].Blocks) > 1 {
+		segs[0].Blocks = segs[0].Blocks[1:]
+	}
+	return segs
+}

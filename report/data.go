@@ -83,8 +83,12 @@ type Data struct {
 	Sites map[uint32]string `json:"sites"`
 }
 
-// A Peak is a quantity's greatest value and the first event (index into
-// the trace's events) after which it held it, at TimeUS.
+// A Peak is a quantity's greatest value and the event (index into the
+// trace's events) after which it held it, at TimeUS: for live bytes the
+// first such event; for a policy's reserved bytes, of the events after
+// which it held its peak, the first at which it served the most live bytes
+// (a policy that takes its memory at start holds its peak throughout, and
+// its map is worth reading when it is fullest).
 type Peak struct {
 	Bytes  uint64 `json:"bytes"`
 	Event  int    `json:"event"`
@@ -95,6 +99,8 @@ type Peak struct {
 type PolicyData struct {
 	Name         string `json:"name"`
 	PeakReserved Peak   `json:"peak_reserved"`
+	// LiveAtPeak is the bytes the policy served at PeakReserved.Event.
+	LiveAtPeak uint64 `json:"live_at_peak"`
 	// Ratio is PeakReserved.Bytes / the trace's peak live bytes.
 	Ratio float64 `json:"ratio"`
 	// OOMs counts the requests the policy could not serve on its device;
@@ -191,7 +197,7 @@ func Build(tr *trace.Trace, policies []Policy, opt Options) (*Data, error) {
 // replayTrace fills Live and PeakLive.
 func (d *Data) replayTrace(tr *trace.Trace) {
 	sizes := make([]uint64, tr.Requests)
-	sb := newSeriesBuilder(d.Clock)
+	sb := newSeriesBuilder(d.Clock, 0)
 	var now uint64
 	for i, e := range tr.Events {
 		if e.Kind == trace.Alloc {

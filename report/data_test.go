@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -89,33 +90,36 @@ func stepExtremes(c Clock, times, values []uint64) (lo, hi []uint64) {
 }
 
 // replayPeak replays tr under a new allocator of p, the simple way, and
-// returns its peak of reserved bytes, the first event at it, and its OOMs.
+// returns its peak of reserved bytes, the first event at it with the most
+// bytes served, and its OOMs.
 func replayPeak(t *testing.T, tr *trace.Trace, p Policy) (peak uint64, at, ooms int) {
 	t.Helper()
 	a, err := p.New()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := map[uint64]uint64{}
+	addr, size := map[uint64]uint64{}, map[uint64]uint64{}
+	var live, liveAtPeak uint64
 	for i, e := range tr.Events {
 		if e.Kind == trace.Alloc {
 			x, err := a.Alloc(e.Size, e.Stream)
 			if errors.Is(err, policy.ErrOutOfMemory) {
 				ooms++
-				continue
-			}
-			if err != nil {
+			} else if err != nil {
 				t.Fatal(err)
+			} else {
+				addr[e.ID], size[e.ID] = x, e.Size
+				live += e.Size
 			}
-			addr[e.ID] = x
 		} else if x, ok := addr[e.ID]; ok {
 			if err := a.Free(x); err != nil {
 				t.Fatal(err)
 			}
+			live -= size[e.ID]
 			delete(addr, e.ID)
 		}
-		if r := a.Reserved(); r > peak {
-			peak, at = r, i
+		if r := a.Reserved(); r > peak || r == peak && live > liveAtPeak {
+			peak, at, liveAtPeak = r, i, live
 		}
 	}
 	return peak, at, ooms
@@ -338,7 +342,7 @@ func TestShortSite(t *testing.T) {
 
 func TestRatio(t *testing.T) {
 	c := Clock{T0: 0, Width: 100, N: 3}
-	b := newRatioBuilder(c)
+	b := newRatioBuilder(c, nanV)
 	b.set(0, 0.5)    // bucket 0: 0.5 for 50 us, then 0.1 for 50
 	b.set(50, 0.1)   //
 	b.set(150, nanV) // bucket 1: 0.1 for 50 us, then undefined
@@ -374,3 +378,66 @@ func TestRatio(t *testing.T) {
 }
 
 var nanV = math.NaN()
+
+// A policy that takes its memory at start: its series starts there, its
+// peak is its fullest moment at that size, and its map is read there.
+func TestPreallocated(t *testing.T) {
+	tr := loadTrace(t, "resnet50_train")
+	const prealloc = 8 << 30 // more than the trace needs: it never grows
+	p := Policy{Name: "prealloc", New: func() (policy.Allocator, error) {
+		c := newCache(1 << 40)
+		c.reserve(prealloc)
+		return c, nil
+	}}
+	d, err := Build(tr, []Policy{p}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd := d.Policies[0]
+	if pd.Reserved.Min[0] != prealloc || slices.Min(pd.Reserved.Min) != prealloc || pd.PeakReserved.Bytes != prealloc {
+		t.Errorf("reserved from %d (least %d), peak %d; want %d throughout", pd.Reserved.Min[0], slices.Min(pd.Reserved.Min), pd.PeakReserved.Bytes, prealloc)
+	}
+	if pd.PeakReserved.Event != d.PeakLive.Event || pd.LiveAtPeak != tr.PeakLiveBytes || pd.Map.Used != tr.PeakLiveBytes {
+		t.Errorf("peak at event %d with %d served, map used %d; want the live peak's event %d, %d", pd.PeakReserved.Event, pd.LiveAtPeak, pd.Map.Used, d.PeakLive.Event, tr.PeakLiveBytes)
+	}
+	if pd.Frag.Max[0] != 1 {
+		t.Errorf("fragmentation in the first bucket up to %v; want 1 (all reserved, nothing live)", pd.Frag.Max[0])
+	}
+}
+
+func TestBuildErrors(t *testing.T) {
+	tr := randomTrace(t, 1, 300)
+	calls := 0
+	for _, tc := range []struct {
+		name string
+		tr   *trace.Trace
+		ps   []Policy
+		want string // a regexp
+	}{
+		{"no events", readTrace(t, ""), nil, `^report: trace test has no events$`},
+		{"no name", tr, []Policy{{New: cachePolicy("x", 1).New}}, `^report: a policy needs a name and a constructor \(got ""\)$`},
+		{"no constructor", tr, []Policy{{Name: "x"}}, `^report: a policy needs a name and a constructor \(got "x"\)$`},
+		{"twice", tr, []Policy{cachePolicy("x", 1<<40), cachePolicy("x", 1<<40)}, `^report: policy "x" given twice$`},
+		{"constructor fails", tr, []Policy{{Name: "x", New: func() (policy.Allocator, error) { return nil, errors.New("no device") }}},
+			`^report: trace test: policy x: no device$`},
+		{"segments off reserved", tr, []Policy{{Name: "x", New: func() (policy.Allocator, error) { return &broken{newCache(1 << 40), "reserved"}, nil }}},
+			`^report: trace test: policy x: at its peak \(event \d+\): its \d+ segments add up to \d+ bytes, but it reserves \d+$`},
+		{"blocks with a gap", tr, []Policy{{Name: "x", New: func() (policy.Allocator, error) { return &broken{newCache(1 << 40), "gap"}, nil }}},
+			`^report: trace test: policy x: at its peak \(event \d+\): segment 0x10000000000 \(\d+ bytes\): block 0 is at 0x[0-9a-f]+, want 0x10000000000 \(the blocks must tile the segment in order\)$`},
+		{"not deterministic", tr, []Policy{{Name: "x", New: func() (policy.Allocator, error) {
+			calls++
+			c := newCache(1 << 40)
+			if calls%2 == 0 {
+				c.reserve(2 * mib)
+			}
+			return c, nil
+		}}}, `^report: trace test: policy x: the policy is not deterministic: after event \d+ it reserved \d+ bytes and served \d+ in one replay, \d+ and \d+ in another$`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Build(tc.tr, tc.ps, Options{})
+			if err == nil || !regexp.MustCompile(tc.want).MatchString(err.Error()) {
+				t.Errorf("error %v; want %s", err, tc.want)
+			}
+		})
+	}
+}

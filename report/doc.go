@@ -15,8 +15,8 @@
 //     largest, and the bytes each call site held at the peak.
 //  2. Each policy, through the whole trace: its Reserved() after each event
 //     as a Series, its fragmentation (1 - the bytes it serves / reserved)
-//     as a Ratio, its peak of reserved bytes with the first event that
-//     reached it, its OOMs (requests it failed with policy.ErrOutOfMemory:
+//     as a Ratio, its peak of reserved bytes with the event at it (the
+//     first of those with the most bytes served: see Peak), its OOMs (requests it failed with policy.ErrOutOfMemory:
 //     counted and their frees skipped), and at Options.Samples moments its
 //     free bytes and largest free block, read from its Segments().
 //  3. Each policy again, on a new allocator, up to the event of its peak:

@@ -24,8 +24,10 @@ func replayPolicy(tr *trace.Trace, c Clock, p Policy, opt Options) (PolicyData, 
 	}
 	defer closeAllocator(a)
 	r := newReplayer(tr, a)
-	reserved := newSeriesBuilder(c)
-	frag := newRatioBuilder(c)
+	// A policy that preallocates holds memory before the first event.
+	res0 := a.Reserved()
+	reserved := newSeriesBuilder(c, res0)
+	frag := newRatioBuilder(c, fragmentation(0, res0))
 	// Free samples are read at the end of every stride-th bucket.
 	stride := (c.N + opt.Samples - 1) / opt.Samples
 	cur := 0
@@ -39,13 +41,9 @@ func replayPolicy(tr *trace.Trace, c Clock, p Policy, opt Options) (PolicyData, 
 		}
 		res := a.Reserved()
 		reserved.set(e.TimeUS, res)
-		f := math.NaN()
-		if res > 0 {
-			f = 1 - float64(r.live)/float64(res)
-		}
-		frag.set(e.TimeUS, f)
-		if res > pd.PeakReserved.Bytes {
-			pd.PeakReserved = Peak{Bytes: res, Event: i, TimeUS: e.TimeUS}
+		frag.set(e.TimeUS, fragmentation(r.live, res))
+		if res > pd.PeakReserved.Bytes || res == pd.PeakReserved.Bytes && r.live > pd.LiveAtPeak {
+			pd.PeakReserved, pd.LiveAtPeak = Peak{Bytes: res, Event: i, TimeUS: e.TimeUS}, r.live
 		}
 	}
 	r.sample(&pd, c, cur, c.N, stride)
@@ -63,15 +61,23 @@ func replayPolicy(tr *trace.Trace, c Clock, p Policy, opt Options) (PolicyData, 
 			return pd, fmt.Errorf("second replay: %w", err)
 		}
 	}
-	if got := a.Reserved(); got != pd.PeakReserved.Bytes {
-		return pd, fmt.Errorf("%w: it reserved %d bytes after event %d in one replay and %d in another",
-			errNondeterministic, pd.PeakReserved.Bytes, pd.PeakReserved.Event, got)
+	if got := a.Reserved(); got != pd.PeakReserved.Bytes || r.live != pd.LiveAtPeak {
+		return pd, fmt.Errorf("%w: after event %d it reserved %d bytes and served %d in one replay, %d and %d in another",
+			errNondeterministic, pd.PeakReserved.Event, pd.PeakReserved.Bytes, pd.LiveAtPeak, got, r.live)
 	}
 	pd.Map, err = newMap(a.Segments(), a.Reserved())
 	if err != nil {
 		return pd, fmt.Errorf("at its peak (event %d): %w", pd.PeakReserved.Event, err)
 	}
 	return pd, nil
+}
+
+// fragmentation is 1 - live/reserved, NaN when nothing is reserved.
+func fragmentation(live, reserved uint64) float64 {
+	if reserved == 0 {
+		return math.NaN()
+	}
+	return 1 - float64(live)/float64(reserved)
 }
 
 // closeAllocator closes a if it holds something (policy "gpumem" holds a

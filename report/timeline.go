@@ -49,7 +49,7 @@ type Series struct {
 }
 
 // seriesBuilder fills a Series from a value sampled after each event, in
-// time order.
+// time order, starting from the value before the first event.
 type seriesBuilder struct {
 	c   Clock
 	s   Series
@@ -57,8 +57,9 @@ type seriesBuilder struct {
 	val uint64 // the value now
 }
 
-func newSeriesBuilder(c Clock) *seriesBuilder {
-	b := &seriesBuilder{c: c, s: Series{Min: make([]uint64, c.N), Max: make([]uint64, c.N)}}
+func newSeriesBuilder(c Clock, start uint64) *seriesBuilder {
+	b := &seriesBuilder{c: c, s: Series{Min: make([]uint64, c.N), Max: make([]uint64, c.N)}, val: start}
+	b.s.Min[0], b.s.Max[0] = start, start
 	return b
 }
 
@@ -114,12 +115,15 @@ type ratioBuilder struct {
 	val float64 // the value now; NaN when undefined
 }
 
-func newRatioBuilder(c Clock) *ratioBuilder {
+// newRatioBuilder starts a ratio whose value before the first event is
+// start (NaN: undefined).
+func newRatioBuilder(c Clock, start float64) *ratioBuilder {
 	b := &ratioBuilder{c: c, min: make([]float64, c.N), max: make([]float64, c.N),
-		sum: make([]float64, c.N), dur: make([]float64, c.N), at: float64(c.T0), val: math.NaN()}
+		sum: make([]float64, c.N), dur: make([]float64, c.N), at: float64(c.T0), val: start}
 	for i := range b.min {
 		b.min[i], b.max[i] = math.Inf(1), math.Inf(-1)
 	}
+	b.note(0)
 	return b
 }
 
