@@ -67,6 +67,7 @@ func init() {
 	commands = []command{
 		{"replay", "replay allocation traces and report peak memory, fragmentation and speed", (*env).replay},
 		{"fit", "the smallest GPU a trace runs on, under gpumem and each emulated allocator", (*env).fit},
+		{"report", "write an HTML report of where a trace's memory goes, per policy", (*env).report},
 		{"import", "convert a PyTorch memory snapshot into allocation traces", (*env).importSnapshot},
 		{"run", "run a TensorFlow or JAX program with gpumem as its allocator", (*env).run},
 		{"top", "a live view of the GPUs, their processes and gpumem's pools", (*env).top},
