@@ -1,48 +1,91 @@
 package shim
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
 // built is what the tests run: the shim, gpumem's library, the stand-in
-// driver (as libcuda.so.1 in its own directory) and tfalloc.
+// driver (as libcuda.so.1 in its own directory) and the C programs.
 type built struct {
-	shim, lib, driverDir, tfalloc string
+	shim, lib, driverDir, tfalloc, paths, shimbench string
+}
+
+// buildDir holds what build made, once for all the tests (TestMain removes
+// it); buildErr is why it could not.
+var (
+	buildOnce sync.Once
+	buildDir  string
+	builtOnce built
+	buildErr  string
+	buildSkip bool
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
 }
 
 func build(t *testing.T) built {
 	t.Helper()
+	buildOnce.Do(func() { builtOnce, buildErr, buildSkip = buildAll() })
+	if buildSkip {
+		t.Skip(buildErr)
+	}
+	if buildErr != "" {
+		t.Fatal(buildErr)
+	}
+	return builtOnce
+}
+
+func buildAll() (b built, failure string, skip bool) {
 	cc, err := exec.LookPath("cc")
 	if err != nil {
-		t.Skip("no C compiler (cc): the shim and its test programs are C")
+		return b, "no C compiler (cc): the shim and its test programs are C", true
 	}
-	dir := t.TempDir()
-	b := built{
+	dir, err := os.MkdirTemp("", "gpumem-shim-test")
+	if err != nil {
+		return b, err.Error(), false
+	}
+	buildDir = dir
+	b = built{
 		shim:      filepath.Join(dir, "libgpumem_preload.so"),
 		lib:       filepath.Join(dir, "libgpumem.so"),
 		driverDir: filepath.Join(dir, "driver"),
 		tfalloc:   filepath.Join(dir, "tfalloc"),
+		paths:     filepath.Join(dir, "paths"),
+		shimbench: filepath.Join(dir, "shimbench"),
 	}
 	if err := os.Mkdir(b.driverDir, 0o755); err != nil {
-		t.Fatal(err)
+		return b, err.Error(), false
 	}
 	run := func(name string, args ...string) {
-		t.Helper()
+		if failure != "" {
+			return
+		}
 		cmd := exec.Command(name, args...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+			failure = fmt.Sprintf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 		}
 	}
 	run(cc, "-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-o", b.shim, "c/preload.c", "-ldl", "-lpthread")
-	run(cc, "-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-o", filepath.Join(b.driverDir, "libcuda.so.1"), "c/fakecuda.c")
+	// -Bsymbolic: the stand-in's calls to its own functions stay its own,
+	// as the driver's do, rather than reaching the shim's exported names.
+	run(cc, "-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-Wl,-Bsymbolic", "-o", filepath.Join(b.driverDir, "libcuda.so.1"), "c/fakecuda.c")
 	run(cc, "-O2", "-Wall", "-Werror", "-o", b.tfalloc, "c/tfalloc.c", "-ldl")
+	run(cc, "-O2", "-Wall", "-Werror", "-o", b.paths, "c/paths.c", "-ldl", "-lpthread")
+	run(cc, "-O2", "-Wall", "-Werror", "-o", b.shimbench, "c/shimbench.c", "-ldl")
 	run("go", "build", "-buildmode=c-shared", "-o", b.lib, "../clib")
-	return b
+	return b, failure, false
 }
 
 func (b built) command(env []string, name string, args ...string) *exec.Cmd {
@@ -123,5 +166,68 @@ func TestNoWrappedCalls(t *testing.T) {
 	stdout, stderr, code := output(t, b.command(nil, "sh", "-c", "echo hello; grep -c libgpumem.so /proc/self/maps || true"))
 	if code != 0 || stdout != "hello\n0\n" || stderr != "" {
 		t.Errorf("exit %d, stdout %q, stderr %q; want hello, 0 mappings of gpumem, nothing on stderr", code, stdout, stderr)
+	}
+}
+
+// TestPerCallPath: the contracts of the per-call path (c/paths.c: each case
+// checks what reached the stand-in driver and which device gpumem served):
+// a stream being captured allocates from the driver, and while no capture
+// is in progress no allocation asks the driver anything; the device is the
+// pool's or the thread's current context's, and with one device the driver
+// is not asked; a child forked after gpumem started goes to the driver,
+// saying so once, and one forked before runs a gpumem of its own.
+func TestPerCallPath(t *testing.T) {
+	b := build(t)
+	for _, c := range []struct {
+		name    string
+		devices string
+		oks     int
+		stderr  string
+	}{
+		{"capture", "1", 4, ""},
+		{"devices", "2", 3, ""},
+		{"single", "1", 1, ""},
+		{"fork", "1", 1, "gpumem: preload: this process was forked after gpumem started, which cannot run in a forked child; it allocates from the driver as without gpumem\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := b.command([]string{"GPUMEM_CONFIG=device=sim,capacity=4GiB,check=true", "FAKE_CUDA_DEVICES=" + c.devices}, b.paths, c.name)
+			stdout, stderr, code := output(t, cmd)
+			if code != 0 || strings.Count(stdout, "ok: ") != c.oks || stderr != c.stderr {
+				t.Errorf("paths %s: exit %d, want 0 with %d ok lines and stderr %q\nstdout:\n%sstderr:\n%s", c.name, code, c.oks, c.stderr, stdout, stderr)
+			}
+		})
+	}
+}
+
+// TestCaptureReport: GPUMEM_PRELOAD_REPORT=1 prints what the shim saw at
+// exit: the captures begun and the allocations passed to the driver.
+func TestCaptureReport(t *testing.T) {
+	b := build(t)
+	cmd := b.command([]string{"GPUMEM_CONFIG=device=sim,capacity=4GiB", "GPUMEM_PRELOAD_REPORT=1"}, b.paths, "capture")
+	_, stderr, code := output(t, cmd)
+	// paths capture begins 3 captures and makes 5 allocations on captured
+	// streams (4 on c, 1 on the per-thread stream).
+	if want := "gpumem: preload: 3 stream captures begun, 5 allocations passed to the driver while captured\n"; code != 0 || stderr != want {
+		t.Errorf("exit %d, stderr %q; want 0 and %q", code, stderr, want)
+	}
+}
+
+// TestShimbench: the benchmark runs through the shim against the stand-in
+// driver and prints every row (its figures are for BENCHMARKS.md, not
+// checked here).
+func TestShimbench(t *testing.T) {
+	b := build(t)
+	stdout, stderr, code := output(t, b.command([]string{"GPUMEM_CONFIG=device=sim,capacity=4GiB"}, b.shimbench, "1000"))
+	if code != 0 || !strings.Contains(stdout, "go to the shim") {
+		t.Fatalf("shimbench: exit %d\n%s%s", code, stdout, stderr)
+	}
+	for _, row := range []string{"pair (FromPool", "another stream capturing", "async pair", "capture check", "ctx device",
+		"ctx current", "free's device -1", "free's device known", "crossings"} {
+		if !strings.Contains(stdout, row) {
+			t.Errorf("no row %q:\n%s", row, stdout)
+		}
+	}
+	if _, _, code := output(t, b.command(nil, b.shimbench, "0")); code != 2 {
+		t.Errorf("shimbench 0: exit %d, want 2 (a usage error)", code)
 	}
 }

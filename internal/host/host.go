@@ -273,9 +273,13 @@ func (h *Host) take(ordinal int, ptr uint64) (*Device, entry, error) {
 			}
 		}
 	} else {
-		for _, d := range h.Devices() {
-			if e, ok := d.tab.take(ptr); ok {
-				return d, e, nil
+		// Every slot, without building Devices' slice: this is every
+		// cuMemFreeAsync of gpumem run (the shim does not know the device).
+		for i := range h.devs {
+			if d := h.devs[i].Load(); d != nil {
+				if e, ok := d.tab.take(ptr); ok {
+					return d, e, nil
+				}
 			}
 		}
 	}

@@ -308,6 +308,26 @@ func BenchmarkHostAllocFree(b *testing.B) {
 	}
 }
 
+// BenchmarkHostFreeAnyDevice is the Go side of the shim's pair: a free
+// on a stream with the device unknown (-1), as cuMemFreeAsync makes it.
+func BenchmarkHostFreeAnyDevice(b *testing.B) {
+	h := New("device=sim", nil)
+	defer h.Close()
+	if _, err := h.Device(0); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := h.Alloc(0, 4096, 5, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h.FreeOn(-1, p, 5); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // TestRecording: a recording holds the allocations and frees made while it
 // runs (not those of buffers from before), with streams and sites, and
 // loads as a trace; a second recording's IDs do not mix with the first's.

@@ -1,9 +1,16 @@
 /* fakecuda.c: a stand-in libcuda.so.1 for testing the preload shim on a
- * machine without a GPU. It implements only the calls the shim and
- * tfalloc.c make; its "device memory" is host memory from malloc, and it
- * counts the calls it gets (fake_calls), so a test can tell what reached
- * the driver from what gpumem served. Stream 0x5 and after are streams;
- * cuStreamBeginCapture marks one as capturing. */
+ * machine without a GPU. It implements only the calls the shim and its test
+ * programs (tfalloc.c, paths.c, shimbench.c) make; its "device memory" is
+ * host memory from malloc, and it counts the calls it gets (fake_calls), so
+ * a test can tell what reached the driver from what gpumem served.
+ *
+ * Devices: $FAKE_CUDA_DEVICES of them (default 1), each with a primary
+ * context (0xC0 + ordinal) that a thread makes current with cuCtxSetCurrent;
+ * cuCtxGetDevice answers the calling thread's. Streams: 0x5 and after;
+ * 0x2 is the per-thread default stream (what a _ptsz call's stream 0 means).
+ * cuStreamBeginCapture marks a stream as capturing and cuStreamEndCapture
+ * ends it; ending a stream that is not capturing is CUDA_ERROR_ILLEGAL_STATE,
+ * as the driver's. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,40 +19,68 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
 
+enum { CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_INVALID_CONTEXT = 201, CUDA_ERROR_ILLEGAL_STATE = 401 };
+
 static int capturing[64];
 static int next_stream = 5;
+static __thread void *current; /* the thread's context; NULL: none */
 
-static struct { const char *name; int n; } counts[] = {
-	{"cuMemAllocAsync", 0}, {"cuMemAllocFromPoolAsync", 0}, {"cuMemFreeAsync", 0},
-	{"cuMemAlloc_v2", 0}, {"cuMemFree_v2", 0}, {"cuMemGetInfo_v2", 0}, {"cuCtxSynchronize", 0},
-	{"cuDeviceGetDefaultMemPool", 0},
+/* The counted calls, by index, so that counting costs the benchmark little. */
+enum { N_ALLOC_ASYNC, N_ALLOC_FROM_POOL, N_FREE_ASYNC, N_ALLOC, N_FREE, N_GET_INFO, N_CTX_SYNC,
+       N_DEFAULT_POOL, N_IS_CAPTURING, N_CTX_GET_DEVICE, N_COUNTED };
+static const char *const counted[N_COUNTED] = {
+	"cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemAlloc_v2", "cuMemFree_v2",
+	"cuMemGetInfo_v2", "cuCtxSynchronize", "cuDeviceGetDefaultMemPool", "cuStreamIsCapturing", "cuCtxGetDevice",
 };
-
-static void count(const char *name) {
-	for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
-		if (strcmp(counts[i].name, name) == 0) counts[i].n++;
-}
+static int counts[N_COUNTED];
 
 int fake_calls(const char *name) {
-	for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
-		if (strcmp(counts[i].name, name) == 0) return counts[i].n;
+	for (int i = 0; i < N_COUNTED; i++)
+		if (strcmp(counted[i], name) == 0) return __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
 	return -1;
 }
 
+static void count(int i) { __atomic_fetch_add(&counts[i], 1, __ATOMIC_RELAXED); }
+
+static int devices(void) {
+	const char *n = getenv("FAKE_CUDA_DEVICES");
+	return n && atoi(n) > 0 ? atoi(n) : 1;
+}
+
+static int slot(CUstream s) { return (int)((uintptr_t)s % 64); }
+
 CUresult cuInit(unsigned flags) { (void)flags; return 0; }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
-CUresult cuDeviceGet(int *d, int ordinal) { *d = ordinal; return 0; }
-CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { (void)dev; *ctx = (void *)0xC0; return 0; }
-CUresult cuCtxSetCurrent(void *ctx) { (void)ctx; return 0; }
-CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
-CUresult cuCtxSynchronize(void) { count("cuCtxSynchronize"); return 0; }
-CUresult cuStreamCreate(CUstream *s, unsigned flags) { (void)flags; *s = (CUstream)(uintptr_t)next_stream++; return 0; }
+CUresult cuDeviceGetCount(int *n) { *n = devices(); return 0; }
+CUresult cuDeviceGet(int *d, int ordinal) {
+	if (ordinal < 0 || ordinal >= devices()) return CUDA_ERROR_INVALID_VALUE;
+	*d = ordinal;
+	return 0;
+}
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = (void *)(uintptr_t)(0xC0 + dev); return 0; }
+CUresult cuCtxSetCurrent(void *ctx) { current = ctx; return 0; }
+CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
+CUresult cuCtxGetDevice(int *d) {
+	count(N_CTX_GET_DEVICE);
+	if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+	*d = (int)((uintptr_t)current - 0xC0);
+	return 0;
+}
+CUresult cuCtxSynchronize(void) { count(N_CTX_SYNC); return 0; }
+CUresult cuStreamCreate(CUstream *s, unsigned flags) { (void)flags; *s = (CUstream)(uintptr_t)__atomic_fetch_add(&next_stream, 1, __ATOMIC_RELAXED); return 0; }
 CUresult cuStreamDestroy_v2(CUstream s) { (void)s; return 0; }
 CUresult cuStreamSynchronize(CUstream s) { (void)s; return 0; }
-CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { (void)mode; capturing[(uintptr_t)s % 64] = 1; return 0; }
-CUresult cuStreamEndCapture(CUstream s, void **graph) { capturing[(uintptr_t)s % 64] = 0; *graph = (void *)0x6; return 0; }
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { (void)mode; capturing[slot(s)] = 1; return 0; }
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { return cuStreamBeginCapture_v2(s ? s : (CUstream)0x2, mode); }
+CUresult cuStreamEndCapture(CUstream s, void **graph) {
+	if (!capturing[slot(s)]) return CUDA_ERROR_ILLEGAL_STATE;
+	capturing[slot(s)] = 0;
+	*graph = (void *)0x6;
+	return 0;
+}
+CUresult cuStreamEndCapture_ptsz(CUstream s, void **graph) { return cuStreamEndCapture(s ? s : (CUstream)0x2, graph); }
 CUresult cuGraphDestroy(void *g) { (void)g; return 0; }
-CUresult cuStreamIsCapturing(CUstream s, int *status) { *status = capturing[(uintptr_t)s % 64]; return 0; }
+CUresult cuStreamIsCapturing(CUstream s, int *status) { count(N_IS_CAPTURING); *status = capturing[slot(s)]; return 0; }
 
 static CUresult host_alloc(CUdeviceptr *d, size_t n) {
 	void *p = malloc(n ? n : 1);
@@ -54,15 +89,17 @@ static CUresult host_alloc(CUdeviceptr *d, size_t n) {
 	return 0;
 }
 
-CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { (void)s; count("cuMemAllocAsync"); return host_alloc(d, n); }
+CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { (void)s; count(N_ALLOC_ASYNC); return host_alloc(d, n); }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return cuMemAllocAsync(d, n, s); }
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, void *pool, CUstream s) {
-	(void)pool; (void)s; count("cuMemAllocFromPoolAsync"); return host_alloc(d, n);
+	(void)pool; (void)s; count(N_ALLOC_FROM_POOL); return host_alloc(d, n);
 }
-CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; count("cuMemFreeAsync"); free((void *)(uintptr_t)p); return 0; }
-CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t n) { count("cuMemAlloc_v2"); return host_alloc(d, n); }
-CUresult cuMemFree_v2(CUdeviceptr p) { count("cuMemFree_v2"); free((void *)(uintptr_t)p); return 0; }
-CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { count("cuMemGetInfo_v2"); *f = 1000; *t = 2000; return 0; }
-CUresult cuDeviceGetDefaultMemPool(void **pool, int dev) { (void)dev; count("cuDeviceGetDefaultMemPool"); *pool = (void *)0xD00D; return 0; }
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; count(N_FREE_ASYNC); free((void *)(uintptr_t)p); return 0; }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t n) { count(N_ALLOC); return host_alloc(d, n); }
+CUresult cuMemFree_v2(CUdeviceptr p) { count(N_FREE); free((void *)(uintptr_t)p); return 0; }
+CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { count(N_GET_INFO); *f = 1000; *t = 2000; return 0; }
+CUresult cuDeviceGetDefaultMemPool(void **pool, int dev) { (void)dev; count(N_DEFAULT_POOL); *pool = (void *)0xD00D; return 0; }
 CUresult cuDeviceGetMemPool(void **pool, int dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
 CUresult cuDeviceSetMemPool(int dev, void *pool) { (void)dev; (void)pool; return 0; }
 CUresult cuMemPoolCreate(void **pool, const void *props) { (void)props; *pool = (void *)0xD00E; return 0; }
@@ -73,25 +110,27 @@ CUresult cuMemPoolTrimTo(void *pool, size_t k) { (void)pool; (void)k; return 0; 
 CUresult cuMemPoolSetAccess(void *pool, const void *m, size_t c) { (void)pool; (void)m; (void)c; return 0; }
 
 /* cuGetProcAddress from a fixed table: not through dlsym, which the shim
- * wraps. */
-#define F(name) {#name, (void *)name}
-static const struct { const char *name; void *fn; } procs[] = {
-	F(cuInit), F(cuDriverGetVersion), F(cuDeviceGet), F(cuDevicePrimaryCtxRetain), F(cuCtxSetCurrent),
-	F(cuCtxGetDevice), F(cuCtxSynchronize), F(cuStreamCreate), F(cuStreamSynchronize),
-	F(cuStreamIsCapturing), F(cuGraphDestroy), F(cuStreamEndCapture),
-	F(cuMemAllocAsync), F(cuMemAllocFromPoolAsync), F(cuMemFreeAsync), F(cuDeviceGetDefaultMemPool),
+ * wraps. The per-thread-stream flag picks the _ptsz variant where there is
+ * one. */
+#define F(name) {#name, (void *)name, NULL}
+#define P(name) {#name, (void *)name, (void *)name##_ptsz}
+static const struct { const char *name; void *fn, *ptsz; } procs[] = {
+	F(cuInit), F(cuDriverGetVersion), F(cuDeviceGetCount), F(cuDeviceGet), F(cuDevicePrimaryCtxRetain),
+	F(cuCtxSetCurrent), F(cuCtxGetCurrent), F(cuCtxGetDevice), F(cuCtxSynchronize), F(cuStreamCreate),
+	F(cuStreamSynchronize), F(cuStreamIsCapturing), F(cuGraphDestroy), P(cuStreamEndCapture),
+	P(cuMemAllocAsync), F(cuMemAllocFromPoolAsync), P(cuMemFreeAsync), F(cuDeviceGetDefaultMemPool),
 	F(cuDeviceGetMemPool), F(cuDeviceSetMemPool), F(cuMemPoolCreate), F(cuMemPoolDestroy),
 	F(cuMemPoolSetAttribute), F(cuMemPoolGetAttribute), F(cuMemPoolTrimTo), F(cuMemPoolSetAccess),
-	{"cuMemAlloc", (void *)cuMemAlloc_v2}, {"cuMemFree", (void *)cuMemFree_v2},
-	{"cuMemGetInfo", (void *)cuMemGetInfo_v2}, {"cuStreamDestroy", (void *)cuStreamDestroy_v2},
-	{"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2},
+	{"cuMemAlloc", (void *)cuMemAlloc_v2, NULL}, {"cuMemFree", (void *)cuMemFree_v2, NULL},
+	{"cuMemGetInfo", (void *)cuMemGetInfo_v2, NULL}, {"cuStreamDestroy", (void *)cuStreamDestroy_v2, NULL},
+	{"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2, (void *)cuStreamBeginCapture_v2_ptsz},
 };
 
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status) {
-	(void)version; (void)flags;
+	(void)version;
 	for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
 		if (strcmp(procs[i].name, sym) == 0) {
-			*pfn = procs[i].fn;
+			*pfn = (flags & 1) && procs[i].ptsz ? procs[i].ptsz : procs[i].fn;
 			if (status) *status = 0;
 			return 0;
 		}

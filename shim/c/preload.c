@@ -25,7 +25,17 @@
  *     driver's own cuMemFree synchronizes;
  *   - a stream being captured into a CUDA graph gets the driver's own
  *     stream-ordered allocation (graphs need it), and its frees go back to
- *     the driver: a pointer gpumem did not hand out always does;
+ *     the driver: a pointer gpumem did not hand out always does. The shim
+ *     wraps the calls that begin and end a capture and counts the captures
+ *     in progress; only while there is one does an allocation ask the
+ *     driver whether its stream is captured (a stream joins a capture only
+ *     through one that began it), so that the common path makes no driver
+ *     call at all;
+ *   - the device is the pool's for cuMemAllocFromPoolAsync (the driver's
+ *     meaning), else the current context's, asked of the driver only when
+ *     the process sees more than one device;
+ *   - a child forked after gpumem started cannot run it (fork does not copy
+ *     the Go runtime's threads): its calls go to the driver, said once;
  *   - an out-of-memory returns CUDA_ERROR_OUT_OF_MEMORY, and gpumem's verdict
  *     is printed once on stderr;
  *   - memory pools are gpumem's: the default pool and created pools are
@@ -59,6 +69,7 @@ enum {
 	CUDA_SUCCESS = 0,
 	CUDA_ERROR_INVALID_VALUE = 1,
 	CUDA_ERROR_OUT_OF_MEMORY = 2,
+	CUDA_ERROR_NOT_FOUND = 500,
 	CUDA_ERROR_UNKNOWN = 999,
 	CU_STREAM_CAPTURE_STATUS_NONE = 0,
 	CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1,
@@ -90,6 +101,7 @@ static void *libcuda; /* dlopen(libcuda.so.1, RTLD_NOLOAD) once the program has 
 
 /* Driver functions the wrappers call besides the one they wrap. */
 static CUresult (*drv_ctx_get_device)(CUdevice *);
+static CUresult (*drv_device_count)(int *);
 static CUresult (*drv_ctx_synchronize)(void);
 static CUresult (*drv_stream_is_capturing)(CUstream, int *);
 static CUresult (*drv_default_pool)(CUmemoryPool *, CUdevice);
@@ -110,6 +122,7 @@ static void resolve_driver(void) {
 	drv_ctx_synchronize = driver_symbol("cuCtxSynchronize");
 	drv_stream_is_capturing = driver_symbol("cuStreamIsCapturing");
 	drv_default_pool = driver_symbol("cuDeviceGetDefaultMemPool");
+	drv_device_count = driver_symbol("cuDeviceGetCount");
 	drv_ctx_get_device = driver_symbol("cuCtxGetDevice");
 }
 
@@ -126,9 +139,27 @@ static struct {
 	void *base; /* load address of libgpumem.so: its own dlsym calls */
 } gm;
 
-/* 0: not tried; 1: loaded; -1: failed, everything goes to the driver. */
+/* 0: not tried; 1: loaded; -1: failed, everything goes to the driver;
+ * -2: this process was forked after gpumem started (the same). */
 static atomic_int gm_state;
 static pthread_once_t gm_once = PTHREAD_ONCE_INIT;
+
+/* 1 when the process sees one device (found when gpumem is loaded): the
+ * current context's device is then 0 without asking the driver. */
+static int single_device;
+
+/* Stream captures begun through the shim and not yet ended. */
+static atomic_int captures;
+
+/* With GPUMEM_PRELOAD_REPORT=1, what the shim saw, on stderr at exit. */
+static atomic_long captures_begun, captured_allocs;
+
+static void report(void) {
+	fprintf(stderr, "gpumem: preload: %ld stream captures begun, %ld allocations passed to the driver while captured\n",
+	        atomic_load(&captures_begun), atomic_load(&captured_allocs));
+}
+
+static void forked_child(void) { atomic_store(&gm_state, -2); }
 
 static void load_gpumem(void) {
 	resolve_real_dlsym();
@@ -159,6 +190,11 @@ static void load_gpumem(void) {
 		atomic_store(&gm_state, -1);
 		return;
 	}
+	int n = 0;
+	single_device = drv_device_count && drv_device_count(&n) == CUDA_SUCCESS && n == 1;
+	pthread_atfork(NULL, NULL, forked_child);
+	const char *r = getenv("GPUMEM_PRELOAD_REPORT");
+	if (r && strcmp(r, "1") == 0) atexit(report);
 	atomic_store(&gm_state, 1);
 }
 
@@ -168,20 +204,37 @@ static int gpumem_on(void) {
 	if (s == 0) {
 		pthread_once(&gm_once, load_gpumem);
 		s = atomic_load(&gm_state);
+	} else if (s == -2) {
+		static atomic_int said;
+		if (atomic_exchange(&said, 1) == 0)
+			fprintf(stderr, "gpumem: preload: this process was forked after gpumem started, which cannot run in a forked child; it allocates from the driver as without gpumem\n");
 	}
 	return s > 0;
 }
 
 static int current_device(void) {
 	CUdevice d = 0;
+	if (single_device) return 0;
 	if (drv_ctx_get_device && drv_ctx_get_device(&d) != CUDA_SUCCESS) d = 0;
 	return d;
 }
 
-static int capturing(CUstream s) {
+/* The driver's capture status of s; -1 if it cannot say. */
+static int capture_status(CUstream s) {
 	int st = CU_STREAM_CAPTURE_STATUS_NONE;
-	if (drv_stream_is_capturing && drv_stream_is_capturing(s, &st) != CUDA_SUCCESS) return 0;
-	return st != CU_STREAM_CAPTURE_STATUS_NONE;
+	if (!drv_stream_is_capturing || drv_stream_is_capturing(s, &st) != CUDA_SUCCESS) return -1;
+	return st;
+}
+
+/* Whether an allocation on s must go to the driver: a capture is in
+ * progress and s is captured, or the driver cannot say (it then gives its
+ * own answer to the allocation). The count is raised before a capture
+ * begins: an allocation ordered after the begin sees it. */
+static int capturing(CUstream s) {
+	if (atomic_load_explicit(&captures, memory_order_relaxed) == 0) return 0;
+	if (capture_status(s) == CU_STREAM_CAPTURE_STATUS_NONE) return 0;
+	atomic_fetch_add_explicit(&captured_allocs, 1, memory_order_relaxed);
+	return 1;
 }
 
 static CUresult cuda_error(gpumem_status st) {
@@ -202,17 +255,19 @@ static CUresult cuda_error(gpumem_status st) {
 	}
 }
 
-static CUresult gm_alloc(CUdeviceptr *dptr, size_t size, CUstream s) {
+static CUresult gm_alloc(CUdeviceptr *dptr, size_t size, int device, CUstream s) {
 	if (!dptr) return CUDA_ERROR_INVALID_VALUE;
 	void *p = NULL;
-	gpumem_status st = gm.allocate(&p, size, current_device(), s);
+	gpumem_status st = gm.allocate(&p, size, device, s);
 	if (st == GPUMEM_SUCCESS) *dptr = (CUdeviceptr)p;
 	return cuda_error(st);
 }
 
 /* gpumem's free of ptr on stream s; GPUMEM_ERROR_INVALID_POINTER when gpumem
  * did not hand it out (then the driver did). */
-static gpumem_status gm_free(CUdeviceptr ptr, CUstream s) { return gm.deallocate_on((void *)ptr, -1, s); }
+static gpumem_status gm_free(CUdeviceptr ptr, CUstream s) {
+	return gm.deallocate_on((void *)ptr, single_device ? 0 : -1, s);
+}
 
 /* --- the table of wrapped functions ----------------------------------------
  * Each entry: the name the program asks for, the shim's function, and the
@@ -241,6 +296,14 @@ DECLARE_REAL(CUresult, cuMemPoolSetAttribute, (CUmemoryPool, int, void *));
 DECLARE_REAL(CUresult, cuMemPoolGetAttribute, (CUmemoryPool, int, void *));
 DECLARE_REAL(CUresult, cuMemPoolTrimTo, (CUmemoryPool, size_t));
 DECLARE_REAL(CUresult, cuMemPoolSetAccess, (CUmemoryPool, const void *, size_t));
+DECLARE_REAL(CUresult, cuStreamBeginCapture, (CUstream));
+DECLARE_REAL(CUresult, cuStreamBeginCapture_ptsz, (CUstream));
+DECLARE_REAL(CUresult, cuStreamBeginCapture_v2, (CUstream, int));
+DECLARE_REAL(CUresult, cuStreamBeginCapture_v2_ptsz, (CUstream, int));
+DECLARE_REAL(CUresult, cuStreamBeginCaptureToGraph, (CUstream, void *, const void *, const void *, size_t, int));
+DECLARE_REAL(CUresult, cuStreamBeginCaptureToGraph_ptsz, (CUstream, void *, const void *, const void *, size_t, int));
+DECLARE_REAL(CUresult, cuStreamEndCapture, (CUstream, void **));
+DECLARE_REAL(CUresult, cuStreamEndCapture_ptsz, (CUstream, void **));
 DECLARE_REAL(CUresult, cuGetProcAddress, (const char *, void **, int, cuuint64_t));
 DECLARE_REAL(CUresult, cuGetProcAddress_v2, (const char *, void **, int, cuuint64_t, void *));
 
@@ -266,13 +329,13 @@ static CUmemoryPool pool_of(int device) {
  * stream, or no gpumem, gets the driver's. */
 static CUresult w_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
 	if (!gpumem_on() || capturing(s)) return REAL(cuMemAllocAsync)(dptr, size, s);
-	return gm_alloc(dptr, size, s);
+	return gm_alloc(dptr, size, current_device(), s);
 }
 
 /* The per-thread default stream variant: stream 0 means the thread's own. */
 static CUresult w_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
-	if (!gpumem_on() || capturing(s)) return REAL(cuMemAllocAsync_ptsz)(dptr, size, s);
-	return gm_alloc(dptr, size, s ? s : CU_STREAM_PER_THREAD);
+	if (!gpumem_on() || capturing(s ? s : CU_STREAM_PER_THREAD)) return REAL(cuMemAllocAsync_ptsz)(dptr, size, s);
+	return gm_alloc(dptr, size, current_device(), s ? s : CU_STREAM_PER_THREAD);
 }
 
 /* The driver's pool for a real stream-ordered allocation: the one named if
@@ -284,17 +347,18 @@ static CUmemoryPool driver_pool(CUmemoryPool pool) {
 	return p;
 }
 
-/* cuMemAllocFromPoolAsync: from gpumem when the pool is gpumem's. */
+/* cuMemAllocFromPoolAsync: from gpumem when the pool is gpumem's, on the
+ * pool's device. */
 static CUresult w_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
 	if (!gpumem_on() || !is_pool(pool) || capturing(s))
 		return REAL(cuMemAllocFromPoolAsync)(dptr, size, driver_pool(pool), s);
-	return gm_alloc(dptr, size, s);
+	return gm_alloc(dptr, size, ((struct pool *)pool)->device, s);
 }
 
 static CUresult w_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
-	if (!gpumem_on() || !is_pool(pool) || capturing(s))
+	if (!gpumem_on() || !is_pool(pool) || capturing(s ? s : CU_STREAM_PER_THREAD))
 		return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, size, driver_pool(pool), s);
-	return gm_alloc(dptr, size, s ? s : CU_STREAM_PER_THREAD);
+	return gm_alloc(dptr, size, ((struct pool *)pool)->device, s ? s : CU_STREAM_PER_THREAD);
 }
 
 /* cuMemFreeAsync: gpumem's memory back to gpumem, reusable after s's work
@@ -318,7 +382,7 @@ static CUresult w_cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) {
 /* cuMemAlloc: from gpumem, on the legacy default stream. */
 static CUresult w_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 	if (!gpumem_on()) return REAL(cuMemAlloc_v2)(dptr, size);
-	return gm_alloc(dptr, size, NULL);
+	return gm_alloc(dptr, size, current_device(), NULL);
 }
 
 /* cuMemFree: as the driver's, it waits for the device first. */
@@ -432,6 +496,44 @@ static CUresult w_cuMemPoolSetAccess(CUmemoryPool pool, const void *map, size_t 
 	return CUDA_SUCCESS;
 }
 
+/* cuStreamBeginCapture (all forms): one more capture in progress, counted
+ * before the driver begins it (and not, if it refuses). */
+#define BEGIN_CAPTURE(name, params, args)                                  \
+	static CUresult w_##name params {                                      \
+		atomic_fetch_add(&captures, 1);                                    \
+		CUresult r = REAL(name) args;                                      \
+		if (r != CUDA_SUCCESS) atomic_fetch_sub(&captures, 1);             \
+		else atomic_fetch_add_explicit(&captures_begun, 1, memory_order_relaxed); \
+		return r;                                                          \
+	}
+BEGIN_CAPTURE(cuStreamBeginCapture, (CUstream s), (s))
+BEGIN_CAPTURE(cuStreamBeginCapture_ptsz, (CUstream s), (s))
+BEGIN_CAPTURE(cuStreamBeginCapture_v2, (CUstream s, int mode), (s, mode))
+BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, (CUstream s, int mode), (s, mode))
+BEGIN_CAPTURE(cuStreamBeginCaptureToGraph, (CUstream s, void *g, const void *d, const void *e, size_t n, int mode),
+              (s, g, d, e, n, mode))
+BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, (CUstream s, void *g, const void *d, const void *e, size_t n, int mode),
+              (s, g, d, e, n, mode))
+
+/* cuStreamEndCapture: one capture fewer if the stream was capturing
+ * before the call and is not after it (a call from the wrong thread, or on
+ * a stream that was not capturing, ends nothing). */
+static CUresult end_capture(CUresult (*real)(CUstream, void **), CUstream s, CUstream q, void **graph) {
+	resolve_real_dlsym();
+	resolve_driver(); /* a capture may end before gpumem is loaded */
+	int before = capture_status(q);
+	CUresult r = real(s, graph);
+	if (before > CU_STREAM_CAPTURE_STATUS_NONE && capture_status(q) == CU_STREAM_CAPTURE_STATUS_NONE)
+		atomic_fetch_sub(&captures, 1);
+	return r;
+}
+
+static CUresult w_cuStreamEndCapture(CUstream s, void **graph) { return end_capture(REAL(cuStreamEndCapture), s, s, graph); }
+
+static CUresult w_cuStreamEndCapture_ptsz(CUstream s, void **graph) {
+	return end_capture(REAL(cuStreamEndCapture_ptsz), s, s ? s : CU_STREAM_PER_THREAD, graph);
+}
+
 static void *take_over(const char *name, void *fn, int ptds, int version);
 
 /* cuGetProcAddress (both versions): the driver's answer, with the shim's
@@ -451,7 +553,9 @@ static CUresult w_cuGetProcAddress(const char *symbol, void **pfn, int version, 
 }
 
 /* The table. name: as dlsym sees it; base: as cuGetProcAddress sees it
- * (with min_version, the CUDA version from which base means this entry). */
+ * (with min_version, the CUDA version from which base means this entry;
+ * entries of one base are listed newest first, and a lookup takes the
+ * first that matches). */
 static const struct entry {
 	const char *name, *base;
 	int ptds, min_version;
@@ -477,6 +581,14 @@ static const struct entry {
 	E(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", -1, 0),
 	E(cuMemPoolTrimTo, "cuMemPoolTrimTo", -1, 0),
 	E(cuMemPoolSetAccess, "cuMemPoolSetAccess", -1, 0),
+	E(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 0, 10010), /* before the v1 form: newest first */
+	E(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 1, 10010),
+	E(cuStreamBeginCapture, "cuStreamBeginCapture", 0, 0),
+	E(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 1, 0),
+	E(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 0, 12030),
+	E(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 1, 12030),
+	E(cuStreamEndCapture, "cuStreamEndCapture", 0, 0),
+	E(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 1, 0),
 	E(cuGetProcAddress, "cuGetProcAddress", -2, 0),
 	E(cuGetProcAddress_v2, "cuGetProcAddress", -2, 12000),
 #undef E
@@ -502,21 +614,22 @@ static int is_own(void *fn) {
 }
 
 /* What the program gets for name, which the driver answered with fn: the
- * shim's function if name is in the table, after keeping fn as the real
- * one (first answer wins; they are the same function); else fn. */
+ * shim's function for the first table entry it matches, after keeping fn
+ * as that entry's real one (first answer wins; they are the same
+ * function); else fn. */
 static void *take_over(const char *name, void *fn, int ptds, int version) {
-	void *wrapper = NULL;
 	for (size_t i = 0; i < NTABLE; i++) {
 		const struct entry *e = &table[i];
 		if (!matches(e, name, ptds, version)) continue;
-		if (!wrapper) wrapper = e->wrapper;
-		if (*e->real) continue;
-		/* The shim's own function came back (the library's references to
-		 * its functions were interposed): ask libcuda itself. */
-		void *real = !is_own(fn) ? fn : driver_symbol(e->name);
-		if (real && !is_own(real)) *e->real = real;
+		if (!*e->real) {
+			/* The shim's own function came back (the library's references
+			 * to its functions were interposed): ask libcuda itself. */
+			void *real = !is_own(fn) ? fn : driver_symbol(e->name);
+			if (real && !is_own(real)) *e->real = real;
+		}
+		return e->wrapper;
 	}
-	return wrapper ? wrapper : fn;
+	return fn;
 }
 
 /* Fills every slot from libcuda, for a program that calls the shim's
@@ -545,7 +658,8 @@ EXPORT void *dlsym(void *handle, const char *name) {
 
 /* --- the shim's functions under the driver's names ---------------------------
  * For a program linked to libcuda.so.1 (the symbols are resolved to the
- * preloaded library first). Each fills the slots once from libcuda. */
+ * preloaded library first). Each fills the slots once from libcuda; a
+ * name this libcuda lacks is CUDA_ERROR_NOT_FOUND, as from the driver. */
 
 #define DEFINE(ret, name, params, args)                                  \
 	EXPORT ret name params {                                             \
@@ -553,6 +667,7 @@ EXPORT void *dlsym(void *handle, const char *name) {
 			resolve_real_dlsym();                                        \
 			resolve_driver();                                            \
 			fill_from_driver();                                          \
+			if (!REAL(name)) return CUDA_ERROR_NOT_FOUND;                \
 		}                                                                \
 		return w_##name args;                                            \
 	}
@@ -575,5 +690,13 @@ DEFINE(CUresult, cuMemPoolSetAttribute, (CUmemoryPool p, int a, void *v), (p, a,
 DEFINE(CUresult, cuMemPoolGetAttribute, (CUmemoryPool p, int a, void *v), (p, a, v))
 DEFINE(CUresult, cuMemPoolTrimTo, (CUmemoryPool p, size_t k), (p, k))
 DEFINE(CUresult, cuMemPoolSetAccess, (CUmemoryPool p, const void *m, size_t c), (p, m, c))
+DEFINE(CUresult, cuStreamBeginCapture, (CUstream s), (s))
+DEFINE(CUresult, cuStreamBeginCapture_ptsz, (CUstream s), (s))
+DEFINE(CUresult, cuStreamBeginCapture_v2, (CUstream s, int m), (s, m))
+DEFINE(CUresult, cuStreamBeginCapture_v2_ptsz, (CUstream s, int m), (s, m))
+DEFINE(CUresult, cuStreamBeginCaptureToGraph, (CUstream s, void *g, const void *d, const void *e, size_t n, int m), (s, g, d, e, n, m))
+DEFINE(CUresult, cuStreamBeginCaptureToGraph_ptsz, (CUstream s, void *g, const void *d, const void *e, size_t n, int m), (s, g, d, e, n, m))
+DEFINE(CUresult, cuStreamEndCapture, (CUstream s, void **g), (s, g))
+DEFINE(CUresult, cuStreamEndCapture_ptsz, (CUstream s, void **g), (s, g))
 DEFINE(CUresult, cuGetProcAddress, (const char *s, void **f, int v, cuuint64_t fl), (s, f, v, fl))
 DEFINE(CUresult, cuGetProcAddress_v2, (const char *s, void **f, int v, cuuint64_t fl, void *st), (s, f, v, fl, st))
