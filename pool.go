@@ -5,6 +5,7 @@ package gpumem
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -203,7 +204,13 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 	}
 	var off uint64
 	if b.seg.virtual {
-		b, off, _ = p.findBacked(h, b, rounded)
+		var missing int
+		b, off, missing = p.findBacked(h, b, rounded)
+		if missing > 0 && p.a.multi.Load() {
+			if lent := p.borrow(rounded); lent != nil {
+				return lent, nil
+			}
+		}
 	}
 	b = p.carve(h, b, rounded, off)
 	if b.seg.virtual {
@@ -215,6 +222,71 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 	b.state = blockAllocated
 	return b, nil
 }
+
+// borrow serves a request of this pool's stream from another pool's free
+// memory that is already backed, where this pool's own would need new
+// chunks (the second rung of the ladder, for blocks: see doc.go, "The stream
+// contract"). Memory freed on one stream then serves another without a
+// driver call: the other pool's stream records an event and this stream
+// waits on it (handOff), so the new work runs after every use of the memory
+// there; the block stays the other pool's and is marked used by this
+// stream, so that freeing it waits for this stream's work before the other
+// pool reuses it (as RecordStream). It returns the block, allocated, with
+// its pool q still locked (the caller does the accounting under q.mu and
+// unlocks), or nil. Other pools are only TryLocked. On the miss path of a
+// program with several streams only.
+func (p *pool) borrow(rounded uint64) *block {
+	for _, q := range p.a.allPools() {
+		if q == p || !q.mu.TryLock() {
+			continue
+		}
+		if b := q.relend(p.stream, rounded); b != nil {
+			return b
+		}
+		if q.npending > 0 {
+			_ = q.processPending(false, false)
+		}
+		h := q.heapFor(rounded)
+		if first := h.free.find(rounded); first != nil && first.seg.virtual {
+			if b, off, missing := q.findBacked(h, first, rounded); missing == 0 && q.handOff(p.stream) == nil {
+				b = q.carve(h, b, rounded, off)
+				q.occupy(b)
+				b.state = blockAllocated
+				x := b.extra()
+				x.uses, x.lent = append(x.uses[:0], p.stream), true
+				p.a.c.handoffs.Add(1)
+				return b
+			}
+		}
+		q.mu.Unlock()
+	}
+	return nil
+}
+
+// relend gives stream s back a block that q lent it and s freed, while it
+// still waits for s's work: s may reuse it at once (its own work is
+// ordered), as it would a block of its own pool. Only a block no other
+// stream used, of rounded bytes up to relendSlack more (a pending block is
+// taken whole). Called with q.mu held.
+func (q *pool) relend(s device.Stream, rounded uint64) *block {
+	link := &q.pending
+	for b := q.pending; b != nil; link, b = &b.fnext, b.fnext {
+		if x := b.x; x.lent && len(x.uses) == 1 && x.uses[0] == s && b.size >= rounded && b.size-rounded <= rounded/relendSlack {
+			*link = b.fnext
+			b.fnext = nil
+			q.npending--
+			q.spareEvents = append(q.spareEvents, x.events...)
+			x.events = x.events[:0]
+			b.state = blockAllocated
+			return b
+		}
+	}
+	return nil
+}
+
+// relendSlack: a pending lent block serves a request at most 1/relendSlack
+// smaller (the rest would otherwise wait with it).
+const relendSlack = 8
 
 // carve takes b out of the free index and cuts [b.addr+off, +rounded) out of
 // it, leaving what comes before and after as free blocks. Their outer
@@ -375,7 +447,7 @@ func (p *pool) processPending(wait, sync bool) error {
 		*link = next
 		p.npending--
 		p.spareEvents = append(p.spareEvents, b.x.events...)
-		b.x.events, b.x.uses = b.x.events[:0], b.x.uses[:0]
+		b.x.events, b.x.uses, b.x.lent = b.x.events[:0], b.x.uses[:0], false
 		b.fnext = nil
 		p.release(b, true)
 		b = next
@@ -458,7 +530,7 @@ func (p *pool) newBlock() *block {
 func (p *pool) putBlock(b *block) {
 	gen, x := b.gen, b.x
 	if x != nil {
-		x.uses, x.events, x.site = x.uses[:0], x.events[:0], nil
+		x.uses, x.events, x.site, x.lent = x.uses[:0], x.events[:0], nil, false
 	}
 	*b = block{pool: p, bin: -1, gen: gen + 1, x: x}
 	b.fnext = p.spare
@@ -744,6 +816,22 @@ func (a *Allocator) reclaim() {
 		_ = p.trim(false)
 		p.mu.Unlock()
 	}
+}
+
+// lentTo counts the buffers of this pool allocated and still used by
+// stream s (lent by borrow, or named by RecordStream).
+func (p *pool) lentTo(s device.Stream) int {
+	n := 0
+	for k := range p.heaps {
+		for _, seg := range p.heaps[k].segs {
+			for b := seg.first; b != nil; b = b.next {
+				if b.state == blockAllocated && b.x != nil && slices.Contains(b.x.uses, s) {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 // leaks lists the buffers still allocated in this pool.
