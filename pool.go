@@ -227,14 +227,16 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 // memory that is already backed, where this pool's own would need new
 // chunks (the second rung of the ladder, for blocks: see doc.go, "The stream
 // contract"). Memory freed on one stream then serves another without a
-// driver call: the other pool's stream records an event and this stream
-// waits on it (handOff), so the new work runs after every use of the memory
-// there; the block stays the other pool's and is marked used by this
-// stream, so that freeing it waits for this stream's work before the other
-// pool reuses it (as RecordStream). It returns the block, allocated, with
-// its pool q still locked (the caller does the accounting under q.mu and
-// unlocks), or nil. Other pools are only TryLocked. On the miss path of a
-// program with several streams only.
+// driver call, once the work of the other stream is done: an event recorded
+// there now has completed (idle), so every use of the memory there is over.
+// A busy stream lends nothing: making this stream wait for it would order
+// this stream's work after all of that stream's, a prefetch copy behind
+// which compute would stall. The block stays the other pool's and is
+// marked used by this stream, so that freeing it waits for this stream's
+// work before the other pool reuses it (as RecordStream). It returns the
+// block, allocated, with its pool q still locked (the caller does the
+// accounting under q.mu and unlocks), or nil. Other pools are only
+// TryLocked. On the miss path of a program with several streams only.
 func (p *pool) borrow(rounded uint64) *block {
 	for _, q := range p.a.allPools() {
 		if q == p || !q.mu.TryLock() {
@@ -248,7 +250,7 @@ func (p *pool) borrow(rounded uint64) *block {
 		}
 		h := q.heapFor(rounded)
 		if first := h.free.find(rounded); first != nil && first.seg.virtual {
-			if b, off, missing := q.findBacked(h, first, rounded); missing == 0 && q.handOff(p.stream) == nil {
+			if b, off, missing := q.findBacked(h, first, rounded); missing == 0 && q.idle() {
 				b = q.carve(h, b, rounded, off)
 				q.occupy(b)
 				b.state = blockAllocated
@@ -261,6 +263,26 @@ func (p *pool) borrow(rounded uint64) *block {
 		q.mu.Unlock()
 	}
 	return nil
+}
+
+// idle reports whether all work enqueued on q's stream so far has
+// completed: an event recorded now, queried at once. False without events
+// (the alternative, a synchronize of the device, costs more than it saves).
+func (q *pool) idle() bool {
+	ev := q.a.ev
+	if ev == nil {
+		return false
+	}
+	e, err := q.event()
+	if err != nil {
+		return false
+	}
+	defer func() { q.spareEvents = append(q.spareEvents, e) }()
+	if ev.Record(e, q.stream) != nil {
+		return false
+	}
+	done, err := ev.Query(e)
+	return err == nil && done
 }
 
 // relend gives stream s back a block that q lent it and s freed, while it

@@ -7,8 +7,8 @@ import (
 )
 
 // TestStreamsShareFreeMemory: memory one stream freed serves another
-// stream's request without a driver call once the second stream is ordered
-// after the first's work (borrow); the second stream's free waits for its
+// stream's request without a driver call once the first stream's work is
+// done, and not before (borrow); the second stream's free waits for its
 // own work before the first stream reuses the memory, and the second
 // stream may reuse it at once (relend). The simulated device checks every
 // hand-over against the work still pending on other streams.
@@ -37,6 +37,9 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Once a's work is done, b's next request is served from a's free
+	// memory, without a driver call.
+	dev.Drain(sa)
 	before := a.Stats()
 	y, err := a.Alloc(n, sb)
 	if err != nil {
@@ -76,7 +79,6 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	mustCheck(t, a, "a lend")
 
 	// b uses y and frees it while its work is pending: a must not reuse it.
-	dev.Drain(sa)
 	dev.Hold(sb)
 	if err := dev.Touch(sb, y.Ptr(), n); err != nil {
 		t.Fatal(err)
@@ -106,7 +108,29 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	}
 	mustCheck(t, a, "a relend")
 	dev.Drain(sb)
-	for _, buf := range []gpumem.Buffer{w, z, keep} {
+
+	// While a's work is pending, a lends nothing: b's work would have to
+	// wait for all of a's.
+	dev.Hold(sa)
+	if err := dev.Touch(sa, z.Ptr(), n); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(z); err != nil {
+		t.Fatal(err)
+	}
+	before = a.Stats()
+	v, err := a.Alloc(n, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.CheckHandoff(v.Ptr(), n, sb); err != nil {
+		t.Fatalf("b may use memory before a's work on it is done: %v", err)
+	}
+	if a.Stats().Handoffs != before.Handoffs {
+		t.Errorf("a lent memory to b while a's work was pending")
+	}
+	dev.Drain(sa)
+	for _, buf := range []gpumem.Buffer{w, v, keep} {
 		if err := a.Free(buf); err != nil {
 			t.Fatal(err)
 		}
