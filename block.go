@@ -57,6 +57,7 @@ type block struct {
 	gen   uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
 	id    uint64 // allocation sequence number on its stream (snapshots)
+	freed uint64 // free: its pool's freeSeq when it (or a piece of it) was last freed
 	scope *Scope // owning scope, or nil
 	sprev *block // scope list, guarded by scope.mu
 	snext *block

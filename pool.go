@@ -47,7 +47,14 @@ type pool struct {
 	made                []int32 // spans placed by the current back (vm.go)
 	fenceEv             device.Event
 	haveFenceEv         bool
-	spareEvents         []device.Event
+	// Lending (borrow): every release stamps the free block with freeSeq;
+	// the blocks stamped up to safeSeq are lendable to other streams, since
+	// an event recorded on this stream after those frees has completed.
+	// epochEv is the event recorded last, after the frees up to epochSeq.
+	freeSeq, safeSeq, epochSeq uint64
+	epochEv                    device.Event
+	haveEpochEv, epochPending  bool
+	spareEvents                []device.Event
 
 	nallocs, nfrees uint64
 	// gauges: exact for this pool; see noteAlloc.
@@ -227,11 +234,11 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 // memory that is already backed, where this pool's own would need new
 // chunks (the second rung of the ladder, for blocks: see doc.go, "The stream
 // contract"). Memory freed on one stream then serves another without a
-// driver call, once the work of the other stream is done: an event recorded
-// there now has completed (idle), so every use of the memory there is over.
-// A busy stream lends nothing: making this stream wait for it would order
-// this stream's work after all of that stream's, a prefetch copy behind
-// which compute would stall. The block stays the other pool's and is
+// driver call once the work that used it is done: an event recorded on the
+// lender's stream after the free has completed (advanceEpoch), so no wait
+// is needed. Memory freed since is not lent: making this stream wait for
+// the lender would order its work after all of the lender's, a prefetch
+// copy behind which compute would stall. The block stays the other pool's and is
 // marked used by this stream, so that freeing it waits for this stream's
 // work before the other pool reuses it (as RecordStream). It returns the
 // block, allocated, with its pool q still locked (the caller does the
@@ -248,41 +255,78 @@ func (p *pool) borrow(rounded uint64) *block {
 		if q.npending > 0 {
 			_ = q.processPending(false, false)
 		}
+		q.advanceEpoch()
 		h := q.heapFor(rounded)
-		if first := h.free.find(rounded); first != nil && first.seg.virtual {
-			if b, off, missing := q.findBacked(h, first, rounded); missing == 0 && q.idle() {
-				b = q.carve(h, b, rounded, off)
-				q.occupy(b)
-				b.state = blockAllocated
-				x := b.extra()
-				x.uses, x.lent = append(x.uses[:0], p.stream), true
-				p.a.c.handoffs.Add(1)
-				return b
-			}
+		if b, off := q.findLendable(h, rounded); b != nil {
+			b = q.carve(h, b, rounded, off)
+			q.occupy(b)
+			b.state = blockAllocated
+			x := b.extra()
+			x.uses, x.lent = append(x.uses[:0], p.stream), true
+			p.a.c.handoffs.Add(1)
+			return b
 		}
 		q.mu.Unlock()
 	}
 	return nil
 }
 
-// idle reports whether all work enqueued on q's stream so far has
-// completed: an event recorded now, queried at once. False without events
-// (the alternative, a synchronize of the device, costs more than it saves).
-func (q *pool) idle() bool {
+// advanceEpoch moves q's lendable horizon: the frees up to safeSeq were
+// followed on q's stream by an event that has completed, so the work that
+// used their memory is done. It queries the event recorded last and, once
+// that has completed, records another (covering the frees since), queried
+// at once: on an idle stream every free so far becomes lendable. Without
+// events nothing is lendable (the alternative, a synchronize of the
+// device, costs more than it saves). Called with q.mu held, on the miss
+// path of another stream.
+func (q *pool) advanceEpoch() {
 	ev := q.a.ev
 	if ev == nil {
-		return false
+		return
 	}
-	e, err := q.event()
-	if err != nil {
-		return false
+	for range 2 {
+		if q.epochPending {
+			done, err := ev.Query(q.epochEv)
+			if err != nil || !done {
+				return
+			}
+			q.safeSeq, q.epochPending = q.epochSeq, false
+		}
+		if q.freeSeq == q.safeSeq {
+			return
+		}
+		if !q.haveEpochEv {
+			e, err := ev.NewEvent()
+			if err != nil {
+				return
+			}
+			q.epochEv, q.haveEpochEv = e, true
+		}
+		if ev.Record(q.epochEv, q.stream) != nil {
+			return
+		}
+		q.epochSeq, q.epochPending = q.freeSeq, true
 	}
-	defer func() { q.spareEvents = append(q.spareEvents, e) }()
-	if ev.Record(e, q.stream) != nil {
-		return false
+}
+
+// findLendable finds a free block of q whose memory is lendable (freed up
+// to safeSeq) and a place in it for rounded bytes that is backed whole:
+// the fitting blocks of every bin from the request's up, best fit first,
+// at most maxCandidates of them.
+func (q *pool) findLendable(h *heap, rounded uint64) (*block, uint64) {
+	seen := 0
+	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
+		for b := h.free.heads[i]; b != nil && seen < maxCandidates; b = b.fnext {
+			if b.size < rounded || b.freed > q.safeSeq || !b.seg.virtual {
+				continue
+			}
+			seen++
+			if off, m := q.placement(b, rounded, 0); m == 0 {
+				return b, off
+			}
+		}
 	}
-	done, err := ev.Query(e)
-	return err == nil && done
+	return nil, 0
 }
 
 // relend gives stream s back a block that q lent it and s freed, while it
@@ -318,7 +362,7 @@ func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 	h.free.remove(b)
 	if off > 0 {
 		n := p.newBlock()
-		n.seg, n.addr, n.size = b.seg, b.addr, off
+		n.seg, n.addr, n.size, n.freed = b.seg, b.addr, off, b.freed
 		n.prev, n.next = b.prev, b
 		if b.prev != nil {
 			b.prev.next = n
@@ -332,7 +376,7 @@ func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 	}
 	if rest := b.size - rounded; rest >= minBlock {
 		n := p.newBlock()
-		n.seg, n.addr, n.size = b.seg, b.addr+rounded, rest
+		n.seg, n.addr, n.size, n.freed = b.seg, b.addr+rounded, rest, b.freed
 		n.prev, n.next = b, b.next
 		if b.next != nil {
 			b.next.prev = n
@@ -375,6 +419,8 @@ func (p *pool) release(b *block, occupied bool) {
 		p.absorb(pr, b)
 		b = pr
 	}
+	p.freeSeq++
+	b.freed = p.freeSeq
 	h.insert(b)
 }
 
@@ -820,6 +866,10 @@ func (p *pool) teardown() error {
 		if p.haveFenceEv {
 			errs = append(errs, a.ev.DestroyEvent(p.fenceEv))
 			p.haveFenceEv = false
+		}
+		if p.haveEpochEv {
+			errs = append(errs, a.ev.DestroyEvent(p.epochEv))
+			p.haveEpochEv, p.epochPending = false, false
 		}
 		for _, e := range p.spareEvents {
 			errs = append(errs, a.ev.DestroyEvent(e))

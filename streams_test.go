@@ -130,7 +130,44 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 		t.Errorf("a lent memory to b while a's work was pending")
 	}
 	dev.Drain(sa)
-	for _, buf := range []gpumem.Buffer{w, v, keep} {
+
+	// Memory a freed before an event a recorded after it completed stays
+	// lendable while a is busy with other work: no wait is needed.
+	var us [3]gpumem.Buffer
+	for i := range us {
+		if us[i], err = a.Alloc(n, sa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, i := range []int{0, 2} { // a is idle; us[1] keeps the two apart
+		if err := a.Free(us[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := a.Alloc(n, sb) // lent at once: a is idle
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Ptr() != us[0].Ptr() && first.Ptr() != us[2].Ptr() {
+		t.Errorf("b got 0x%x while idle a held 0x%x and 0x%x free", first.Ptr(), us[0].Ptr(), us[2].Ptr())
+	}
+	dev.Hold(sa)
+	if err := dev.Touch(sa, keep.Ptr(), keep.Size()); err != nil { // a busy elsewhere
+		t.Fatal(err)
+	}
+	before = a.Stats()
+	r, err := a.Alloc(n, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.CheckHandoff(r.Ptr(), n, sb); err != nil {
+		t.Fatal(err)
+	}
+	if r.Ptr() != us[0].Ptr() && r.Ptr() != us[2].Ptr() || a.Stats().DeviceCalls() != before.DeviceCalls() {
+		t.Errorf("a busy with other work did not lend memory whose use was done (got 0x%x, a freed 0x%x and 0x%x)", r.Ptr(), us[0].Ptr(), us[2].Ptr())
+	}
+	dev.Drain(sa)
+	for _, buf := range []gpumem.Buffer{w, v, keep, first, us[1], r} {
 		if err := a.Free(buf); err != nil {
 			t.Fatal(err)
 		}
