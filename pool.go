@@ -51,6 +51,8 @@ type pool struct {
 	// the blocks stamped up to safeSeq are lendable to other streams, since
 	// an event recorded on this stream after those frees has completed.
 	// epochEv is the event recorded last, after the frees up to epochSeq.
+	// Invariants: free block b.freed <= freeSeq; safeSeq <= freeSeq;
+	// epochPending ⇒ safeSeq <= epochSeq <= freeSeq.
 	freeSeq, safeSeq, epochSeq uint64
 	epochEv                    device.Event
 	haveEpochEv, epochPending  bool
