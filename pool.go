@@ -240,12 +240,12 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 // lender's stream after the free has completed (advanceEpoch), so no wait
 // is needed. Memory freed since is not lent: making this stream wait for
 // the lender would order its work after all of the lender's, a prefetch
-// copy behind which compute would stall. The block stays the other pool's and is
-// marked used by this stream, so that freeing it waits for this stream's
-// work before the other pool reuses it (as RecordStream). It returns the
-// block, allocated, with its pool q still locked (the caller does the
-// accounting under q.mu and unlocks), or nil. Other pools are only
-// TryLocked. On the miss path of a program with several streams only.
+// copy behind which compute would stall. The block stays the other pool's
+// and is marked used by this stream, so that freeing it waits for this
+// stream's work before the other pool reuses it (as RecordStream). It
+// returns the block, allocated, with its pool q still locked (the caller
+// does the accounting under q.mu and unlocks), or nil. Other pools are
+// only TryLocked. On the miss path of a program with several streams only.
 func (p *pool) borrow(rounded uint64) *block {
 	for _, q := range p.a.allPools() {
 		if q == p || !q.mu.TryLock() {
