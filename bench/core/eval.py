@@ -25,6 +25,7 @@ import collections
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,19 +40,20 @@ def family(name):
 
 
 def corpus_tune():
-    """Corpus traces marked tune in bench/corpus's manifest (never holdout)."""
-    man = os.path.join(ROOT, "bench", "corpus", "manifest.json")
+    """Corpus traces its manifest (bench/corpus/MANIFEST.md) marks `tune`;
+    `holdout` traces are never replayed here."""
+    man = os.path.join(ROOT, "bench", "corpus", "MANIFEST.md")
     if not os.path.exists(man):
         return []
-    with open(man) as f:
-        m = json.load(f)
-    entries = m.get("traces", m) if isinstance(m, dict) else m
+    rowre = re.compile(r"^\|\s*([a-z0-9_]+)\s*\|\s*(tune|holdout)\s*\|")
     out = []
-    for e in entries:
-        if e.get("split") == "tune":
-            p = os.path.join(ROOT, "bench", "corpus", "traces", e["file"] if "file" in e else e["name"] + ".trace.gz")
-            if os.path.exists(p):
-                out.append(p)
+    with open(man) as f:
+        for line in f:
+            m = rowre.match(line)
+            if m and m.group(2) == "tune":
+                p = os.path.join(ROOT, "bench", "corpus", "traces", m.group(1) + ".trace.gz")
+                if os.path.exists(p):
+                    out.append(p)
     return out
 
 
