@@ -14,7 +14,9 @@ their cost, docs/EXPERIMENTS.md "What the driver costs"). Then one line per
 family: the mean and the worst of each column. With --base (the jsonl of an
 earlier run) each ratio is shown with its change, and the script lists
 every shipped trace whose first-pass ratio rose or passed 1.02 and exits 1
-if there is one.
+if there is one. It also lists every trace over issue 11's bars that a
+replay checks: a first pass over 1.02, ten passes over the first pass + 1%
+of peak live.
 
 The gpumem binary is built once from the working tree; synthetic traces are
 generated into a temporary directory (bench/synth/gen.py, seeds FIRST to
@@ -129,6 +131,15 @@ def main():
             mean["ratio10"], worst["ratio10"]["ratio10"], worst["ratio10"]["trace"],
             mean["drv1"], max(r["drv1"] for r in rs), mean["drvL"], max(r["drvL"] for r in rs),
             mean["ns1"], mean["nsL"]))
+    # Issue 11's bars that a replay can check: a first pass at most 1.02,
+    # ten passes at most the first pass + 1% of peak live.
+    over = ["%s: first pass %.4f" % (r["trace"], r["ratio"]) for r in rows if r["ratio"] > 1.02]
+    drift = ["%s: %.4f over ten passes, first pass %.4f" % (r["trace"], r["ratio10"], r["ratio"])
+             for r in rows if r["ratio10"] > r["ratio"] + 0.01]
+    if over:
+        print("\nfirst pass over 1.02 (%d):\n  %s" % (len(over), "\n  ".join(over)))
+    if drift:
+        print("\nten passes over the first pass + 1%% of peak live (%d):\n  %s" % (len(drift), "\n  ".join(drift)))
     bad = []
     for r in rows:
         if r["trace"] in shipped_names:
