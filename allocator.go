@@ -181,18 +181,27 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 			return Buffer{}, err
 		}
 	}
+	// The block is p's, or another pool's lent to stream s (borrow), whose
+	// lock the slow path left held: the accounting is its owner's.
+	o := b.pool
 	b.req = size
 	b.scope = sc
 	b.gen++
-	p.nallocs++
-	b.id = p.nallocs
-	p.noteAlloc(b.size, size)
+	o.nallocs++
+	b.id = o.nallocs
+	o.noteAlloc(b.size, size)
 	if a.cfg.RecordSites {
 		x := b.extra()
 		x.site = callers()
 		x.created = time.Now().UnixNano()
 	}
 	buf := Buffer{ptr: device.Ptr(b.addr), size: size, b: b, gen: b.gen}
+	if o != p {
+		if a.check {
+			a.mustCheckPool(o)
+		}
+		o.mu.Unlock()
+	}
 	if a.check {
 		a.mustCheckPool(p)
 	}
@@ -255,7 +264,7 @@ func (a *Allocator) RecordStream(buf Buffer, s device.Stream) error {
 	if b.gen != buf.gen || b.state != blockAllocated {
 		return &BufferError{Op: "RecordStream", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrDoubleFree, Why: "buffer was freed"}
 	}
-	if s == p.stream {
+	if s == b.stream() { // its own pool's stream, unless lent (borrow)
 		return nil
 	}
 	x := b.extra()
@@ -645,6 +654,18 @@ func (a *Allocator) ReleaseStream(s device.Stream) error {
 		return nil
 	}
 	p := t.pools[idx]
+	// Buffers of s may live in other pools' memory (borrow).
+	for _, q := range t.pools {
+		if q == p {
+			continue
+		}
+		q.mu.Lock()
+		lent := q.lentTo(s)
+		q.mu.Unlock()
+		if lent > 0 {
+			return fmt.Errorf("gpumem: ReleaseStream(%d): %d live buffers of other streams' pools are used on the stream (lent to it, or named by RecordStream)", s, lent)
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if live := len(p.leaks()); live > 0 {

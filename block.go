@@ -57,6 +57,7 @@ type block struct {
 	gen   uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
 	id    uint64 // allocation sequence number on its stream (snapshots)
+	freed uint64 // free: its pool's freeSeq when it (or a piece of it) was last freed
 	scope *Scope // owning scope, or nil
 	sprev *block // scope list, guarded by scope.mu
 	snext *block
@@ -67,6 +68,7 @@ type block struct {
 // use and kept with the node when the node is recycled.
 type blockExtra struct {
 	uses    []device.Stream // other streams that used this buffer (RecordStream)
+	lent    bool            // lent to uses[0] by another pool (borrow): the buffer's stream
 	events  []device.Event  // pending: events to wait for before reuse
 	site    []uintptr       // allocation call stack, when recorded
 	created int64           // allocation time, UnixNano, when sites are recorded
@@ -81,6 +83,15 @@ func (b *block) extra() *blockExtra {
 
 // hasUses reports whether RecordStream named other streams.
 func (b *block) hasUses() bool { return b.x != nil && len(b.x.uses) > 0 }
+
+// stream is the stream the block was allocated for: its pool's, or the
+// stream it is lent to.
+func (b *block) stream() device.Stream {
+	if b.x != nil && b.x.lent {
+		return b.x.uses[0]
+	}
+	return b.pool.stream
+}
 
 // site returns the recorded allocation stack, or nil.
 func (b *block) site() []uintptr {

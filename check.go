@@ -96,6 +96,9 @@ func (p *pool) check() error {
 			errs = append(errs, fmt.Errorf("stream %d: "+format, append([]any{p.stream}, args...)...))
 		}
 	}
+	if p.safeSeq > p.freeSeq || p.epochPending && (p.epochSeq < p.safeSeq || p.epochSeq > p.freeSeq) {
+		bad("lending horizon out of order: safe %d, epoch %d (pending %v), frees %d", p.safeSeq, p.epochSeq, p.epochPending, p.freeSeq)
+	}
 	pending := 0
 	partIn := map[*segment][]int32{} // per chunk, from the blocks: non-free blocks covering it in part
 	fullIn := map[*segment][]bool{}  // per chunk: a non-free block covers it whole
@@ -144,12 +147,21 @@ func (p *pool) check() error {
 					if int(b.bin) != binOf(b.size) {
 						bad("free block 0x%x of %d bytes is in bin %d, want %d", b.addr, b.size, b.bin, binOf(b.size))
 					}
+					if b.freed > p.freeSeq {
+						bad("free block 0x%x stamped with free %d, after the pool's last (%d)", b.addr, b.freed, p.freeSeq)
+					}
+					if b.x != nil && (b.x.lent || len(b.x.uses) > 0) {
+						bad("free block 0x%x is still marked used by other streams (lent %v, uses %v)", b.addr, b.x.lent, b.x.uses)
+					}
 				case blockAllocated, blockPending:
 					if b.state == blockAllocated && b.req == 0 {
 						bad("allocated block 0x%x has no request", b.addr)
 					}
 					if b.state == blockPending {
 						pending++
+					}
+					if b.x != nil && b.x.lent && (len(b.x.uses) == 0 || b.x.uses[0] == p.stream) {
+						bad("block 0x%x is lent, but not to another stream (uses %v)", b.addr, b.x.uses)
 					}
 					if seg.virtual {
 						c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)

@@ -78,8 +78,13 @@
 //     exhausted; a plain heap adopts a wholly free segment of another stream
 //     behind an event wait (adoptSegment), or allocates a segment.
 //  5. Place and back the block (virtual): choose, among the fitting free
-//     blocks, the place with the fewest chunks not yet backed (findBacked),
-//     and give each run of them a span (back, newSpan).
+//     blocks, the place with the fewest chunks not yet backed (findBacked).
+//     If that place needs new chunks and there are other streams, take
+//     another pool's free memory that is backed whole instead (borrow): a
+//     block another stream freed, once an event recorded on that stream
+//     has completed, lent to this stream; or a lent block this stream freed
+//     itself and whose free still waits for this stream's work (relend).
+//     Otherwise give each run of missing chunks a span (back, newSpan).
 //  6. If the limit or the device refused (a shortage), unlock, return every
 //     pool's cache to the device (reclaim), lock and retry once.
 //  7. Still short: fail with an *OutOfMemoryError, the verdict (oom.go):
@@ -107,7 +112,11 @@
 // the next Alloc on s. Memory is never given to another stream before the
 // work that used it has completed, or the other stream has been made to wait
 // for it: plain segments move between streams only with an event recorded on
-// the old stream and waited on by the new (adoptSegment); spans are
+// the old stream and waited on by the new (adoptSegment); a free block of a
+// virtual pool is lent to another stream only when an event recorded on its
+// own stream has completed (borrow), stays its pool's, and is marked used by
+// the borrowing stream, so that its free waits for that stream's work
+// before its own pool reuses it; spans are
 // unmapped only after a fence (an event waited on by the host) on the
 // stream that emptied them, because unmapping is not stream-ordered; buffers
 // used on several streams are reused only after RecordStream's events.

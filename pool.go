@@ -5,6 +5,7 @@ package gpumem
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -46,7 +47,16 @@ type pool struct {
 	made                []int32 // spans placed by the current back (vm.go)
 	fenceEv             device.Event
 	haveFenceEv         bool
-	spareEvents         []device.Event
+	// Lending (borrow): every release stamps the free block with freeSeq;
+	// the blocks stamped up to safeSeq are lendable to other streams, since
+	// an event recorded on this stream after those frees has completed.
+	// epochEv is the event recorded last, after the frees up to epochSeq.
+	// Invariants: free block b.freed <= freeSeq; safeSeq <= freeSeq;
+	// epochPending ⇒ safeSeq <= epochSeq <= freeSeq.
+	freeSeq, safeSeq, epochSeq uint64
+	epochEv                    device.Event
+	haveEpochEv, epochPending  bool
+	spareEvents                []device.Event
 
 	nallocs, nfrees uint64
 	// gauges: exact for this pool; see noteAlloc.
@@ -203,7 +213,13 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 	}
 	var off uint64
 	if b.seg.virtual {
-		b, off, _ = p.findBacked(h, b, rounded)
+		var missing int
+		b, off, missing = p.findBacked(h, b, rounded)
+		if missing > 0 && p.a.multi.Load() {
+			if lent := p.borrow(rounded); lent != nil {
+				return lent, nil
+			}
+		}
 	}
 	b = p.carve(h, b, rounded, off)
 	if b.seg.virtual {
@@ -216,6 +232,130 @@ func (p *pool) allocate(rounded uint64) (*block, error) {
 	return b, nil
 }
 
+// borrow serves a request of this pool's stream from another pool's free
+// memory that is already backed, where this pool's own would need new
+// chunks (the second rung of the ladder, for blocks: see doc.go, "The stream
+// contract"). Memory freed on one stream then serves another without a
+// driver call once the work that used it is done: an event recorded on the
+// lender's stream after the free has completed (advanceEpoch), so no wait
+// is needed. Memory freed since is not lent: making this stream wait for
+// the lender would order its work after all of the lender's, a prefetch
+// copy behind which compute would stall. The block stays the other pool's
+// and is marked used by this stream, so that freeing it waits for this
+// stream's work before the other pool reuses it (as RecordStream). It
+// returns the block, allocated, with its pool q still locked (the caller
+// does the accounting under q.mu and unlocks), or nil. Other pools are
+// only TryLocked. On the miss path of a program with several streams only.
+func (p *pool) borrow(rounded uint64) *block {
+	for _, q := range p.a.allPools() {
+		if q == p || !q.mu.TryLock() {
+			continue
+		}
+		if b := q.relend(p.stream, rounded); b != nil {
+			return b
+		}
+		if q.npending > 0 {
+			_ = q.processPending(false, false)
+		}
+		q.advanceEpoch()
+		h := q.heapFor(rounded)
+		if b, off := q.findLendable(h, rounded); b != nil {
+			b = q.carve(h, b, rounded, off)
+			q.occupy(b)
+			b.state = blockAllocated
+			x := b.extra()
+			x.uses, x.lent = append(x.uses[:0], p.stream), true
+			p.a.c.handoffs.Add(1)
+			return b
+		}
+		q.mu.Unlock()
+	}
+	return nil
+}
+
+// advanceEpoch moves q's lendable horizon: the frees up to safeSeq were
+// followed on q's stream by an event that has completed, so the work that
+// used their memory is done. It queries the event recorded last and, once
+// that has completed, records another (covering the frees since), queried
+// at once: on an idle stream every free so far becomes lendable. Without
+// events nothing is lendable (the alternative, a synchronize of the
+// device, costs more than it saves). Called with q.mu held, on the miss
+// path of another stream.
+func (q *pool) advanceEpoch() {
+	ev := q.a.ev
+	if ev == nil {
+		return
+	}
+	for range 2 {
+		if q.epochPending {
+			done, err := ev.Query(q.epochEv)
+			if err != nil || !done {
+				return
+			}
+			q.safeSeq, q.epochPending = q.epochSeq, false
+		}
+		if q.freeSeq == q.safeSeq {
+			return
+		}
+		if !q.haveEpochEv {
+			e, err := ev.NewEvent()
+			if err != nil {
+				return
+			}
+			q.epochEv, q.haveEpochEv = e, true
+		}
+		if ev.Record(q.epochEv, q.stream) != nil {
+			return
+		}
+		q.epochSeq, q.epochPending = q.freeSeq, true
+	}
+}
+
+// findLendable finds a free block of q whose memory is lendable (freed up
+// to safeSeq) and a place in it for rounded bytes that is backed whole:
+// the fitting blocks of every bin from the request's up, best fit first,
+// at most maxCandidates of them.
+func (q *pool) findLendable(h *heap, rounded uint64) (*block, uint64) {
+	seen := 0
+	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
+		for b := h.free.heads[i]; b != nil && seen < maxCandidates; b = b.fnext {
+			if b.size < rounded || b.freed > q.safeSeq || !b.seg.virtual {
+				continue
+			}
+			seen++
+			if off, m := q.placement(b, rounded, 0); m == 0 {
+				return b, off
+			}
+		}
+	}
+	return nil, 0
+}
+
+// relend gives stream s back a block that q lent it and s freed, while it
+// still waits for s's work: s may reuse it at once (its own work is
+// ordered), as it would a block of its own pool. Only a block no other
+// stream used, of rounded bytes up to relendSlack more (a pending block is
+// taken whole). Called with q.mu held.
+func (q *pool) relend(s device.Stream, rounded uint64) *block {
+	link := &q.pending
+	for b := q.pending; b != nil; link, b = &b.fnext, b.fnext {
+		if x := b.x; x.lent && len(x.uses) == 1 && x.uses[0] == s && b.size >= rounded && b.size-rounded <= rounded/relendSlack {
+			*link = b.fnext
+			b.fnext = nil
+			q.npending--
+			q.spareEvents = append(q.spareEvents, x.events...)
+			x.events = x.events[:0]
+			b.state = blockAllocated
+			return b
+		}
+	}
+	return nil
+}
+
+// relendSlack: a pending lent block serves a request at most 1/relendSlack
+// smaller (the rest would otherwise wait with it).
+const relendSlack = 8
+
 // carve takes b out of the free index and cuts [b.addr+off, +rounded) out of
 // it, leaving what comes before and after as free blocks. Their outer
 // neighbours are never free (free blocks are never neighbours), so they need
@@ -224,7 +364,7 @@ func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 	h.free.remove(b)
 	if off > 0 {
 		n := p.newBlock()
-		n.seg, n.addr, n.size = b.seg, b.addr, off
+		n.seg, n.addr, n.size, n.freed = b.seg, b.addr, off, b.freed
 		n.prev, n.next = b.prev, b
 		if b.prev != nil {
 			b.prev.next = n
@@ -238,7 +378,7 @@ func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 	}
 	if rest := b.size - rounded; rest >= minBlock {
 		n := p.newBlock()
-		n.seg, n.addr, n.size = b.seg, b.addr+rounded, rest
+		n.seg, n.addr, n.size, n.freed = b.seg, b.addr+rounded, rest, b.freed
 		n.prev, n.next = b, b.next
 		if b.next != nil {
 			b.next.prev = n
@@ -281,6 +421,8 @@ func (p *pool) release(b *block, occupied bool) {
 		p.absorb(pr, b)
 		b = pr
 	}
+	p.freeSeq++
+	b.freed = p.freeSeq
 	h.insert(b)
 }
 
@@ -375,7 +517,7 @@ func (p *pool) processPending(wait, sync bool) error {
 		*link = next
 		p.npending--
 		p.spareEvents = append(p.spareEvents, b.x.events...)
-		b.x.events, b.x.uses = b.x.events[:0], b.x.uses[:0]
+		b.x.events, b.x.uses, b.x.lent = b.x.events[:0], b.x.uses[:0], false
 		b.fnext = nil
 		p.release(b, true)
 		b = next
@@ -458,7 +600,7 @@ func (p *pool) newBlock() *block {
 func (p *pool) putBlock(b *block) {
 	gen, x := b.gen, b.x
 	if x != nil {
-		x.uses, x.events, x.site = x.uses[:0], x.events[:0], nil
+		x.uses, x.events, x.site, x.lent = x.uses[:0], x.events[:0], nil, false
 	}
 	*b = block{pool: p, bin: -1, gen: gen + 1, x: x}
 	b.fnext = p.spare
@@ -727,6 +869,10 @@ func (p *pool) teardown() error {
 			errs = append(errs, a.ev.DestroyEvent(p.fenceEv))
 			p.haveFenceEv = false
 		}
+		if p.haveEpochEv {
+			errs = append(errs, a.ev.DestroyEvent(p.epochEv))
+			p.haveEpochEv, p.epochPending = false, false
+		}
 		for _, e := range p.spareEvents {
 			errs = append(errs, a.ev.DestroyEvent(e))
 		}
@@ -744,6 +890,22 @@ func (a *Allocator) reclaim() {
 		_ = p.trim(false)
 		p.mu.Unlock()
 	}
+}
+
+// lentTo counts the buffers of this pool allocated and still used by
+// stream s (lent by borrow, or named by RecordStream).
+func (p *pool) lentTo(s device.Stream) int {
+	n := 0
+	for k := range p.heaps {
+		for _, seg := range p.heaps[k].segs {
+			for b := seg.first; b != nil; b = b.next {
+				if b.state == blockAllocated && b.x != nil && slices.Contains(b.x.uses, s) {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 // leaks lists the buffers still allocated in this pool.

@@ -274,7 +274,7 @@ func (e *LeakError) Error() string {
 }
 
 func (p *pool) leakOf(b *block) LeakedBuffer {
-	l := LeakedBuffer{Ptr: b.addr, Size: b.req, Stream: uint64(p.stream),
+	l := LeakedBuffer{Ptr: b.addr, Size: b.req, Stream: uint64(b.stream()),
 		buf: Buffer{ptr: device.Ptr(b.addr), size: b.req, b: b, gen: b.gen}}
 	if b.scope != nil {
 		l.Scope = b.scope.Name()

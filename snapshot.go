@@ -79,7 +79,7 @@ func (a *Allocator) Snapshot() Snapshot {
 					sort.Slice(ss.Spans, func(i, j int) bool { return ss.Spans[i].Address < ss.Spans[j].Address })
 				}
 				for b := seg.first; b != nil; b = b.next {
-					bs := BlockSnapshot{Address: b.addr, Size: b.size, Requested: b.req, State: b.state.String(), Stream: uint64(p.stream)}
+					bs := BlockSnapshot{Address: b.addr, Size: b.size, Requested: b.req, State: b.state.String(), Stream: uint64(b.stream())}
 					if b.state != blockFree {
 						bs.Seq = b.id
 					}

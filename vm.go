@@ -230,7 +230,6 @@ const maxSlide = 4096
 // costs driver calls (a span to create or move: tens of microseconds on a
 // real GPU). On the miss path only.
 func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64, int) {
-	const maxCandidates = 1024
 	best := first
 	bestOff, bestMissing := p.placement(first, rounded, 1<<30)
 	if bestMissing == 0 {
@@ -253,6 +252,10 @@ func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64
 	}
 	return best, bestOff, bestMissing
 }
+
+// maxCandidates bounds the free blocks one search for backed memory looks
+// at (findBacked, findLendable).
+const maxCandidates = 1024
 
 // occupy counts b as live in its chunks and their spans; every chunk must
 // be ready.

@@ -3,9 +3,11 @@
 check that a policy tuned on the six recorded traces holds on programs it was
 not tuned on.
 
-    python3 bench/synth/gen.py OUTDIR     # writes 30 traces (5 seeds x 6 families)
+    python3 bench/synth/gen.py OUTDIR           # 40 traces (5 seeds x 8 families)
+    python3 bench/synth/gen.py OUTDIR 105 10    # seeds 105-114: kv5..kv14, ...
 
-Families (gpumem-trace v1, one stream, deterministic seeds 100-104):
+A trace of seed S is named FAMILY{S-100}. Families (gpumem-trace v1,
+deterministic seeds, 100-104 by default; one stream but prefetch and buckets):
   kv      autoregressive generation: a KV cache per layer regrown one token at a
           time (new = bigger, then the old freed), random batch and prompt
   varlen  transformer training with random sequence lengths: activations, attention
@@ -16,6 +18,13 @@ Families (gpumem-trace v1, one stream, deterministic seeds 100-104):
           cache, arriving and finishing at random (caches freed out of order)
   rand    no program's shape: log-uniform sizes (512 B to 512 MiB), frees in
           random order, about 8 GiB live, 60,000 events
+  prefetch two streams sharing memory: a side stream (1) loads the next batch
+          (random size) while the main stream (0) trains on the current one
+          (activations sized by that batch); the main stream frees each batch
+          after its step (a free of the side stream's memory)
+  buckets  data-parallel training: gradient buckets allocated on a
+          communication stream (2) while backward frees activations on the
+          main stream (0)
 Sizes follow the shapes of real layers and lifetimes the program's order,
 except in rand.
 """
@@ -40,8 +49,8 @@ class Trace:
     def __init__(self):
         self.ev, self.nid, self.t = [], 0, 0
 
-    def a(self, size):
-        self.ev.append(f"a {self.nid} {max(1, int(size))} 0 {self.t}")
+    def a(self, size, stream=0):
+        self.ev.append(f"a {self.nid} {max(1, int(size))} {stream} {self.t}")
         self.nid += 1
         self.t += 1
         return self.nid - 1
@@ -197,9 +206,87 @@ def rand(seed):
     return t.ev
 
 
+def prefetch(seed):
+    """A two-stream prefetch pipeline: the side stream (1) allocates batch
+    i+1 (and its staging copies, freed at once) while the main stream (0)
+    runs step i; batch i is freed when step i is done. Batch sizes vary, so
+    memory freed on one stream is what the other needs next."""
+    r = random.Random(seed)
+    t = Trace()
+    hidden = r.choice([768, 1024, 2048])
+    layers = r.choice([6, 12, 24])
+    for _ in range(layers * 4):  # parameters, main stream
+        t.a(hidden * hidden * 4 * r.choice([1, 4]))
+
+    def load():
+        n = r.randint(8, 64) * r.choice([1, 2, 4])  # samples in the batch
+        batch = [t.a(n * 224 * 224 * 3 * r.choice([1, 2]), 1), t.a(n * 8, 1)]
+        for _ in range(r.randint(1, 4)):  # staging copies
+            t.f(t.a(n * 224 * 224 * 3 // r.choice([1, 2, 4]), 1))
+        return n, batch
+
+    cur = load()
+    for _ in range(r.randint(20, 60)):  # steps
+        n, batch = cur
+        acts = []
+        for _ in range(layers):
+            for m in (1, 4, 1):
+                acts.append(t.a(n * 196 * hidden * m * 2))
+            if r.random() < 0.3 and len(acts) > 2:  # a temporary freed early
+                t.f(acts.pop(r.randrange(len(acts))))
+        cur = load()  # the next batch, on the side stream, overlapping
+        for x in reversed(acts):  # backward
+            g = t.a(r.uniform(0.3, 1.0) * n * 196 * hidden * 2)
+            t.f(x)
+            t.f(g)
+        for b in batch:  # the batch was used by the main stream: freed after its step
+            t.f(b)
+    return t.ev
+
+
+def buckets(seed):
+    """Data-parallel training with gradient buckets on a communication
+    stream (2): backward on the main stream (0) frees activations while the
+    communication stream allocates a flat bucket per group of layers, reduces
+    it and frees it; the optimizer's temporaries follow on the main stream."""
+    r = random.Random(seed)
+    t = Trace()
+    hidden = r.choice([768, 1024, 2048])
+    layers = r.choice([12, 24])
+    batch = r.choice([4, 8, 16])
+    per = r.choice([2, 3, 4])  # layers per bucket
+    for _ in range(layers * 4):  # parameters and optimizer state
+        t.a(hidden * hidden * 4 * 4)
+    for _ in range(r.randint(15, 40)):  # steps
+        length = r.randint(64, 1024)
+        acts = []
+        for _ in range(layers):
+            for m in (1, 4, 1):
+                acts.append(t.a(batch * length * hidden * m * 2))
+            acts.append(t.a(batch * 12 * length * min(length, 512) * 2))
+        inflight = []
+        for layer in range(layers):  # backward, last layer first
+            for _ in range(4):
+                g = t.a(r.uniform(0.3, 1.0) * batch * length * hidden * 2)
+                t.f(acts.pop())
+                t.f(g)
+            if (layer + 1) % per == 0:  # a bucket of per layers' gradients
+                b = t.a(per * hidden * hidden * 4 * 4, 2)
+                inflight.append(b)
+                if len(inflight) > 2:  # the oldest reduction is done
+                    t.f(inflight.pop(0))
+        for b in inflight:
+            t.f(b)
+        for _ in range(r.randint(2, 6)):  # optimizer temporaries
+            t.f(t.a(hidden * hidden * 4 * r.choice([1, 4])))
+    return t.ev
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
-    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep, "serve": serve, "rand": rand}
+    first = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    count = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep, "serve": serve, "rand": rand, "prefetch": prefetch, "buckets": buckets}
     for name, g in gens.items():
-        for i in range(5):
-            write(f"{name}{i}", g(100 + i))
+        for seed in range(first, first + count):
+            write(f"{name}{seed - 100}", g(seed))
