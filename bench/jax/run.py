@@ -142,8 +142,8 @@ def timed_trim(pid, start):
     """gpumem.trim(), the time until NVML is within 64 MiB of start (up to
     1 s), and whether it reached the shim's allocator: its Trims counter
     went up and its Reserved went to 0 or stayed there."""
+    before = gpumem_stats()  # puts the package's directory on the path
     import gpumem
-    before = gpumem_stats()
     t = time.perf_counter()
     gpumem.trim()
     ms = None
