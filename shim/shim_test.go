@@ -200,15 +200,127 @@ func TestPerCallPath(t *testing.T) {
 }
 
 // TestCaptureReport: GPUMEM_PRELOAD_REPORT=1 prints what the shim saw at
-// exit: the captures begun and the allocations passed to the driver.
+// exit: the captures begun and the allocations passed to the driver, then
+// the calls by entry point.
 func TestCaptureReport(t *testing.T) {
 	b := build(t)
 	cmd := b.command([]string{"GPUMEM_CONFIG=device=sim,capacity=4GiB", "GPUMEM_PRELOAD_REPORT=1"}, b.paths, "capture")
 	_, stderr, code := output(t, cmd)
 	// paths capture begins 3 captures and makes 5 allocations on captured
 	// streams (4 on c, 1 on the per-thread stream).
-	if want := "gpumem: preload: 3 stream captures begun, 5 allocations passed to the driver while captured\n"; code != 0 || stderr != want {
-		t.Errorf("exit %d, stderr %q; want 0 and %q", code, stderr, want)
+	lines := strings.SplitAfter(stderr, "\n")
+	if want := "gpumem: preload: 3 stream captures begun, 5 allocations passed to the driver while captured\n"; code != 0 || len(lines) != 3 || lines[0] != want || !strings.HasPrefix(lines[1], "gpumem: preload: calls: ") {
+		t.Errorf("exit %d, stderr %q; want 0, %q and the calls line", code, stderr, want)
+	}
+}
+
+// reportedCalls parses the report's calls line: entry point -> count.
+func reportedCalls(t *testing.T, stderr string) map[string]int {
+	t.Helper()
+	const prefix = "gpumem: preload: calls: "
+	for _, line := range strings.Split(stderr, "\n") {
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		calls := map[string]int{}
+		for _, item := range strings.Split(strings.TrimPrefix(line, prefix), ", ") {
+			i := strings.LastIndexByte(item, ' ')
+			var n int
+			if _, err := fmt.Sscan(item[i+1:], &n); i < 0 || err != nil {
+				t.Fatalf("calls line: item %q is not NAME COUNT: %q", item, line)
+			}
+			calls[item[:i]] = n
+		}
+		return calls
+	}
+	t.Fatalf("no calls line in stderr:\n%s", stderr)
+	return nil
+}
+
+// TestCallCounts: the report counts every call to each wrapped entry point
+// and the driver calls the shim makes itself, exactly (shimbench's calls
+// are known from its loop counts); with GPUMEM_PRELOAD_PASSTHROUGH=1 the
+// same program's calls all go to the driver, counted the same, gpumem is
+// never loaded, and the shim makes no driver call of its own.
+func TestCallCounts(t *testing.T) {
+	b := build(t)
+	const pairs = 100
+	// shimbench: 5 runs of PAIRS iterations per row; the pair rows run at
+	// two sizes: FromPool + FreeAsync, the same during a capture, AllocAsync
+	// + FreeAsync; then two attribute rows and one cuMemGetInfo row.
+	want := map[string]int{
+		"cuMemAllocFromPoolAsync":   2 * 2 * 5 * pairs,
+		"cuMemAllocAsync":           2 * 5 * pairs,
+		"cuMemFreeAsync":            3 * 2 * 5 * pairs,
+		"cuMemPoolGetAttribute":     2 * 5 * pairs,
+		"cuMemGetInfo_v2":           5 * pairs,
+		"cuStreamBeginCapture_v2":   1,
+		"cuStreamEndCapture":        1,
+		"cuDeviceGetDefaultMemPool": 1,
+		"cuMemPoolSetAttribute":     1,
+	}
+	for _, mode := range []struct {
+		name string
+		env  []string
+		own  map[string]int // the shim's own driver calls
+	}{
+		// During the capture each of the pair's allocations asks whether
+		// its stream is captured, and ending the capture asks twice (before
+		// and after); with one device nothing else is asked. Passing
+		// through, only the end of the capture asks.
+		{"shim", nil, map[string]int{"cuStreamIsCapturing (the shim's own)": 2*5*pairs + 2}},
+		{"passthrough", []string{"GPUMEM_PRELOAD_PASSTHROUGH=1"}, map[string]int{"cuStreamIsCapturing (the shim's own)": 2}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			env := append([]string{"GPUMEM_CONFIG=device=sim,capacity=4GiB", "GPUMEM_PRELOAD_REPORT=1"}, mode.env...)
+			stdout, stderr, code := output(t, b.command(env, b.shimbench, fmt.Sprint(pairs)))
+			if code != 0 {
+				t.Fatalf("shimbench: exit %d\n%s%s", code, stdout, stderr)
+			}
+			calls := reportedCalls(t, stderr)
+			for name, n := range want {
+				if calls[name] != n {
+					t.Errorf("%s: %d calls reported, want %d", name, calls[name], n)
+				}
+			}
+			for name, n := range calls {
+				if strings.Contains(name, "the shim's own") && mode.own[name] != n {
+					t.Errorf("%s: %d calls reported, want %d", name, n, mode.own[name])
+				}
+			}
+			for name, n := range mode.own {
+				if calls[name] != n {
+					t.Errorf("%s: %d calls reported, want %d", name, calls[name], n)
+				}
+			}
+			if calls["cuGetProcAddress_v2"] == 0 {
+				t.Error("the program's cuGetProcAddress_v2 lookups were not counted")
+			}
+			passthrough := strings.Contains(stderr, "gpumem: preload: passthrough (GPUMEM_PRELOAD_PASSTHROUGH=1), every call went to the driver; 1 stream captures begun\n")
+			if passthrough != (mode.name == "passthrough") {
+				t.Errorf("passthrough line present %v, want %v:\n%s", passthrough, mode.name == "passthrough", stderr)
+			}
+			// shimbench says whose functions it got: the shim's in both modes.
+			if !strings.Contains(stdout, "go to the shim") {
+				t.Errorf("shimbench did not get the shim's functions:\n%s", stdout)
+			}
+		})
+	}
+	// Without the report the shim counts nothing and says nothing.
+	_, stderr, code := output(t, b.command([]string{"GPUMEM_CONFIG=device=sim,capacity=4GiB"}, b.shimbench, "10"))
+	if code != 0 || stderr != "" {
+		t.Errorf("without GPUMEM_PRELOAD_REPORT: exit %d, stderr %q; want 0 and nothing", code, stderr)
+	}
+}
+
+// TestPassthroughServesFromDriver: with GPUMEM_PRELOAD_PASSTHROUGH=1
+// TensorFlow's calls reach the driver (tfalloc finds the driver serving
+// them and fails its gpumem checks), with no line from the shim.
+func TestPassthroughServesFromDriver(t *testing.T) {
+	b := build(t)
+	stdout, stderr, code := output(t, b.command([]string{"GPUMEM_PRELOAD_PASSTHROUGH=1"}, b.tfalloc, "0"))
+	if code != 1 || !strings.Contains(stderr, "the driver got allocations") || strings.Contains(stderr, "gpumem: preload") {
+		t.Errorf("exit %d; want tfalloc to find the driver serving it, and no line from the shim\n%s%s", code, stdout, stderr)
 	}
 }
 
@@ -222,7 +334,7 @@ func TestShimbench(t *testing.T) {
 		t.Fatalf("shimbench: exit %d\n%s%s", code, stdout, stderr)
 	}
 	for _, row := range []string{"pair (FromPool", "another stream capturing", "async pair", "capture check", "ctx device",
-		"ctx current", "free's device -1", "free's device known", "crossings"} {
+		"ctx current", "pool used", "pool threshold", "mem info", "free's device -1", "free's device known", "crossings"} {
 		if !strings.Contains(stdout, row) {
 			t.Errorf("no row %q:\n%s", row, stdout)
 		}

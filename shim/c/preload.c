@@ -42,6 +42,13 @@
  *     handles the shim recognizes; their attributes read gpumem's numbers,
  *     and trimming one trims gpumem.
  *
+ * With GPUMEM_PRELOAD_REPORT=1 the shim counts the calls made to each
+ * wrapped entry point (relaxed atomic counters, only then) and the driver
+ * calls it makes itself, and prints them at exit with the captures. With
+ * GPUMEM_PRELOAD_PASSTHROUGH=1 gpumem is never loaded and every call goes
+ * to the driver, counted: the same count under a framework's own allocator
+ * (XLA's BFC, the driver's pool), to compare with gpumem's.
+ *
  * Lookups made by libgpumem itself (its CUDA backend resolves the driver
  * with dlsym too) get the real functions: the shim tells them apart by the
  * caller's address. */
@@ -139,7 +146,7 @@ static struct {
 	void *base; /* load address of libgpumem.so: its own dlsym calls */
 } gm;
 
-/* 0: not tried; 1: loaded; -1: failed, everything goes to the driver;
+/* 0: not tried; 1: loaded; -1: failed or passthrough, everything goes to the driver;
  * -2: this process was forked after gpumem started (the same). */
 static atomic_int gm_state;
 static pthread_once_t gm_once = PTHREAD_ONCE_INIT;
@@ -154,9 +161,80 @@ static atomic_int captures;
 /* With GPUMEM_PRELOAD_REPORT=1, what the shim saw, on stderr at exit. */
 static atomic_long captures_begun, captured_allocs;
 
+/* The wrapped entry points, in the order of the report; each has a
+ * counter, and so have the driver calls the shim makes itself. */
+#define WRAPPED(X)                                                                                   \
+	X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) \
+	X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2)          \
+	X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolCreate)          \
+	X(cuMemPoolDestroy) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuMemPoolTrimTo)            \
+	X(cuMemPoolSetAccess) X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2) \
+	X(cuStreamBeginCapture_v2_ptsz) X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz)   \
+	X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz) X(cuGetProcAddress) X(cuGetProcAddress_v2)
+#define KIND(name) K_##name,
+enum { WRAPPED(KIND) K_OWN_IS_CAPTURING, K_OWN_CTX_GET_DEVICE, K_OWN_DEFAULT_POOL, K_OWN_CTX_SYNCHRONIZE, N_COUNTED };
+#undef KIND
+#define KIND_NAME(name) #name,
+static const char *const counted_names[N_COUNTED] = {
+	WRAPPED(KIND_NAME) "cuStreamIsCapturing (the shim's own)", "cuCtxGetDevice (the shim's own)",
+	"cuDeviceGetDefaultMemPool (the shim's own)", "cuCtxSynchronize (the shim's own)",
+};
+#undef KIND_NAME
+static atomic_ulong counts[N_COUNTED];
+
+/* Set once, before main, from the environment; read-only after. */
+static int counting;    /* GPUMEM_PRELOAD_REPORT=1 */
+static int passthrough; /* GPUMEM_PRELOAD_PASSTHROUGH=1 */
+
+#define COUNT(k)                                                                  \
+	do {                                                                          \
+		if (counting) atomic_fetch_add_explicit(&counts[k], 1, memory_order_relaxed); \
+	} while (0)
+
+/* The report: the captures, then each entry point called (and each driver
+ * call the shim made) with its count; nothing from a process that made
+ * none of those calls. */
 static void report(void) {
-	fprintf(stderr, "gpumem: preload: %ld stream captures begun, %ld allocations passed to the driver while captured\n",
-	        atomic_load(&captures_begun), atomic_load(&captured_allocs));
+	unsigned long total = 0;
+	for (int i = 0; i < N_COUNTED; i++) total += atomic_load(&counts[i]);
+	if (total == 0) return;
+	if (passthrough)
+		fprintf(stderr, "gpumem: preload: passthrough (GPUMEM_PRELOAD_PASSTHROUGH=1), every call went to the driver; %ld stream captures begun\n",
+		        atomic_load(&captures_begun));
+	else
+		fprintf(stderr, "gpumem: preload: %ld stream captures begun, %ld allocations passed to the driver while captured\n",
+		        atomic_load(&captures_begun), atomic_load(&captured_allocs));
+	fprintf(stderr, "gpumem: preload: calls:");
+	const char *sep = " ";
+	for (int i = 0; i < N_COUNTED; i++) {
+		unsigned long n = atomic_load(&counts[i]);
+		if (n == 0) continue;
+		fprintf(stderr, "%s%s %lu", sep, counted_names[i], n);
+		sep = ", ";
+	}
+	fprintf(stderr, "\n");
+}
+
+/* A child starts its counts over: what its parent counted is the parent's
+ * to report. */
+static void zero_counts(void) {
+	for (int i = 0; i < N_COUNTED; i++) atomic_store(&counts[i], 0);
+	atomic_store(&captures_begun, 0);
+	atomic_store(&captured_allocs, 0);
+}
+
+static int env_is_1(const char *name) {
+	const char *v = getenv(name);
+	return v && strcmp(v, "1") == 0;
+}
+
+__attribute__((constructor)) static void read_env(void) {
+	counting = env_is_1("GPUMEM_PRELOAD_REPORT");
+	passthrough = env_is_1("GPUMEM_PRELOAD_PASSTHROUGH");
+	if (counting) {
+		pthread_atfork(NULL, NULL, zero_counts);
+		atexit(report);
+	}
 }
 
 static void forked_child(void) { atomic_store(&gm_state, -2); }
@@ -164,6 +242,10 @@ static void forked_child(void) { atomic_store(&gm_state, -2); }
 static void load_gpumem(void) {
 	resolve_real_dlsym();
 	resolve_driver();
+	if (passthrough) { /* never loaded: the driver serves every call */
+		atomic_store(&gm_state, -1);
+		return;
+	}
 	const char *path = getenv("GPUMEM_LIBRARY");
 	if (!path || !*path) path = "libgpumem.so";
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -193,8 +275,6 @@ static void load_gpumem(void) {
 	int n = 0;
 	single_device = drv_device_count && drv_device_count(&n) == CUDA_SUCCESS && n == 1;
 	pthread_atfork(NULL, NULL, forked_child);
-	const char *r = getenv("GPUMEM_PRELOAD_REPORT");
-	if (r && strcmp(r, "1") == 0) atexit(report);
 	atomic_store(&gm_state, 1);
 }
 
@@ -215,6 +295,7 @@ static int gpumem_on(void) {
 static int current_device(void) {
 	CUdevice d = 0;
 	if (single_device) return 0;
+	COUNT(K_OWN_CTX_GET_DEVICE);
 	if (drv_ctx_get_device && drv_ctx_get_device(&d) != CUDA_SUCCESS) d = 0;
 	return d;
 }
@@ -222,6 +303,7 @@ static int current_device(void) {
 /* The driver's capture status of s; -1 if it cannot say. */
 static int capture_status(CUstream s) {
 	int st = CU_STREAM_CAPTURE_STATUS_NONE;
+	COUNT(K_OWN_IS_CAPTURING);
 	if (!drv_stream_is_capturing || drv_stream_is_capturing(s, &st) != CUDA_SUCCESS) return -1;
 	return st;
 }
@@ -328,12 +410,14 @@ static CUmemoryPool pool_of(int device) {
 /* cuMemAllocAsync: size bytes for work on s, from gpumem; a capturing
  * stream, or no gpumem, gets the driver's. */
 static CUresult w_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
+	COUNT(K_cuMemAllocAsync);
 	if (!gpumem_on() || capturing(s)) return REAL(cuMemAllocAsync)(dptr, size, s);
 	return gm_alloc(dptr, size, current_device(), s);
 }
 
 /* The per-thread default stream variant: stream 0 means the thread's own. */
 static CUresult w_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
+	COUNT(K_cuMemAllocAsync_ptsz);
 	if (!gpumem_on() || capturing(s ? s : CU_STREAM_PER_THREAD)) return REAL(cuMemAllocAsync_ptsz)(dptr, size, s);
 	return gm_alloc(dptr, size, current_device(), s ? s : CU_STREAM_PER_THREAD);
 }
@@ -343,6 +427,7 @@ static CUresult w_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream 
 static CUmemoryPool driver_pool(CUmemoryPool pool) {
 	if (!is_pool(pool)) return pool;
 	CUmemoryPool p = NULL;
+	COUNT(K_OWN_DEFAULT_POOL);
 	if (drv_default_pool) drv_default_pool(&p, ((struct pool *)pool)->device);
 	return p;
 }
@@ -350,12 +435,14 @@ static CUmemoryPool driver_pool(CUmemoryPool pool) {
 /* cuMemAllocFromPoolAsync: from gpumem when the pool is gpumem's, on the
  * pool's device. */
 static CUresult w_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+	COUNT(K_cuMemAllocFromPoolAsync);
 	if (!gpumem_on() || !is_pool(pool) || capturing(s))
 		return REAL(cuMemAllocFromPoolAsync)(dptr, size, driver_pool(pool), s);
 	return gm_alloc(dptr, size, ((struct pool *)pool)->device, s);
 }
 
 static CUresult w_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+	COUNT(K_cuMemAllocFromPoolAsync_ptsz);
 	if (!gpumem_on() || !is_pool(pool) || capturing(s ? s : CU_STREAM_PER_THREAD))
 		return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, size, driver_pool(pool), s);
 	return gm_alloc(dptr, size, ((struct pool *)pool)->device, s ? s : CU_STREAM_PER_THREAD);
@@ -364,6 +451,7 @@ static CUresult w_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, C
 /* cuMemFreeAsync: gpumem's memory back to gpumem, reusable after s's work
  * up to now; anything else to the driver. */
 static CUresult w_cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
+	COUNT(K_cuMemFreeAsync);
 	if (gpumem_on()) {
 		gpumem_status st = gm_free(ptr, s);
 		if (st != GPUMEM_ERROR_INVALID_POINTER) return cuda_error(st);
@@ -372,6 +460,7 @@ static CUresult w_cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
 }
 
 static CUresult w_cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) {
+	COUNT(K_cuMemFreeAsync_ptsz);
 	if (gpumem_on()) {
 		gpumem_status st = gm_free(ptr, s ? s : CU_STREAM_PER_THREAD);
 		if (st != GPUMEM_ERROR_INVALID_POINTER) return cuda_error(st);
@@ -381,13 +470,16 @@ static CUresult w_cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream s) {
 
 /* cuMemAlloc: from gpumem, on the legacy default stream. */
 static CUresult w_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+	COUNT(K_cuMemAlloc_v2);
 	if (!gpumem_on()) return REAL(cuMemAlloc_v2)(dptr, size);
 	return gm_alloc(dptr, size, current_device(), NULL);
 }
 
 /* cuMemFree: as the driver's, it waits for the device first. */
 static CUresult w_cuMemFree_v2(CUdeviceptr ptr) {
+	COUNT(K_cuMemFree_v2);
 	if (gpumem_on() && ptr) {
+		COUNT(K_OWN_CTX_SYNCHRONIZE);
 		if (drv_ctx_synchronize) drv_ctx_synchronize();
 		gpumem_status st = gm_free(ptr, NULL);
 		if (st != GPUMEM_ERROR_INVALID_POINTER) return cuda_error(st);
@@ -398,6 +490,7 @@ static CUresult w_cuMemFree_v2(CUdeviceptr ptr) {
 /* cuMemGetInfo: free and total as gpumem sees them, within its limit, so
  * that a framework sizes itself to the limit. */
 static CUresult w_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+	COUNT(K_cuMemGetInfo_v2);
 	if (!gpumem_on()) return REAL(cuMemGetInfo_v2)(free_bytes, total_bytes);
 	uint64_t f = 0, t = 0;
 	gpumem_status st = gm.mem_info(current_device(), &f, &t);
@@ -409,12 +502,14 @@ static CUresult w_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
 
 /* cuDeviceGetDefaultMemPool, cuDeviceGetMemPool: gpumem's pool. */
 static CUresult w_cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+	COUNT(K_cuDeviceGetDefaultMemPool);
 	if (!gpumem_on()) return REAL(cuDeviceGetDefaultMemPool)(pool, dev);
 	if (!pool || !(*pool = pool_of(dev))) return CUDA_ERROR_INVALID_VALUE;
 	return CUDA_SUCCESS;
 }
 
 static CUresult w_cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+	COUNT(K_cuDeviceGetMemPool);
 	if (!gpumem_on()) return REAL(cuDeviceGetMemPool)(pool, dev);
 	if (!pool || !(*pool = pool_of(dev))) return CUDA_ERROR_INVALID_VALUE;
 	return CUDA_SUCCESS;
@@ -422,12 +517,14 @@ static CUresult w_cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
 
 /* cuDeviceSetMemPool: gpumem's pool is the current one already. */
 static CUresult w_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+	COUNT(K_cuDeviceSetMemPool);
 	if (!is_pool(pool)) return REAL(cuDeviceSetMemPool)(dev, pool);
 	return CUDA_SUCCESS;
 }
 
 /* cuMemPoolCreate: a handle to gpumem's pool of the device named. */
 static CUresult w_cuMemPoolCreate(CUmemoryPool *pool, const void *props) {
+	COUNT(K_cuMemPoolCreate);
 	if (!gpumem_on()) return REAL(cuMemPoolCreate)(pool, props);
 	if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
 	*pool = pool_of(((const pool_props_head *)props)->location.id);
@@ -435,6 +532,7 @@ static CUresult w_cuMemPoolCreate(CUmemoryPool *pool, const void *props) {
 }
 
 static CUresult w_cuMemPoolDestroy(CUmemoryPool pool) {
+	COUNT(K_cuMemPoolDestroy);
 	if (!is_pool(pool)) return REAL(cuMemPoolDestroy)(pool);
 	return CUDA_SUCCESS;
 }
@@ -443,6 +541,7 @@ static CUresult w_cuMemPoolDestroy(CUmemoryPool pool) {
  * release policy, --release-after, decides); resetting a high-water mark
  * resets gpumem's peaks; the reuse flags are gpumem's behaviour already. */
 static CUresult w_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+	COUNT(K_cuMemPoolSetAttribute);
 	if (!is_pool(pool)) return REAL(cuMemPoolSetAttribute)(pool, attr, value);
 	if (!value) return CUDA_ERROR_INVALID_VALUE;
 	struct pool *p = pool;
@@ -457,30 +556,41 @@ static CUresult w_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
-/* cuMemPoolGetAttribute: gpumem's numbers. */
+/* cuMemPoolGetAttribute: gpumem's numbers. The release threshold and the
+ * reuse flags are the shim's own and answered at once; only the byte
+ * counts ask gpumem (its stats: a walk of its pools). */
 static CUresult w_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+	COUNT(K_cuMemPoolGetAttribute);
 	if (!is_pool(pool)) return REAL(cuMemPoolGetAttribute)(pool, attr, value);
 	if (!value) return CUDA_ERROR_INVALID_VALUE;
 	struct pool *p = pool;
-	gpumem_stats s;
-	gpumem_status st = gm.get_stats(p->device, &s, sizeof s);
-	if (st != GPUMEM_SUCCESS) return cuda_error(st);
 	uint64_t *v = value;
 	switch (attr) {
 	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *v = p->release_threshold; return CUDA_SUCCESS;
-	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *v = s.reserved; return CUDA_SUCCESS;
-	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *v = s.peak_reserved; return CUDA_SUCCESS;
-	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *v = s.active; return CUDA_SUCCESS;
-	case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *v = s.peak_active; return CUDA_SUCCESS;
 	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
 	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
 	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = 1; return CUDA_SUCCESS;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+	case CU_MEMPOOL_ATTR_USED_MEM_HIGH: break;
+	default: return CUDA_ERROR_INVALID_VALUE;
 	}
-	return CUDA_ERROR_INVALID_VALUE;
+	gpumem_stats s;
+	gpumem_status st = gm.get_stats(p->device, &s, sizeof s);
+	if (st != GPUMEM_SUCCESS) return cuda_error(st);
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *v = s.reserved; break;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *v = s.peak_reserved; break;
+	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *v = s.active; break;
+	default: *v = s.peak_active; break; /* CU_MEMPOOL_ATTR_USED_MEM_HIGH */
+	}
+	return CUDA_SUCCESS;
 }
 
 /* cuMemPoolTrimTo: gpumem gives back every unused byte. */
 static CUresult w_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+	COUNT(K_cuMemPoolTrimTo);
 	if (!is_pool(pool)) return REAL(cuMemPoolTrimTo)(pool, keep);
 	return cuda_error(gm.trim(((struct pool *)pool)->device));
 }
@@ -488,6 +598,7 @@ static CUresult w_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
 /* cuMemPoolSetAccess: gpumem's memory is for its own device; granting more
  * is refused rather than pretended. */
 static CUresult w_cuMemPoolSetAccess(CUmemoryPool pool, const void *map, size_t count) {
+	COUNT(K_cuMemPoolSetAccess);
 	if (!is_pool(pool)) return REAL(cuMemPoolSetAccess)(pool, map, count);
 	for (size_t i = 0; i < count; i++) {
 		const struct { struct { int type, id; } location; int flags; } *d = (const void *)((const char *)map + i * 12);
@@ -500,6 +611,7 @@ static CUresult w_cuMemPoolSetAccess(CUmemoryPool pool, const void *map, size_t 
  * before the driver begins it (and not, if it refuses). */
 #define BEGIN_CAPTURE(name, params, args)                                  \
 	static CUresult w_##name params {                                      \
+		COUNT(K_##name);                                                   \
 		atomic_fetch_add(&captures, 1);                                    \
 		CUresult r = REAL(name) args;                                      \
 		if (r != CUDA_SUCCESS) atomic_fetch_sub(&captures, 1);             \
@@ -528,9 +640,13 @@ static CUresult end_capture(CUresult (*real)(CUstream, void **), CUstream s, CUs
 	return r;
 }
 
-static CUresult w_cuStreamEndCapture(CUstream s, void **graph) { return end_capture(REAL(cuStreamEndCapture), s, s, graph); }
+static CUresult w_cuStreamEndCapture(CUstream s, void **graph) {
+	COUNT(K_cuStreamEndCapture);
+	return end_capture(REAL(cuStreamEndCapture), s, s, graph);
+}
 
 static CUresult w_cuStreamEndCapture_ptsz(CUstream s, void **graph) {
+	COUNT(K_cuStreamEndCapture_ptsz);
 	return end_capture(REAL(cuStreamEndCapture_ptsz), s, s ? s : CU_STREAM_PER_THREAD, graph);
 }
 
@@ -539,6 +655,7 @@ static void *take_over(const char *name, void *fn, int ptds, int version);
 /* cuGetProcAddress (both versions): the driver's answer, with the shim's
  * function for a wrapped name. */
 static CUresult w_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, void *status) {
+	COUNT(K_cuGetProcAddress_v2);
 	CUresult r = REAL(cuGetProcAddress_v2)(symbol, pfn, version, flags, status);
 	if (r == CUDA_SUCCESS && pfn && *pfn && symbol)
 		*pfn = take_over(symbol, *pfn, flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, version);
@@ -546,6 +663,7 @@ static CUresult w_cuGetProcAddress_v2(const char *symbol, void **pfn, int versio
 }
 
 static CUresult w_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+	COUNT(K_cuGetProcAddress);
 	CUresult r = REAL(cuGetProcAddress)(symbol, pfn, version, flags);
 	if (r == CUDA_SUCCESS && pfn && *pfn && symbol)
 		*pfn = take_over(symbol, *pfn, flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, version);

@@ -12,6 +12,10 @@
  *   async pair    cuMemAllocAsync + cuMemFreeAsync (no pool named)
  *   capture check cuStreamIsCapturing, once
  *   ctx device    cuCtxGetDevice, once; ctx current: cuCtxGetCurrent, once
+ *   pool used     cuMemPoolGetAttribute(USED_MEM_CURRENT) of the default
+ *                 pool, once (through the shim: gpumem's stats)
+ *   pool thresh.  cuMemPoolGetAttribute(RELEASE_THRESHOLD), once
+ *   mem info      cuMemGetInfo, once
  *   gpumem pair   gpumem_allocate + gpumem_deallocate_on called directly
  *                 (two C-to-Go crossings and gpumem's own path), with the
  *                 free's device unknown (-1, as the shim had it) and known
@@ -117,6 +121,8 @@ int main(int argc, char **argv) {
 	CUresult (*alloc_from_pool)(CUdeviceptr *, size_t, void *, CUstream) = proc("cuMemAllocFromPoolAsync");
 	CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) = proc("cuMemAllocAsync");
 	CUresult (*free_async)(CUdeviceptr, CUstream) = proc("cuMemFreeAsync");
+	CUresult (*pool_get)(void *, int, void *) = proc("cuMemPoolGetAttribute");
+	CUresult (*mem_info)(size_t *, size_t *) = proc("cuMemGetInfo");
 
 	int dev;
 	void *ctx, *pool, *graph;
@@ -159,6 +165,14 @@ int main(int argc, char **argv) {
 	void *c;
 	TIME(t[0], MUST(get_current(&c)));
 	printf("%-34s %10.1f %10s\n", "ctx current (cuCtxGetCurrent)", t[0], "-");
+	uint64_t attr;
+	TIME(t[0], MUST(pool_get(pool, 7 /* CU_MEMPOOL_ATTR_USED_MEM_CURRENT */, &attr)));
+	printf("%-34s %10.1f %10s\n", "pool used (cuMemPoolGetAttribute)", t[0], "-");
+	TIME(t[0], MUST(pool_get(pool, 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */, &attr)));
+	printf("%-34s %10.1f %10s\n", "pool threshold (GetAttribute)", t[0], "-");
+	size_t mfree, mtotal;
+	TIME(t[0], MUST(mem_info(&mfree, &mtotal)));
+	printf("%-34s %10.1f %10s\n", "mem info (cuMemGetInfo)", t[0], "-");
 
 	const char *lib = getenv("GPUMEM_LIBRARY");
 	void *g = lib && *lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
