@@ -83,16 +83,19 @@ func xlaStepAddresses(t *testing.T, name string, steps int) map[uint64][2]int {
 	return out
 }
 
-// TestXLAStepAddresses: under the emulations of XLA's BFC allocator and of
-// the driver's pool (cuda_async), the LM's steps of one length come back to
-// addresses they had before (fewer distinct sets than steps), which is what
-// XLA's traced-command cache relies on. gpumem's figure is logged: issue
-// 10's step-time gap (docs/EXPERIMENTS.md, "JAX step time").
+// TestXLAStepAddresses: under the emulation of XLA's BFC allocator, the
+// LM's steps of one length come back to addresses they had before (fewer
+// distinct sets than steps), which is what XLA's traced-command cache relies
+// on. The figures of cuda-async and gpumem are logged: the cuda-async
+// emulation models the bytes the pool holds, not its addresses (each new
+// mapping takes a fresh address; the real pool repeated 5-16 sets of 16 on
+// the H100, bench/results/h100-lmperf-110a215), and gpumem's are issue 10's
+// step-time gap (docs/EXPERIMENTS.md, "JAX step time").
 func TestXLAStepAddresses(t *testing.T) {
 	for _, name := range []string{"tf-bfc", "cuda-async", "gpumem"} {
 		for n, c := range xlaStepAddresses(t, name, 64) {
 			t.Logf("%s, length %d: %d steps, %d distinct address sets", name, n, c[0], c[1])
-			if name != "gpumem" && c[1] >= c[0] {
+			if name == "tf-bfc" && c[1] >= c[0] {
 				t.Errorf("%s, length %d: %d distinct address sets in %d steps: the emulation never repeats a step's addresses", name, n, c[1], c[0])
 			}
 		}
