@@ -167,9 +167,17 @@ func (p *pool) unmappedIn(seg *segment, addr, size uint64, limit int) int {
 
 // placement returns where in free block b to put rounded bytes so that the
 // fewest chunks under them are not ready, and how many (at most limit+1
-// are counted). It tries the block's start, its end, then every chunk
-// boundary inside it, sliding a window over the chunks (a block's middle
-// may be mapped while its ends are not); at most maxSlide positions.
+// are counted). It tries the block's start, its end (requests under a
+// chunk only), then every chunk boundary inside it, sliding a window over
+// the chunks (a block's middle may be mapped while its ends are not); at
+// most maxSlide positions.
+//
+// A request of a chunk or more is not put flush against the end of a free
+// block: there it splits the hole's backed tail from the rest and, with the
+// chunk-aligned windows, is what made generation programs (a cache regrown
+// a token at a time) hold more and drift over passes. Measured on the whole
+// evaluation set (docs/EXPERIMENTS.md, "Ten passes: where the drift comes
+// from"): 8 of 12 tune programs hold less, beam search 1.0621 -> 1.0432.
 func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missing int) {
 	g := p.a.gran
 	seg := b.seg
@@ -179,7 +187,7 @@ func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missi
 	}
 	// The end next: placing at either end leaves one free piece, not two.
 	// (Past the highest chunk any span ever covered nothing is ready.)
-	if lo, _ := seg.chunkSpan(b.end()-rounded, rounded, g); lo > int(seg.hiSpan) {
+	if lo, _ := seg.chunkSpan(b.end()-rounded, rounded, g); rounded >= g || lo > int(seg.hiSpan) {
 		// every window from here on lies past the mapped part
 	} else if m := p.unmappedIn(seg, b.end()-rounded, rounded, missing-1); m < missing {
 		off, missing = b.size-rounded, m
@@ -432,11 +440,13 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 	}
 	if grown && r1 == c1+1 && r1 > int(seg.hiSpan) {
 		// Past hiSpan every chunk is unmapped and holds nothing. The
-		// chunks ahead are a bet on the next requests: never let them
-		// push the span over the limit and fail a block that fits.
+		// chunks ahead are a bet on the next requests, and a lost bet is
+		// memory held idle beside a live chunk: near the limit it is what
+		// fails a later block. So the bet takes at most 1/aheadShare of
+		// the room left under the limit, and shrinks as the device fills.
 		ahead := a.spanChunks
 		if l, r := a.limit.Load(), a.reserved.Load(); l > r {
-			ahead = min(ahead, int((l-r)/a.gran))
+			ahead = min(ahead, int((l-r)/a.gran)/aheadShare)
 		} else {
 			ahead = 0
 		}
@@ -450,6 +460,13 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 // frontierAfter is how many spans' worth an allocator must hold before
 // growth at the frontier takes larger spans (runEnd).
 const frontierAfter = 16
+
+// aheadShare: the chunks a frontier span maps ahead of its block take at
+// most 1/aheadShare of the room left under the limit (runEnd). Far from the
+// limit it changes nothing; near it the bet shrinks to nothing. Measured
+// with `gpumem fit` on gpt2_generate (docs/EXPERIMENTS.md, "A tight
+// device"): 940 MiB without the bound, 930 MiB with 8 or 16.
+const aheadShare = 16
 
 // grant gives span i access (SetAccess over its one mapping).
 func (p *pool) grant(i int32) error {
