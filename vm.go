@@ -167,17 +167,9 @@ func (p *pool) unmappedIn(seg *segment, addr, size uint64, limit int) int {
 
 // placement returns where in free block b to put rounded bytes so that the
 // fewest chunks under them are not ready, and how many (at most limit+1
-// are counted). It tries the block's start, its end (requests under a
-// chunk only), then every chunk boundary inside it, sliding a window over
-// the chunks (a block's middle may be mapped while its ends are not); at
-// most maxSlide positions.
-//
-// A request of a chunk or more is not put flush against the end of a free
-// block: there it splits the hole's backed tail from the rest and, with the
-// chunk-aligned windows, is what made generation programs (a cache regrown
-// a token at a time) hold more and drift over passes. Measured on the whole
-// evaluation set (docs/EXPERIMENTS.md, "Ten passes: where the drift comes
-// from"): 8 of 12 tune programs hold less, beam search 1.0621 -> 1.0432.
+// are counted). It tries the block's start, its end, then every chunk
+// boundary inside it, sliding a window over the chunks (a block's middle
+// may be mapped while its ends are not); at most maxSlide positions.
 func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missing int) {
 	g := p.a.gran
 	seg := b.seg
@@ -187,7 +179,7 @@ func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missi
 	}
 	// The end next: placing at either end leaves one free piece, not two.
 	// (Past the highest chunk any span ever covered nothing is ready.)
-	if lo, _ := seg.chunkSpan(b.end()-rounded, rounded, g); rounded >= g || lo > int(seg.hiSpan) {
+	if lo, _ := seg.chunkSpan(b.end()-rounded, rounded, g); lo > int(seg.hiSpan) {
 		// every window from here on lies past the mapped part
 	} else if m := p.unmappedIn(seg, b.end()-rounded, rounded, missing-1); m < missing {
 		off, missing = b.size-rounded, m
