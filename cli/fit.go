@@ -1,18 +1,14 @@
 package cli
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/policy"
-	"github.com/gpumem/gpumem/torchsnapshot"
-	"github.com/gpumem/gpumem/trace"
 )
 
 const fitAbout = `Fit finds the smallest GPU on which a program runs without an out-of-memory
@@ -41,6 +37,7 @@ func (e *env) fit(args []string) int {
 	var gpu sizeFlag
 	fs.Var(&gpu, "gpu", "also say whether it fits a GPU of `SIZE` (e.g. 24GiB)")
 	pol := fs.String("policy", "all", "the `policy`: "+strings.Join(policy.Names(), ", ")+" or all")
+	dev := fs.Int("device", -1, "of a snapshot with several devices, the `index` of the one to fit (-1: the first)")
 	paths, code := e.parse(fs, args)
 	if code >= 0 {
 		return code
@@ -55,7 +52,7 @@ func (e *env) fit(args []string) int {
 		}
 		names = []string{*pol}
 	}
-	tr, err := loadTraceOrSnapshot(paths[0])
+	tr, _, err := loadTraceOrSnapshot(paths[0], *dev)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "gpumem fit: %v\n", err)
 		return ExitFail
@@ -127,35 +124,6 @@ func andList(s []string) string {
 		return strings.Join(s, "")
 	}
 	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
-}
-
-// loadTraceOrSnapshot loads a trace, or a PyTorch snapshot (.pickle) as the
-// trace of its first device with a history.
-func loadTraceOrSnapshot(path string) (*trace.Trace, error) {
-	if !strings.HasSuffix(path, ".pickle") && !strings.HasSuffix(path, ".pkl") {
-		return trace.Load(path)
-	}
-	s, err := torchsnapshot.Load(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	devs := s.Devices()
-	if len(devs) == 0 {
-		return nil, fmt.Errorf("%s: %w", path, torchsnapshot.ErrNoHistory)
-	}
-	var buf bytes.Buffer
-	w, err := trace.NewWriter(&buf)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.WriteTrace(devs[0], w); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if err := w.Flush(); err != nil {
-		return nil, err
-	}
-	name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(path), ".pickle"), ".pkl")
-	return trace.Read(&buf, name)
 }
 
 // progressBar draws one line on a terminal, redrawn in place; on anything

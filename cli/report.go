@@ -64,7 +64,7 @@ func (e *env) report(args []string) int {
 		return e.usageError(fs, err.Error())
 	}
 
-	tr, source, err := loadReportInput(paths[0], *dev)
+	tr, source, err := loadTraceOrSnapshot(paths[0], *dev)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "gpumem report: %v\n", err)
 		return ExitFail
@@ -109,11 +109,11 @@ func policyNames(s string) ([]string, error) {
 	return names, nil
 }
 
-// loadReportInput reads a trace, or the trace of device dev (-1: the
-// first) of a PyTorch snapshot, told apart by the pickle's first byte
+// loadTraceOrSnapshot reads a trace, or the trace of device dev (-1: the
+// first) of a PyTorch snapshot (gpumem fit and report), told apart by the pickle's first byte
 // whatever the file's name. For a snapshot it also returns what the trace
 // came from.
-func loadReportInput(path string, dev int) (*trace.Trace, string, error) {
+func loadTraceOrSnapshot(path string, dev int) (*trace.Trace, string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, "", err
