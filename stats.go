@@ -53,7 +53,7 @@ type Stats struct {
 	SetAccess     uint64 // access grants, one per contiguous run (cuMemSetAccess)
 	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
 	Fences        uint64 // host waits for a stream or the device before unmapping or freeing
-	Handoffs      uint64 // free memory handed to another stream behind an event (a plain segment, or a virtual block lent)
+	Handoffs      uint64 // free memory handed to another stream behind an event (a plain segment, or a virtual block another stream freed, once its work is done)
 	OOMs          uint64 // requests that failed for want of memory (quota included)
 	Retries       uint64 // allocations retried after releasing the cache
 	Trims         uint64 // Trim calls
