@@ -171,7 +171,10 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 	if a.closed.Load() {
 		return Buffer{}, fmt.Errorf("%w: Alloc(%d) on a closed allocator", ErrClosed, size)
 	}
-	p, si := a.poolFor(s)
+	p, si, err := a.poolFor(s)
+	if err != nil {
+		return Buffer{}, err
+	}
 	rounded := (size + minBlock - 1) &^ (minBlock - 1)
 	p.mu.Lock()
 	b := p.allocFast(rounded, si)
@@ -279,11 +282,11 @@ func (a *Allocator) RecordStream(buf Buffer, s device.Stream) error {
 type poolTable struct {
 	streams []device.Stream
 	pools   []*pool
-	slots   []int32
+	slots   []slot
 	all     []*pool
 }
 
-func (t *poolTable) with(s device.Stream, p *pool, si int32) *poolTable {
+func (t *poolTable) with(s device.Stream, p *pool, si slot) *poolTable {
 	n := &poolTable{
 		streams: append(slices.Clone(t.streams), s),
 		pools:   append(slices.Clone(t.pools), p),
@@ -313,29 +316,37 @@ func (t *poolTable) without(i int, dropPool bool) *poolTable {
 // poolFor returns the pool of stream s and its slot there, making them on
 // first use. The lookup is a scan of a short immutable slice: no map, no
 // lock, no allocation.
-func (a *Allocator) poolFor(s device.Stream) (*pool, int32) {
+func (a *Allocator) poolFor(s device.Stream) (*pool, slot, error) {
 	t := a.pools.Load()
 	for i, st := range t.streams {
 		if st == s {
-			return t.pools[i], t.slots[i]
+			return t.pools[i], t.slots[i], nil
 		}
 	}
+	return a.addPool(s)
+}
+
+// addPool is poolFor's slow path: the stream's first use.
+func (a *Allocator) addPool(s device.Stream) (*pool, slot, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	t = a.pools.Load()
+	t := a.pools.Load()
 	for i, st := range t.streams {
 		if st == s {
-			return t.pools[i], t.slots[i]
+			return t.pools[i], t.slots[i], nil
 		}
 	}
 	if a.mode == ModeVirtual && len(t.all) > 0 {
 		// One arena for every stream (see pool).
 		p := t.all[0]
 		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.live >= maxStreams {
+			return nil, 0, fmt.Errorf("gpumem: stream %d: the allocator already serves %d streams, the most it can; ReleaseStream the ones done with", s, p.live)
+		}
 		si := p.addStream(s)
-		p.mu.Unlock()
 		a.pools.Store(t.with(s, p, si))
-		return p, si
+		return p, si, nil
 	}
 	old := t.all
 	p := newPool(a, s)
@@ -349,7 +360,7 @@ func (a *Allocator) poolFor(s device.Stream) (*pool, int32) {
 		}
 	}
 	a.pools.Store(t.with(s, p, 0))
-	return p, 0
+	return p, 0, nil
 }
 
 func (a *Allocator) allPools() []*pool { return a.pools.Load().all }

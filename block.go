@@ -52,13 +52,14 @@ type block struct {
 	prev, next   *block // address order within seg
 	fprev, fnext *block // free-bin list, or the pool's spare/pending list
 	bin          int32
+
+	state blockState
 	// si is a stream slot of the pool (pool.streams): for a non-free block
 	// the stream it was allocated on; for a free block, with freed, its
 	// tag: the memory is reusable at once on stream si, and on every
 	// stream once tagSettled(si, freed). -1: no stream reuses it at once.
-	si int32
-
-	state blockState
+	// (16 bits: it fills padding, and the node stays 136 bytes.)
+	si slot
 	gen   uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
 	id    uint64 // allocation sequence number on its stream (snapshots)

@@ -101,7 +101,7 @@ func (p *pool) check() error {
 	for i := range p.streams {
 		st := &p.streams[i]
 		if !st.live {
-			if !slices.Contains(p.deadSlots, int32(i)) {
+			if !slices.Contains(p.deadSlots, slot(i)) {
 				bad("stream slot %d is dead but not listed for reuse", i)
 			}
 			continue
@@ -121,7 +121,7 @@ func (p *pool) check() error {
 	if live != p.live {
 		bad("%d live stream slots, the pool counts %d", live, p.live)
 	}
-	liveSlot := func(si int32) bool { return si >= 0 && int(si) < len(p.streams) && p.streams[si].live }
+	liveSlot := func(si slot) bool { return si >= 0 && int(si) < len(p.streams) && p.streams[si].live }
 	pending := 0
 	partIn := map[*segment][]int32{} // per chunk, from the blocks: non-free blocks covering it in part
 	fullIn := map[*segment][]bool{}  // per chunk: a non-free block covers it whole

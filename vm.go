@@ -235,7 +235,7 @@ const maxSlide = 4096
 // over unmapped chunks only (cleanPlacement): no work can touch memory
 // that is not mapped, since unmapping fences the streams that freed it. It
 // reports false when no fitting block has such a place.
-func (p *pool) findBacked(h *heap, first *block, rounded uint64, si int32) (*block, uint64, int, bool) {
+func (p *pool) findBacked(h *heap, first *block, rounded uint64, si slot) (*block, uint64, int, bool) {
 	var best *block
 	var bestOff uint64
 	bestMissing := 1 << 30
@@ -620,7 +620,7 @@ func (p *pool) stalls(i int32) bool {
 		return false
 	}
 	for j := range p.streams {
-		if st := &p.streams[j]; st.live && int32(j) != p.asker && st.last > st.fenced && st.last > st.safe {
+		if st := &p.streams[j]; st.live && slot(j) != p.asker && st.last > st.fenced && st.last > st.safe {
 			return true
 		}
 	}
@@ -840,7 +840,10 @@ func (a *Allocator) preallocate() error {
 	if l := a.limit.Load(); n > l || !a.takeBudget(n) {
 		return fmt.Errorf("gpumem: preallocating %d bytes: more than the limit of %d", n, l)
 	}
-	p, _ := a.poolFor(0)
+	p, _, err := a.poolFor(0)
+	if err != nil {
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if a.mode == ModePlain {
