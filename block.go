@@ -59,8 +59,8 @@ type block struct {
 	// tag: the memory is reusable at once on stream si, and on every
 	// stream once tagSettled(si, freed). -1: no stream reuses it at once.
 	// (16 bits: it fills padding, and the node stays 136 bytes.)
-	si slot
-	gen   uint32 // bumped at every allocation; a Buffer carries the gen it saw
+	si  slot
+	gen uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
 	id    uint64 // allocation sequence number on its stream (snapshots)
 	freed uint64 // free: the pool's freeSeq of the tag's latest free (0: never used)

@@ -59,7 +59,7 @@ type pool struct {
 	// non-free block b.si a live slot; per slot see streamState.
 	streams     []streamState
 	deadSlots   []slot
-	live        int   // live slots
+	live        int  // live slots
 	asker       slot // the slot of the allocation being served (stalls)
 	freeSeq     uint64
 	spareEvents []device.Event
