@@ -62,7 +62,7 @@ type block struct {
 	si  slot
 	gen uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
-	id    uint64 // allocation sequence number on its stream (snapshots)
+	id    uint64 // allocation sequence number in its pool (snapshots)
 	freed uint64 // free: the pool's freeSeq of the tag's latest free (0: never used)
 	scope *Scope // owning scope, or nil
 	sprev *block // scope list, guarded by scope.mu
