@@ -608,7 +608,12 @@ func (p *pool) fence() error {
 			continue
 		}
 		if !synced && st.safe < st.last { // else an event after its frees has completed
-			if err := p.fenceStream(st); err != nil {
+			if a.ev == nil {
+				if err := a.syncDevice(); err != nil {
+					return err
+				}
+				synced = true // every stream at once
+			} else if err := p.fenceStream(st); err != nil {
 				if serr := a.syncDevice(); serr != nil {
 					return errors.Join(err, serr)
 				}
@@ -623,7 +628,8 @@ func (p *pool) fence() error {
 }
 
 // fenceStream waits until the work enqueued so far on st's stream has
-// completed (a synchronize of the device without events).
+// completed (a synchronize of the device without events; fence, above,
+// synchronizes once for every stream then).
 func (p *pool) fenceStream(st *streamState) error {
 	a := p.a
 	if a.ev == nil {
