@@ -995,13 +995,13 @@ func (p *pool) lentTo(s device.Stream) int {
 }
 
 // liveOn counts the buffers of this pool allocated on stream slot si and
-// still live (allocated, or freed and pending).
+// not freed.
 func (p *pool) liveOn(si slot) int {
 	n := 0
 	for k := range p.heaps {
 		for _, seg := range p.heaps[k].segs {
 			for b := seg.first; b != nil; b = b.next {
-				if b.state != blockFree && b.si == si {
+				if b.state == blockAllocated && b.si == si {
 					n++
 				}
 			}
@@ -1022,8 +1022,8 @@ func (p *pool) dropStream(si slot) error {
 			return err
 		}
 		for b := p.pending; b != nil; b = b.fnext {
-			if slices.Contains(b.x.uses, st.s) {
-				return fmt.Errorf("a free of 0x%x still waits for the stream", b.addr)
+			if b.si == si || slices.Contains(b.x.uses, st.s) {
+				return fmt.Errorf("a free of 0x%x on or for the stream still waits for other streams", b.addr)
 			}
 		}
 	}

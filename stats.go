@@ -35,7 +35,7 @@ type Stats struct {
 	LiveBuffers  uint64
 	Segments     int // plain segments and virtual arenas
 	PendingFrees int // freed buffers waiting for other streams' events
-	Streams      int // streams that have pools
+	Streams      int // streams the allocator serves
 	// LargestFree is the largest request that would be served now with no
 	// device call.
 	LargestFree uint64
@@ -78,7 +78,7 @@ func (a *Allocator) Stats() Stats {
 		s.Allocs += p.nallocs
 		s.Frees += p.nfrees
 		s.PendingFrees += p.npending
-		s.Streams++
+		s.Streams += p.live
 		s.MappedBytes += uint64(p.mappedChunks) * a.gran
 		for i := p.empty.head; i >= 0; i = p.spans[i].next {
 			s.Releasable += uint64(p.spans[i].n) * a.gran

@@ -215,6 +215,9 @@ func TestStreamsShareOneArena(t *testing.T) {
 		}
 	}
 	mustCheck(t, a, "frees of two streams")
+	if st := a.Stats(); st.Streams != 2 || st.Reserves != 1 {
+		t.Errorf("two streams: Stats says %d streams, %d address reservations; want 2 and one arena", st.Streams, st.Reserves)
+	}
 	// b's work on y is pending: a's request for both must not get y.
 	z, err := a.Alloc(2*n, sa)
 	if err != nil {
