@@ -54,7 +54,7 @@
 // left in a large segment keeps the whole segment from being freed or
 // reused for a large request. In ModeVirtual that cost mostly disappears
 // (the spans of a split free range empty and are reused elsewhere), and one
-// best-fit heap per stream does better: small blocks fill the partly used
+// best-fit heap for all streams does better: small blocks fill the partly used
 // chunks at the edges of large ones. Measured on the six shipped traces
 // against a separate small arena and against small pages carved out of the
 // large arena, the single heap gave the lowest ratio on four traces, within
