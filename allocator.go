@@ -5,6 +5,7 @@ package gpumem
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,38 +171,33 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 	if a.closed.Load() {
 		return Buffer{}, fmt.Errorf("%w: Alloc(%d) on a closed allocator", ErrClosed, size)
 	}
-	p := a.poolFor(s)
+	p, si, err := a.poolFor(s)
+	if err != nil {
+		return Buffer{}, err
+	}
 	rounded := (size + minBlock - 1) &^ (minBlock - 1)
 	p.mu.Lock()
-	b := p.allocFast(rounded)
+	b := p.allocFast(rounded, si)
 	if b == nil {
 		var err error
-		if b, err = p.allocSlow(rounded, size); err != nil {
+		if b, err = p.allocSlow(rounded, size, si); err != nil {
 			p.mu.Unlock()
 			return Buffer{}, err
 		}
 	}
-	// The block is p's, or another pool's lent to stream s (borrow), whose
-	// lock the slow path left held: the accounting is its owner's.
-	o := b.pool
+	b.si = si
 	b.req = size
 	b.scope = sc
 	b.gen++
-	o.nallocs++
-	b.id = o.nallocs
-	o.noteAlloc(b.size, size)
+	p.nallocs++
+	b.id = p.nallocs
+	p.noteAlloc(b.size, size)
 	if a.cfg.RecordSites {
 		x := b.extra()
 		x.site = callers()
 		x.created = time.Now().UnixNano()
 	}
 	buf := Buffer{ptr: device.Ptr(b.addr), size: size, b: b, gen: b.gen}
-	if o != p {
-		if a.check {
-			a.mustCheckPool(o)
-		}
-		o.mu.Unlock()
-	}
 	if a.check {
 		a.mustCheckPool(p)
 	}
@@ -264,7 +260,7 @@ func (a *Allocator) RecordStream(buf Buffer, s device.Stream) error {
 	if b.gen != buf.gen || b.state != blockAllocated {
 		return &BufferError{Op: "RecordStream", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrDoubleFree, Why: "buffer was freed"}
 	}
-	if s == b.stream() { // its own pool's stream, unless lent (borrow)
+	if s == b.stream() { // the stream it was allocated on
 		return nil
 	}
 	x := b.extra()
@@ -277,47 +273,82 @@ func (a *Allocator) RecordStream(buf Buffer, s device.Stream) error {
 	return nil
 }
 
-// poolTable maps streams to pools: an immutable pair of slices, replaced
-// whole when a stream comes or goes. The lookup scans streams, which sit
-// in the table itself: reading a pool's fields would share the cache line
-// of its mutex with the goroutine working on that pool.
+// poolTable maps streams to pools and their slots in them: immutable
+// slices, replaced whole when a stream comes or goes. The lookup scans
+// streams, which sit in the table itself: reading a pool's fields would
+// share the cache line of its mutex with the goroutine working on that
+// pool. In ModeVirtual every stream maps to the one shared pool; all lists
+// each pool once.
 type poolTable struct {
 	streams []device.Stream
 	pools   []*pool
+	slots   []slot
+	all     []*pool
 }
 
-func (t *poolTable) with(s device.Stream, p *pool) *poolTable {
-	n := &poolTable{streams: make([]device.Stream, 0, len(t.streams)+1), pools: make([]*pool, 0, len(t.pools)+1)}
-	n.streams = append(append(n.streams, t.streams...), s)
-	n.pools = append(append(n.pools, t.pools...), p)
+func (t *poolTable) with(s device.Stream, p *pool, si slot) *poolTable {
+	n := &poolTable{
+		streams: append(slices.Clone(t.streams), s),
+		pools:   append(slices.Clone(t.pools), p),
+		slots:   append(slices.Clone(t.slots), si),
+		all:     slices.Clone(t.all),
+	}
+	if !slices.Contains(n.all, p) {
+		n.all = append(n.all, p)
+	}
 	return n
 }
 
-func (t *poolTable) without(i int) *poolTable {
-	n := &poolTable{}
-	n.streams = append(append(n.streams, t.streams[:i]...), t.streams[i+1:]...)
-	n.pools = append(append(n.pools, t.pools[:i]...), t.pools[i+1:]...)
+// without drops stream i, and its pool from all when dropPool is set.
+func (t *poolTable) without(i int, dropPool bool) *poolTable {
+	n := &poolTable{
+		streams: slices.Delete(slices.Clone(t.streams), i, i+1),
+		pools:   slices.Delete(slices.Clone(t.pools), i, i+1),
+		slots:   slices.Delete(slices.Clone(t.slots), i, i+1),
+		all:     slices.Clone(t.all),
+	}
+	if dropPool {
+		n.all = slices.DeleteFunc(n.all, func(q *pool) bool { return q == t.pools[i] })
+	}
 	return n
 }
 
-// poolFor returns the pool of stream s, making it on first use. The lookup
-// is a scan of a short immutable slice: no map, no lock, no allocation.
-func (a *Allocator) poolFor(s device.Stream) *pool {
+// poolFor returns the pool of stream s and its slot there, making them on
+// first use. The lookup is a scan of a short immutable slice: no map, no
+// lock, no allocation.
+func (a *Allocator) poolFor(s device.Stream) (*pool, slot, error) {
 	t := a.pools.Load()
 	for i, st := range t.streams {
 		if st == s {
-			return t.pools[i]
+			return t.pools[i], t.slots[i], nil
 		}
 	}
+	return a.addPool(s)
+}
+
+// addPool is poolFor's slow path: the stream's first use.
+func (a *Allocator) addPool(s device.Stream) (*pool, slot, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	t = a.pools.Load()
+	t := a.pools.Load()
 	for i, st := range t.streams {
 		if st == s {
-			return t.pools[i]
+			return t.pools[i], t.slots[i], nil
 		}
 	}
-	old := t.pools
+	if a.mode == ModeVirtual && len(t.all) > 0 {
+		// One arena for every stream (see pool).
+		p := t.all[0]
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.live >= maxStreams {
+			return nil, 0, fmt.Errorf("gpumem: stream %d: the allocator already serves %d streams, the most it can; ReleaseStream the ones done with", s, p.live)
+		}
+		si := p.addStream(s)
+		a.pools.Store(t.with(s, p, si))
+		return p, si, nil
+	}
+	old := t.all
 	p := newPool(a, s)
 	if len(old) > 0 && !a.multi.Load() {
 		// From now on frees publish at once; publish what is held back.
@@ -328,11 +359,11 @@ func (a *Allocator) poolFor(s device.Stream) *pool {
 			q.mu.Unlock()
 		}
 	}
-	a.pools.Store(t.with(s, p))
-	return p
+	a.pools.Store(t.with(s, p, 0))
+	return p, 0, nil
 }
 
-func (a *Allocator) allPools() []*pool { return a.pools.Load().pools }
+func (a *Allocator) allPools() []*pool { return a.pools.Load().all }
 
 // flushBytes is how far a pool's gauges may drift from the allocator's
 // shared figures before the pool publishes them: one shared atomic update
@@ -639,7 +670,10 @@ func (a *Allocator) idleLoop(d time.Duration) {
 // forgets the stream. Call it before destroying a stream: the allocator
 // records events on the streams it holds memory for, and recording on a
 // destroyed stream is undefined in CUDA. It fails, changing nothing, while
-// buffers allocated on s are still live.
+// buffers allocated on s, or named on s by RecordStream, are still live.
+// In ModeVirtual, where all streams share one arena, the memory s freed
+// stays cached for the other streams (after a wait for s's work); the
+// arena goes back with the last stream.
 func (a *Allocator) ReleaseStream(s device.Stream) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -653,23 +687,26 @@ func (a *Allocator) ReleaseStream(s device.Stream) error {
 	if idx < 0 {
 		return nil
 	}
-	p := t.pools[idx]
-	// Buffers of s may live in other pools' memory (borrow).
-	for _, q := range t.pools {
-		if q == p {
-			continue
-		}
+	p, si := t.pools[idx], t.slots[idx]
+	for _, q := range t.all {
 		q.mu.Lock()
-		lent := q.lentTo(s)
+		used := q.lentTo(s)
 		q.mu.Unlock()
-		if lent > 0 {
-			return fmt.Errorf("gpumem: ReleaseStream(%d): %d live buffers of other streams' pools are used on the stream (lent to it, or named by RecordStream)", s, lent)
+		if used > 0 {
+			return fmt.Errorf("gpumem: ReleaseStream(%d): %d live buffers allocated on other streams are used on the stream (named by RecordStream)", s, used)
 		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if live := len(p.leaks()); live > 0 {
+	if live := p.liveOn(si); live > 0 {
 		return fmt.Errorf("gpumem: ReleaseStream(%d): %d buffers allocated on the stream are still live", s, live)
+	}
+	if p.live > 1 {
+		if err := p.dropStream(si); err != nil {
+			return fmt.Errorf("gpumem: ReleaseStream(%d): %w", s, err)
+		}
+		a.pools.Store(t.without(idx, false))
+		return nil
 	}
 	if err := p.trim(true); err != nil {
 		return fmt.Errorf("gpumem: ReleaseStream(%d): %w", s, err)
@@ -680,6 +717,6 @@ func (a *Allocator) ReleaseStream(s device.Stream) error {
 	if err := p.teardown(); err != nil {
 		return fmt.Errorf("gpumem: ReleaseStream(%d): %w", s, err)
 	}
-	a.pools.Store(t.without(idx))
+	a.pools.Store(t.without(idx, true))
 	return nil
 }

@@ -54,10 +54,16 @@ type block struct {
 	bin          int32
 
 	state blockState
-	gen   uint32 // bumped at every allocation; a Buffer carries the gen it saw
+	// si is a stream slot of the pool (pool.streams): for a non-free block
+	// the stream it was allocated on; for a free block, with freed, its
+	// tag: the memory is reusable at once on stream si, and on every
+	// stream once tagSettled(si, freed). -1: no stream reuses it at once.
+	// (16 bits: it fills padding, and the node stays 136 bytes.)
+	si  slot
+	gen uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
-	id    uint64 // allocation sequence number on its stream (snapshots)
-	freed uint64 // free: its pool's freeSeq when it (or a piece of it) was last freed
+	id    uint64 // allocation sequence number in its pool (snapshots)
+	freed uint64 // free: the pool's freeSeq of the tag's latest free (0: never used)
 	scope *Scope // owning scope, or nil
 	sprev *block // scope list, guarded by scope.mu
 	snext *block
@@ -68,7 +74,6 @@ type block struct {
 // use and kept with the node when the node is recycled.
 type blockExtra struct {
 	uses    []device.Stream // other streams that used this buffer (RecordStream)
-	lent    bool            // lent to uses[0] by another pool (borrow): the buffer's stream
 	events  []device.Event  // pending: events to wait for before reuse
 	site    []uintptr       // allocation call stack, when recorded
 	created int64           // allocation time, UnixNano, when sites are recorded
@@ -84,11 +89,12 @@ func (b *block) extra() *blockExtra {
 // hasUses reports whether RecordStream named other streams.
 func (b *block) hasUses() bool { return b.x != nil && len(b.x.uses) > 0 }
 
-// stream is the stream the block was allocated for: its pool's, or the
-// stream it is lent to.
+// stream is the stream of b's slot: for a non-free block the stream it
+// was allocated on; for a free block its tag's stream, or the pool's first
+// stream for a block no stream holds (si -1).
 func (b *block) stream() device.Stream {
-	if b.x != nil && b.x.lent {
-		return b.x.uses[0]
+	if b.si >= 0 {
+		return b.pool.streams[b.si].s
 	}
 	return b.pool.stream
 }

@@ -5,6 +5,7 @@ package gpumem
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Check verifies every invariant of the allocator (see block.go, index.go,
@@ -96,9 +97,31 @@ func (p *pool) check() error {
 			errs = append(errs, fmt.Errorf("stream %d: "+format, append([]any{p.stream}, args...)...))
 		}
 	}
-	if p.safeSeq > p.freeSeq || p.epochPending && (p.epochSeq < p.safeSeq || p.epochSeq > p.freeSeq) {
-		bad("lending horizon out of order: safe %d, epoch %d (pending %v), frees %d", p.safeSeq, p.epochSeq, p.epochPending, p.freeSeq)
+	live := 0
+	for i := range p.streams {
+		st := &p.streams[i]
+		if !st.live {
+			if !slices.Contains(p.deadSlots, slot(i)) {
+				bad("stream slot %d is dead but not listed for reuse", i)
+			}
+			continue
+		}
+		live++
+		if st.last > p.freeSeq || st.safe > p.freeSeq || st.fenced > st.safe ||
+			st.epochPending && st.epochSeq > p.freeSeq {
+			bad("stream %d (slot %d): horizons out of order: last %d, safe %d, fenced %d, epoch %d (pending %v), frees %d",
+				st.s, i, st.last, st.safe, st.fenced, st.epochSeq, st.epochPending, p.freeSeq)
+		}
+		for j := range i {
+			if p.streams[j].live && p.streams[j].s == st.s {
+				bad("stream %d has two slots (%d and %d)", st.s, j, i)
+			}
+		}
 	}
+	if live != p.live {
+		bad("%d live stream slots, the pool counts %d", live, p.live)
+	}
+	liveSlot := func(si slot) bool { return si >= 0 && int(si) < len(p.streams) && p.streams[si].live }
 	pending := 0
 	partIn := map[*segment][]int32{} // per chunk, from the blocks: non-free blocks covering it in part
 	fullIn := map[*segment][]bool{}  // per chunk: a non-free block covers it whole
@@ -150,8 +173,14 @@ func (p *pool) check() error {
 					if b.freed > p.freeSeq {
 						bad("free block 0x%x stamped with free %d, after the pool's last (%d)", b.addr, b.freed, p.freeSeq)
 					}
-					if b.x != nil && (b.x.lent || len(b.x.uses) > 0) {
-						bad("free block 0x%x is still marked used by other streams (lent %v, uses %v)", b.addr, b.x.lent, b.x.uses)
+					if b.si != -1 && !liveSlot(b.si) {
+						bad("free block 0x%x is tagged with stream slot %d, not a live one", b.addr, b.si)
+					}
+					if b.si >= 0 && liveSlot(b.si) && b.freed > p.streams[b.si].last {
+						bad("free block 0x%x is tagged with free %d of stream slot %d, after its last (%d)", b.addr, b.freed, b.si, p.streams[b.si].last)
+					}
+					if b.x != nil && len(b.x.uses) > 0 {
+						bad("free block 0x%x is still marked used by other streams (uses %v)", b.addr, b.x.uses)
 					}
 				case blockAllocated, blockPending:
 					if b.state == blockAllocated && b.req == 0 {
@@ -160,8 +189,8 @@ func (p *pool) check() error {
 					if b.state == blockPending {
 						pending++
 					}
-					if b.x != nil && b.x.lent && (len(b.x.uses) == 0 || b.x.uses[0] == p.stream) {
-						bad("block 0x%x is lent, but not to another stream (uses %v)", b.addr, b.x.uses)
+					if !liveSlot(b.si) {
+						bad("%s block 0x%x is of stream slot %d, not a live one", b.state, b.addr, b.si)
 					}
 					if seg.virtual {
 						c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)

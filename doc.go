@@ -8,8 +8,10 @@
 //	Allocator   one per device: configuration, the pool table, the shared
 //	            gauges and counters (atomics), handles the driver would not
 //	            release yet.
-//	pool        one per stream (pool.go): heaps, spans, pending frees, a
-//	            mutex, exact gauges. Goroutines on different streams take
+//	pool        pool.go: heaps, spans, pending frees, stream slots, a
+//	            mutex, exact gauges. In ModeVirtual one pool serves every
+//	            stream (one arena, one lock per device); in ModePlain one
+//	            per stream, so that goroutines on different streams take
 //	            different locks and write no shared cache line.
 //	heap        a pool's large heap, and in ModePlain its small heap:
 //	            segments and a freeIndex of their free blocks (index.go).
@@ -25,8 +27,9 @@
 //
 // # Modes
 //
-// ModeVirtual (the default where the device has virtual memory) reserves an
-// arena of address space per stream, as large as the device, and backs only
+// ModeVirtual (the default where the device has virtual memory) reserves one
+// arena of address space for all streams, as large as the device (another
+// only when it is exhausted), and backs only
 // the chunks under live blocks, in spans of at most Config.SpanSize (twice
 // that, and filled ahead, where a grown allocator extends its arena: see
 // runEnd in vm.go). When a block is freed, a span left without live chunks
@@ -35,8 +38,8 @@
 // already backed (a cache hit, or on a miss a search over every fitting free
 // block); then it moves an empty span of exactly the size needed, or a
 // larger one of its own stream over the free address space after the run,
-// or releases empty spans (its own stream's first, oldest first) and only
-// then asks the device for a new one. So the device is asked for memory only when no empty span is
+// or releases empty spans (oldest first) and only then asks the device for
+// a new one. So the device is asked for memory only when no empty span is
 // held, and a hole in the address space holds no memory once its spans have
 // emptied. Peak reserved memory is the peak of what the spans touched by
 // live blocks hold.
@@ -51,7 +54,7 @@
 // left in a large segment keeps the whole segment from being freed or
 // reused for a large request. In ModeVirtual that cost mostly disappears
 // (the spans of a split free range empty and are reused elsewhere), and one
-// best-fit heap per stream does better: small blocks fill the partly used
+// best-fit heap for all streams does better: small blocks fill the partly used
 // chunks at the edges of large ones. Measured on the six shipped traces
 // against a separate small arena and against small pages carved out of the
 // large arena, the single heap gave the lowest ratio on four traces, within
@@ -67,24 +70,24 @@
 //
 // # The alloc path
 //
-//  1. Find the stream's pool (a scan of a short immutable slice) and lock it.
+//  1. Find the stream's pool and slot (a scan of a short immutable slice)
+//     and lock the pool.
 //  2. Cache hit (allocFast): the freeIndex gives the best-fitting free
-//     block of the heap; if its chunks are ready (always, for plain
+//     block of the heap; if the stream may use it now (its tag, see the
+//     stream contract) and its chunks are ready (always, for plain
 //     segments), carve the request off it, count it in its chunks, done: no
 //     device call, no map, no Go allocation.
 //  3. Otherwise (allocSlow): free the pending blocks whose events have
-//     completed and look again.
+//     completed, move the other streams' horizons (advanceEpoch) and look
+//     again.
 //  4. Grow: a virtual heap reserves another arena if its address space is
 //     exhausted; a plain heap adopts a wholly free segment of another stream
 //     behind an event wait (adoptSegment), or allocates a segment.
 //  5. Place and back the block (virtual): choose, among the fitting free
-//     blocks, the place with the fewest chunks not yet backed (findBacked).
-//     If that place needs new chunks and there are other streams, take
-//     another pool's free memory that is backed whole instead (borrow): a
-//     block another stream freed, once an event recorded on that stream
-//     has completed, lent to this stream; or a lent block this stream freed
-//     itself and whose free still waits for this stream's work (relend).
-//     Otherwise give each run of missing chunks a span (back, newSpan).
+//     blocks this stream may use, the place with the fewest chunks not yet
+//     backed (findBacked); in a block of another stream whose work is not
+//     known done, only a place over unmapped chunks. Give each run of
+//     missing chunks a span (back, newSpan).
 //  6. If the limit or the device refused (a shortage), unlock, return every
 //     pool's cache to the device (reclaim), lock and retry once.
 //  7. Still short: fail with an *OutOfMemoryError, the verdict (oom.go):
@@ -100,7 +103,8 @@
 //  3. If RecordStream named other streams, record an event on each and park
 //     the block as pending; it is freed when they complete (step 3 above).
 //  4. Otherwise uncount it from its chunks (spans left empty join the
-//     pool's empty list), coalesce it with free neighbours, and index it.
+//     pool's empty list), coalesce it with free neighbours, tag it with
+//     the free (its stream and the pool's free count), and index it.
 //  5. If Config.ReleaseThreshold is set and more is cached, release the
 //     oldest empty spans and free segments down to it.
 //
@@ -112,14 +116,21 @@
 // the next Alloc on s. Memory is never given to another stream before the
 // work that used it has completed, or the other stream has been made to wait
 // for it: plain segments move between streams only with an event recorded on
-// the old stream and waited on by the new (adoptSegment); a free block of a
-// virtual pool is lent to another stream only when an event recorded on its
-// own stream has completed (borrow), stays its pool's, and is marked used by
-// the borrowing stream, so that its free waits for that stream's work
-// before its own pool reuses it; spans are
-// unmapped only after a fence (an event waited on by the host) on the
-// stream that emptied them, because unmapping is not stream-ordered; buffers
-// used on several streams are reused only after RecordStream's events.
+// the old stream and waited on by the new (adoptSegment). In the one virtual
+// arena every free block carries a tag (block.si, block.freed): the stream
+// that freed it and the pool's free count then. Stream s may use it at once
+// if s freed it; another stream only once an event recorded on the tag's
+// stream after that free has completed (advanceEpoch records one per
+// stream and queries it on the slow path; no stream is ever made to wait
+// for another's later work, a prefetch copy say). Coalesced pieces of two
+// streams, neither done, are tagged with no stream (mergeTags) and used by
+// either only once the other's frees in them are done. A place over
+// unmapped chunks is any stream's: spans are unmapped only after a fence
+// (an event waited on by the host) on every stream that freed memory since
+// its last fence, because unmapping is not stream-ordered; and an empty
+// span is moved or released for one stream only if that needs no host wait
+// for another stream's work (stalls). Buffers used on several streams are
+// reused only after RecordStream's events.
 //
 // The allocator records events on the streams it holds memory for, so a
 // stream must outlive that memory: call ReleaseStream (or Close) before

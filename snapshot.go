@@ -47,7 +47,7 @@ type BlockSnapshot struct {
 	State     string `json:"state"` // "free", "allocated", "pending"
 	Stream    uint64 `json:"stream"`
 	Scope     string `json:"scope,omitempty"`
-	Seq       uint64 `json:"seq,omitempty"` // allocation number on its stream
+	Seq       uint64 `json:"seq,omitempty"` // allocation number in its pool (one per stream in ModePlain; all streams share one in ModeVirtual)
 	Site      string `json:"site,omitempty"`
 	// Stack is the allocation's call stack (program counters, innermost
 	// first) when Config.RecordSites is set: what a pprof profile is made of.

@@ -35,7 +35,7 @@ type Stats struct {
 	LiveBuffers  uint64
 	Segments     int // plain segments and virtual arenas
 	PendingFrees int // freed buffers waiting for other streams' events
-	Streams      int // streams that have pools
+	Streams      int // streams the allocator serves
 	// LargestFree is the largest request that would be served now with no
 	// device call.
 	LargestFree uint64
@@ -53,7 +53,7 @@ type Stats struct {
 	SetAccess     uint64 // access grants, one per contiguous run (cuMemSetAccess)
 	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
 	Fences        uint64 // host waits for a stream or the device before unmapping or freeing
-	Handoffs      uint64 // free memory handed to another stream behind an event (a plain segment, or a virtual block lent)
+	Handoffs      uint64 // free memory handed to another stream behind an event (a plain segment, or a virtual block another stream freed, once its work is done)
 	OOMs          uint64 // requests that failed for want of memory (quota included)
 	Retries       uint64 // allocations retried after releasing the cache
 	Trims         uint64 // Trim calls
@@ -78,7 +78,7 @@ func (a *Allocator) Stats() Stats {
 		s.Allocs += p.nallocs
 		s.Frees += p.nfrees
 		s.PendingFrees += p.npending
-		s.Streams++
+		s.Streams += p.live
 		s.MappedBytes += uint64(p.mappedChunks) * a.gran
 		for i := p.empty.head; i >= 0; i = p.spans[i].next {
 			s.Releasable += uint64(p.spans[i].n) * a.gran

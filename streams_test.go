@@ -4,14 +4,15 @@ import (
 	"testing"
 
 	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
 )
 
 // TestStreamsShareFreeMemory: memory one stream freed serves another
 // stream's request without a driver call once the first stream's work is
-// done, and not before (borrow); the second stream's free waits for its
-// own work before the first stream reuses the memory, and the second
-// stream may reuse it at once (relend). The simulated device checks every
-// hand-over against the work still pending on other streams.
+// done, and not before; the second stream's free waits for its own work
+// before the first stream reuses the memory, and the second stream may
+// reuse it at once. The simulated device checks every hand-over against
+// the work still pending on other streams.
 func TestStreamsShareFreeMemory(t *testing.T) {
 	dev := newSim(8 << 30)
 	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
@@ -109,8 +110,8 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	mustCheck(t, a, "a relend")
 	dev.Drain(sb)
 
-	// While a's work is pending, a lends nothing: b's work would have to
-	// wait for all of a's.
+	// While a's work is pending, what a freed since is not given to b: b's
+	// work would have to wait for all of a's.
 	dev.Hold(sa)
 	if err := dev.Touch(sa, z.Ptr(), n); err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	if err := a.Free(z); err != nil {
 		t.Fatal(err)
 	}
-	before = a.Stats()
+	fences := a.Stats().Fences
 	v, err := a.Alloc(n, sb)
 	if err != nil {
 		t.Fatal(err)
@@ -126,8 +127,11 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	if err := dev.CheckHandoff(v.Ptr(), n, sb); err != nil {
 		t.Fatalf("b may use memory before a's work on it is done: %v", err)
 	}
-	if a.Stats().Handoffs != before.Handoffs {
-		t.Errorf("a lent memory to b while a's work was pending")
+	if v.Ptr() < z.Ptr()+device.Ptr(n) && z.Ptr() < v.Ptr()+device.Ptr(n) {
+		t.Errorf("b got 0x%x, overlapping 0x%x that a freed while its work was pending", v.Ptr(), z.Ptr())
+	}
+	if f := a.Stats().Fences; f != fences {
+		t.Errorf("b's request waited on the host for a's work (%d fences)", f-fences)
 	}
 	dev.Drain(sa)
 
@@ -173,4 +177,96 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 		}
 	}
 	mustCheck(t, a, "the frees")
+}
+
+// TestStreamsShareOneArena: in ModeVirtual all streams share one address
+// range, so free ranges freed by two streams coalesce: once both streams'
+// work is done, a request as large as both on either stream is served
+// from them without a driver call. ReleaseStream of one stream keeps what
+// it freed cached for the others.
+func TestStreamsShareOneArena(t *testing.T) {
+	dev := newSim(8 << 30)
+	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
+	sa, _ := dev.NewStream()
+	sb, _ := dev.NewStream()
+	const n = 64 * miB
+	x, err := a.Alloc(n, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := a.Alloc(n, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if y.Ptr() != x.Ptr()+device.Ptr(n) {
+		t.Fatalf("b's first block at 0x%x, want it next to a's 0x%x in one arena", y.Ptr(), x.Ptr())
+	}
+	keep, err := a.Alloc(miB, sa) // a live neighbour after both
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev.Hold(sb)
+	if err := dev.Touch(sb, y.Ptr(), n); err != nil {
+		t.Fatal(err)
+	}
+	for _, buf := range []gpumem.Buffer{x, y} {
+		if err := a.Free(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCheck(t, a, "frees of two streams")
+	if st := a.Stats(); st.Streams != 2 || st.Reserves != 1 {
+		t.Errorf("two streams: Stats says %d streams, %d address reservations; want 2 and one arena", st.Streams, st.Reserves)
+	}
+	// b's work on y is pending: a's request for both must not get y.
+	z, err := a.Alloc(2*n, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.CheckHandoff(z.Ptr(), 2*n, sa); err != nil {
+		t.Fatalf("a may use memory before b's work on it is done: %v", err)
+	}
+	if err := a.Free(z); err != nil {
+		t.Fatal(err)
+	}
+	dev.Drain(sb)
+	before := a.Stats()
+	w, err := a.Alloc(2*n, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Ptr() != x.Ptr() {
+		t.Errorf("b's request for both got 0x%x, want the coalesced range at 0x%x", w.Ptr(), x.Ptr())
+	}
+	if d := a.Stats().DeviceCalls() - before.DeviceCalls(); d != 0 {
+		t.Errorf("b's request over both streams' frees made %d device calls, want 0", d)
+	}
+	if err := dev.CheckHandoff(w.Ptr(), 2*n, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(w); err != nil {
+		t.Fatal(err)
+	}
+	// b goes; what it freed serves a at once.
+	if err := a.ReleaseStream(sb); err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "ReleaseStream with another stream left")
+	before = a.Stats()
+	if before.Streams != 1 {
+		t.Errorf("%d streams after one of two was released", before.Streams)
+	}
+	v, err := a.Alloc(2*n, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Ptr() != x.Ptr() || a.Stats().DeviceCalls() != before.DeviceCalls() {
+		t.Errorf("after ReleaseStream(b), a's request got 0x%x with %d device calls, want 0x%x with none", v.Ptr(), a.Stats().DeviceCalls()-before.DeviceCalls(), x.Ptr())
+	}
+	for _, buf := range []gpumem.Buffer{v, keep} {
+		if err := a.Free(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCheck(t, a, "the end")
 }

@@ -229,11 +229,31 @@ const maxSlide = 4096
 // A looser fit costs address space, which is free; each unmapped chunk
 // costs driver calls (a span to create or move: tens of microseconds on a
 // real GPU). On the miss path only.
-func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64, int) {
-	best := first
-	bestOff, bestMissing := p.placement(first, rounded, 1<<30)
-	if bestMissing == 0 {
-		return best, bestOff, 0
+//
+// Only places stream slot si may use count: a block it may use (usable),
+// or, in a block of another stream whose work is not known done, a place
+// over unmapped chunks only (cleanPlacement): no work can touch memory
+// that is not mapped, since unmapping fences the streams that freed it. It
+// reports false when no fitting block has such a place.
+func (p *pool) findBacked(h *heap, first *block, rounded uint64, si slot) (*block, uint64, int, bool) {
+	var best *block
+	var bestOff uint64
+	bestMissing := 1 << 30
+	try := func(b *block) bool {
+		var off uint64
+		var m int
+		if p.usable(b, si) {
+			off, m = p.placement(b, rounded, bestMissing-1)
+		} else if off, m = p.cleanPlacement(b, rounded); m < 0 {
+			return false
+		}
+		if m < bestMissing {
+			best, bestOff, bestMissing = b, off, m
+		}
+		return m == 0
+	}
+	if try(first) {
+		return best, bestOff, 0, true
 	}
 	seen := 0
 	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
@@ -242,19 +262,41 @@ func (p *pool) findBacked(h *heap, first *block, rounded uint64) (*block, uint64
 				continue
 			}
 			seen++
-			if off, m := p.placement(b, rounded, bestMissing-1); m < bestMissing {
-				best, bestOff, bestMissing = b, off, m
-				if m == 0 {
-					return best, bestOff, 0
-				}
+			if try(b) {
+				return best, bestOff, 0, true
 			}
 		}
 	}
-	return best, bestOff, bestMissing
+	return best, bestOff, bestMissing, best != nil
+}
+
+// cleanPlacement returns a place in free block b for rounded bytes whose
+// chunks are all unmapped, and their number: the block's start, its end,
+// or the first chunk past every chunk any span has covered; -1 for none.
+func (p *pool) cleanPlacement(b *block, rounded uint64) (uint64, int) {
+	g, seg := p.a.gran, b.seg
+	offs := [3]uint64{0, b.size - rounded, b.size}
+	if past := seg.chunkAddr(int(seg.hiSpan)+1, g); past > b.addr && past+rounded <= b.end() {
+		offs[2] = past - b.addr
+	}
+	for _, off := range offs {
+		if off+rounded > b.size {
+			continue
+		}
+		c0, c1 := seg.chunkSpan(b.addr+off, rounded, g)
+		clean := true
+		for i := c0; i <= c1 && clean; i++ {
+			clean = seg.chunks[i].span < 0
+		}
+		if clean {
+			return off, c1 - c0 + 1
+		}
+	}
+	return 0, -1
 }
 
 // maxCandidates bounds the free blocks one search for backed memory looks
-// at (findBacked, findLendable).
+// at (findBacked).
 const maxCandidates = 1024
 
 // occupy counts b as live in its chunks and their spans; every chunk must
@@ -557,11 +599,32 @@ func (p *pool) emptyToStretch(seg *segment, r0 int, k int32) int32 {
 	best := int32(-1)
 	for i := p.empty.head; i >= 0; i = p.spans[i].next {
 		s := &p.spans[i]
-		if s.n > k && s.n <= room && !s.prealloc && (best < 0 || s.n < p.spans[best].n) {
+		if s.n > k && s.n <= room && !s.prealloc && (best < 0 || s.n < p.spans[best].n) && !p.stalls(i) {
 			best = i
 		}
 	}
 	return best
+}
+
+// stalls reports whether moving or releasing empty span i of a pool that
+// serves several streams would make the host wait for the work of a stream
+// other than the one asking (pool.asker) that is not known done: the span
+// emptied after the last fence, and fence would wait for that stream.
+// Such spans are left where they are (the stream that emptied them reuses
+// them in place), as a block that stream freed is, and new memory is taken
+// instead: a host wait on another stream would stall this one behind all
+// of that stream's work (a prefetch copy, say). The simulated device
+// completes work at once, so there the rule never applies.
+func (p *pool) stalls(i int32) bool {
+	if p.live < 2 || p.spans[i].seq <= p.fencedSeq {
+		return false
+	}
+	for j := range p.streams {
+		if st := &p.streams[j]; st.live && slot(j) != p.asker && st.last > st.fenced && st.last > st.safe {
+			return true
+		}
+	}
+	return false
 }
 
 // findEmpty finds an empty span of exactly k chunks, in this pool or
@@ -584,7 +647,7 @@ func (p *pool) findEmpty(k int32) (*pool, int32) {
 
 func (p *pool) emptyOfSize(k int32) int32 {
 	for i := p.empty.head; i >= 0; i = p.spans[i].next {
-		if s := &p.spans[i]; s.n == k && !s.prealloc {
+		if s := &p.spans[i]; s.n == k && !s.prealloc && !p.stalls(i) {
 			return i
 		}
 	}
@@ -690,7 +753,7 @@ func (p *pool) releaseOldest(want uint64, prealloc bool) bool {
 	var got uint64
 	for i := p.empty.head; i >= 0 && got < want; {
 		next := p.spans[i].next
-		if prealloc || !p.spans[i].prealloc {
+		if (prealloc || !p.spans[i].prealloc) && !p.stalls(i) {
 			n := uint64(p.spans[i].n) * p.a.gran
 			if p.releaseSpan(i) != nil {
 				return false
@@ -777,7 +840,10 @@ func (a *Allocator) preallocate() error {
 	if l := a.limit.Load(); n > l || !a.takeBudget(n) {
 		return fmt.Errorf("gpumem: preallocating %d bytes: more than the limit of %d", n, l)
 	}
-	p := a.poolFor(0)
+	p, _, err := a.poolFor(0)
+	if err != nil {
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if a.mode == ModePlain {
