@@ -217,6 +217,9 @@ func (p *pool) check() error {
 				if (part[i] > 0 || full[i]) && !c.ready {
 					bad("chunk %d of segment 0x%x holds live blocks but is not ready (span %d)", i, seg.base, c.span)
 				}
+				if c.ready != seg.ready.get(i) {
+					bad("chunk %d of segment 0x%x: ready %v, its bit in the ready map %v", i, seg.base, c.ready, seg.ready.get(i))
+				}
 				if c.span >= 0 {
 					if int(c.span) >= len(p.spans) || !p.spans[c.span].inUse || p.spans[c.span].seg != seg ||
 						int32(i) < p.spans[c.span].c0 || int32(i) >= p.spans[c.span].c0+p.spans[c.span].n {

@@ -122,8 +122,9 @@ type segment struct {
 	virtual  bool
 	prealloc bool // plain preallocation: kept until Trim or Close
 	first    *block
-	chunks   []chunk // virtual: one per granule
-	hiSpan   int32   // virtual: no span ever covered a chunk above this; -1 for none
+	chunks   []chunk  // virtual: one per granule
+	ready    readyMap // virtual: chunks[i].ready, a bit each (readymap.go)
+	hiSpan   int32    // virtual: no span ever covered a chunk above this; -1 for none
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -747,6 +748,7 @@ func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 	if virtual {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)
+		seg.ready = newReadyMap(int(n))
 		for i := range seg.chunks {
 			seg.chunks[i].span = -1
 		}

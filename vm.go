@@ -146,23 +146,14 @@ func (seg *segment) chunkSpan(addr, size, gran uint64) (int, int) {
 }
 
 // unmappedIn counts the chunks under [addr, addr+size) of seg that are not
-// ready (unmapped, or mapped without access), stopping once it passes
-// limit. A ready chunk's span is ready whole, so it steps span by span over
-// mapped memory.
+// ready (unmapped, or mapped without access), up to limit+1: a count past
+// limit is reported as limit+1.
 func (p *pool) unmappedIn(seg *segment, addr, size uint64, limit int) int {
-	c0, c1 := seg.chunkSpan(addr, size, p.a.gran)
-	ch := seg.chunks
-	n := 0
-	for i := c0; i <= c1 && n <= limit; {
-		if c := ch[i]; c.ready {
-			s := &p.spans[c.span]
-			i = int(s.c0 + s.n)
-			continue
-		}
-		n++
-		i++
+	if limit < 0 {
+		return 0
 	}
-	return n
+	c0, c1 := seg.chunkSpan(addr, size, p.a.gran)
+	return min(c1-c0+1-seg.ready.count(c0, c1), limit+1)
 }
 
 // placement returns where in free block b to put rounded bytes so that the
@@ -187,33 +178,42 @@ func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missi
 			return off, 0
 		}
 	}
-	ch := seg.chunks
-	notReady := func(i int) int {
-		if ch[i].ready {
-			return 0
-		}
-		return 1
-	}
-	// Windows starting on chunk boundaries inside the block.
+	// Windows starting on chunk boundaries inside the block, in address
+	// order: positions 0..last, window n over chunks [lo+n, lo+n+w) with m
+	// of them not ready. A position is skipped only when it cannot beat the
+	// best so far (missing <= m <= w once a window is counted): a window
+	// that leaves behind fewer than k = m-missing+1 of this one's not-ready
+	// chunks still holds missing or more, so the next candidate starts just
+	// past the k-th; and a better window holds a ready chunk. So the first
+	// place with the fewest not-ready chunks is found, as by stepping one
+	// chunk at a time (readymap_internal_test.go checks both agree).
 	s0 := (b.addr-seg.base+g-1)/g*g + seg.base
 	if s0+rounded <= b.end() {
 		lo, hi := seg.chunkSpan(s0, rounded, g)
-		m := 0
-		for i := lo; i <= hi; i++ {
-			m += notReady(i)
-		}
-		for n := 0; ; n++ {
+		w := hi - lo + 1
+		// The last position: the window inside the block, at most
+		// maxSlide steps, and (past the first) starting at or below hiSpan.
+		last := min(int((b.end()-rounded-s0)/g), maxSlide, int(seg.hiSpan)-lo)
+		for n := 0; ; {
+			m := w - seg.ready.count(lo+n, lo+n+w-1)
 			if m < missing {
-				off, missing = s0-b.addr, m
+				off, missing = s0+uint64(n)*g-b.addr, m
 				if m == 0 {
 					return off, 0
 				}
 			}
-			if s0+g+rounded > b.end() || n == maxSlide || lo+1 > int(seg.hiSpan) {
+			next := seg.ready.kthNotReady(lo+n, lo+n+w-1, m-missing+1) + 1 - lo
+			if next <= last {
+				r := seg.ready.nextReady(lo+next, lo+last+w-1)
+				if r < 0 {
+					break
+				}
+				next = max(next, r-w+1-lo)
+			}
+			if next > last {
 				break
 			}
-			m += notReady(hi+1) - notReady(lo)
-			lo, hi, s0 = lo+1, hi+1, s0+g
+			n = next
 		}
 	}
 	return off, missing
@@ -514,6 +514,7 @@ func (p *pool) grant(i int32) error {
 	for j := s.c0; j < s.c0+s.n; j++ {
 		s.seg.chunks[j].ready = true
 	}
+	s.seg.ready.set(int(s.c0), int(s.c0+s.n), true)
 	return nil
 }
 
@@ -684,6 +685,7 @@ func (q *pool) unmapSpan(i int32) error {
 		c := &s.seg.chunks[j]
 		c.span, c.ready = -1, false
 	}
+	s.seg.ready.set(int(s.c0), int(s.c0+s.n), false)
 	q.mappedChunks -= int(s.n)
 	q.removeEmpty(i)
 	q.freeSlot(i)
