@@ -139,6 +139,21 @@ func absorbNext(b *blk) {
 	}
 }
 
+// coalesce merges the free block b with its free neighbours, taking them
+// out of fs, and returns the merged block, which the caller inserts.
+func coalesce(fs *freeSet, b *blk) *blk {
+	if p := b.prev; p != nil && !p.live {
+		fs.remove(p)
+		absorbNext(p)
+		b = p
+	}
+	if n := b.next; n != nil && !n.live {
+		fs.remove(n)
+		absorbNext(b)
+	}
+	return b
+}
+
 // take marks b live for a request of req bytes.
 func (k *books) take(b *blk, req uint64) uint64 {
 	b.live, b.req = true, req

@@ -128,15 +128,7 @@ func (c *cudaAsync) Free(addr uint64) error {
 	s := b.seg
 	if s.kind == asyncChunk {
 		fs := c.free[s.stream]
-		if p := b.prev; p != nil && !p.live {
-			fs.remove(p)
-			absorbNext(p)
-			b = p
-		}
-		if n := b.next; n != nil && !n.live {
-			fs.remove(n)
-			absorbNext(b)
-		}
+		b = coalesce(fs, b)
 		if b.prev != nil || b.next != nil {
 			fs.insert(b)
 			return nil

@@ -129,16 +129,7 @@ func (b *tfBFC) Free(addr uint64) error {
 	if err != nil {
 		return err
 	}
-	if p := c.prev; p != nil && !p.live {
-		b.free.remove(p)
-		absorbNext(p)
-		c = p
-	}
-	if n := c.next; n != nil && !n.live {
-		b.free.remove(n)
-		absorbNext(c)
-	}
-	b.free.insert(c)
+	b.free.insert(coalesce(&b.free, c))
 	return nil
 }
 

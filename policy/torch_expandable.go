@@ -130,20 +130,9 @@ func (t *torchExpandable) Free(addr uint64) error {
 	}
 	k := poolKey{b.seg.stream, b.seg.kind}
 	fs, e := t.free[k], t.segs[k]
-	if p := b.prev; p != nil && !p.live {
-		fs.remove(p)
-		absorbNext(p)
-		if e.tail == b {
-			e.tail = p
-		}
-		b = p
-	}
-	if n := b.next; n != nil && !n.live {
-		fs.remove(n)
-		absorbNext(b)
-		if e.tail == n {
-			e.tail = b
-		}
+	b = coalesce(fs, b)
+	if b.next == nil {
+		e.tail = b // it absorbed the last block
 	}
 	fs.insert(b)
 	return nil

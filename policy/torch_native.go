@@ -121,16 +121,7 @@ func (t *torchNative) Free(addr uint64) error {
 		return err
 	}
 	fs := t.set(poolKey{b.seg.stream, b.seg.kind})
-	if p := b.prev; p != nil && !p.live {
-		fs.remove(p)
-		absorbNext(p)
-		b = p
-	}
-	if n := b.next; n != nil && !n.live {
-		fs.remove(n)
-		absorbNext(b)
-	}
-	fs.insert(b)
+	fs.insert(coalesce(fs, b))
 	return nil
 }
 
