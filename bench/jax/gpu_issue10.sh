@@ -24,7 +24,7 @@
 #   summary.txt: the machine, the commit, and both parts' tables
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-dir=build/issue10
+dir=${BUILD_DIR:-build/issue10} # bench/jax/gpu_lmperf.sh builds into its own
 
 build() {
 	set -e
