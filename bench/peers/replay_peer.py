@@ -437,10 +437,20 @@ def run_jax(tr, opts, res):
     def make(n):
         return jax.jit(lambda: jnp.zeros((n,), jnp.uint8))
 
-    lowered = {n: make(n).lower() for n in rounded}
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as ex:
-        compiled = dict(zip(rounded, ex.map(lambda n: lowered[n].compile(), rounded)))
-    del lowered
+    mode = getattr(opts, "jax_compile", "ahead")
+    if mode == "lazy":
+        # jax.jit objects, each compiled by its first call inside the loop.
+        compiled = {n: make(n) for n in rounded}
+        res["jax_compile"] = mode
+    elif mode == "eager":
+        # jnp.zeros called op by op: JAX's own per-shape cache, filled in the loop.
+        compiled = {n: (lambda n=n: jnp.zeros((n,), jnp.uint8)) for n in rounded}
+        res["jax_compile"] = mode
+    else:
+        lowered = {n: make(n).lower() for n in rounded}
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as ex:
+            compiled = dict(zip(rounded, ex.map(lambda n: lowered[n].compile(), rounded)))
+        del lowered
 
     def zero_size():
         return None  # a 0-byte request: XLA would hold no device memory for it
@@ -524,6 +534,11 @@ def main(argv=None):
     ap.add_argument("--passes", type=int, default=1,
                     help="PyTorch peers: also replay N passes in a row from an emptied "
                          "cache and report their peak (key passes), as gpumem replay --passes")
+    ap.add_argument("--jax-compile", choices=("ahead", "lazy", "eager"), default="ahead",
+                    help="jax-bfc: compile every size's executable before the timed loop "
+                         "(ahead, the default) or at its first use inside it (lazy: XLA's "
+                         "compiler then takes device memory amid the trace's allocations), or "
+                         "call jnp.zeros op by op (eager)")
     ap.add_argument("--build-cxx", action="store_true",
                     help="build torch_cxx.cpp with torch.utils.cpp_extension and exit")
     ap.add_argument("--list", action="store_true", help="print the peer names")
