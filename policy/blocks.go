@@ -26,7 +26,8 @@ type blk struct {
 	req        uint64 // bytes requested; 0 when free
 	live       bool
 	seg        *seg
-	prev, next *blk // neighbours in the segment, by address
+	prev, next *blk   // neighbours in the segment, by address
+	stamp      uint64 // order among free blocks, for policies that keep one
 }
 
 // seg is a segment: memory taken from the device in one piece.
