@@ -44,6 +44,27 @@ func TestReplayPolicyJSON(t *testing.T) {
 	}
 }
 
+// TestReplayPolicyPasses: --passes with --policy adds the address
+// repetition; tf-bfc repeats every address of fragments.trace, and the
+// table names the columns.
+func TestReplayPolicyPasses(t *testing.T) {
+	code, out, errs := run(t, nil, "replay", "--policy", "tf-bfc", "--passes", "3", "--json", "testdata/fragments.trace")
+	if code != ExitOK || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	if !strings.Contains(out, `"passes":{"n":3,"compared":22,"same":22,"same_address":1,`) {
+		t.Errorf("tf-bfc over 3 passes: %s", out)
+	}
+	code, out, errs = run(t, nil, "replay", "--policy", "all", "--passes", "2", "testdata/fragments.trace")
+	if code != ExitOK || errs != "" || !strings.Contains(out, "same address (later passes)") || strings.Count(out, "fragments") != len(policy.Names()) {
+		t.Errorf("all policies over 2 passes: exit %d, stderr %q, out:\n%s", code, errs, out)
+	}
+	code, out, _ = run(t, nil, "replay", "--policy", "tf-bfc", "--json", "testdata/fragments.trace")
+	if code != ExitOK || strings.Contains(out, `"passes"`) {
+		t.Errorf("one pass: exit %d, want no passes key: %s", code, out)
+	}
+}
+
 func TestReplayPolicyErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -53,6 +74,7 @@ func TestReplayPolicyErrors(t *testing.T) {
 		{[]string{"--policy", "torch-native", "--mode", "plain"}, "--mode configures gpumem or the GPU"},
 		{[]string{"--policy", "all", "--device", "cuda"}, "--device configures gpumem or the GPU"},
 		{[]string{"--policy", "all", "--capacity", "0"}, "invalid value 0 for flag --capacity"},
+		{[]string{"--policy", "tf-bfc", "--passes", "0"}, "invalid value 0 for flag --passes: want 1 or more"},
 	} {
 		code, _, errs := run(t, nil, append(append([]string{"replay"}, tc.args...), "testdata/tiny.trace")...)
 		if code != ExitUsage || !strings.Contains(errs, tc.want) {

@@ -59,7 +59,14 @@ ratio, the OOMs and what was still reserved at the end; with --json, one
 object per row with the keys policy, trace, capacity, events,
 peak_live_bytes, peak_reserved_bytes, ratio, ooms, end_reserved_bytes and
 peak_event (the index of the event after which the peak was first held).
-The flags that configure gpumem or the GPU do not apply to it.
+With --passes N (2 or more) each trace is also replayed N times on one
+allocator of the policy (what a pass leaves live is freed before the next),
+and the table gains the peak over all passes and the address repetition:
+the share of the requests of passes 2..N that got the address the same
+request had in the pass before (1.000: every pass repeats the last; XLA's
+command buffers are traced again when a step's addresses change); with
+--json, passes: {n, compared, same, same_address, peak_reserved_bytes,
+ratio}. The flags that configure gpumem or the GPU do not apply to it.
 
 A trace that cannot be read is reported and skipped; a replay that fails
 stops the command. Either way the exit status is 1. SIZE is bytes with an
@@ -99,8 +106,11 @@ func (e *env) replay(args []string) int {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *passes < 1 {
+		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --passes: want 1 or more", *passes))
+	}
 	if *pol != "gpumem" {
-		return e.replayPolicies(fs, set, *pol, paths, uint64(capacity), *check, *jsonOut)
+		return e.replayPolicies(fs, set, *pol, paths, uint64(capacity), *passes, *check, *jsonOut)
 	}
 
 	cfg := gpumem.Config{
@@ -118,9 +128,6 @@ func (e *env) replay(args []string) int {
 	cfg.Mode = m
 	if !(*fraction >= 0 && *fraction <= 1) {
 		return e.usageError(fs, fmt.Sprintf("invalid value %v for flag --preallocate-fraction: want 0 to 1", *fraction))
-	}
-	if *passes < 1 {
-		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --passes: want 1 or more", *passes))
 	}
 	if *repeat < 1 {
 		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --repeat: want 1 or more", *repeat))
@@ -307,12 +314,12 @@ func writeFirstOOMs(w io.Writer, results []replay.Result) error {
 // gpumemOnly are the replay flags that configure gpumem's allocator or a
 // real GPU: under another policy they mean nothing.
 var gpumemOnly = []string{"device", "gpu", "granularity", "mode", "limit", "preallocate", "preallocate-fraction",
-	"release-threshold", "small-size", "span", "touch", "warm", "passes", "repeat"}
+	"release-threshold", "small-size", "span", "touch", "warm", "repeat"}
 
 // replayPolicies is gpumem replay --policy NAME (or all) for a policy other
 // than gpumem alone: every trace under the policy, or under each, on the
 // simulated device's accounting.
-func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, paths []string, capacity uint64, check, jsonOut bool) int {
+func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, paths []string, capacity uint64, passes int, check, jsonOut bool) int {
 	names := []string{name}
 	if name == "all" {
 		names = policy.Names()
@@ -339,6 +346,12 @@ func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, pat
 		}
 		for _, n := range names {
 			r, err := policy.Run(tr, n, capacity, check, policy.Options{})
+			if err == nil && passes > 1 {
+				var rep policy.Repetition
+				if rep, err = policy.Repeat(tr, n, capacity, passes); err == nil {
+					r.Passes = &rep
+				}
+			}
 			if err != nil {
 				msg := fmt.Sprintf("gpumem replay: %s: %v", path, err)
 				if left := len(paths) - i - 1; left > 0 {
@@ -372,8 +385,12 @@ out:
 // writeReplayTable's.
 func writePolicyTable(w io.Writer, results []policy.Result) error {
 	t := table{header: []string{"trace", "policy", "events", "peak live", "peak reserved", "ratio", "OOMs", "end reserved"}}
+	passes := results[0].Passes != nil
+	if passes {
+		t.header = append(t.header, "passes", "ratio (all passes)", "same address (later passes)")
+	}
 	for _, r := range results {
-		t.rows = append(t.rows, []string{
+		row := []string{
 			r.Trace,
 			r.Policy,
 			strconv.Itoa(r.Events),
@@ -382,7 +399,11 @@ func writePolicyTable(w io.Writer, results []policy.Result) error {
 			strconv.FormatFloat(r.Ratio, 'f', 3, 64),
 			strconv.Itoa(r.OOMs),
 			units.Format(r.EndReservedBytes),
-		})
+		}
+		if p := r.Passes; p != nil {
+			row = append(row, strconv.Itoa(p.Passes), strconv.FormatFloat(p.Ratio, 'f', 3, 64), strconv.FormatFloat(p.SameFraction, 'f', 3, 64))
+		}
+		t.rows = append(t.rows, row)
 	}
 	return t.write(w)
 }

@@ -28,6 +28,9 @@ type Result struct {
 	// the allocator held PeakReservedBytes; -1 if it held that before the
 	// first event (a preallocating policy, or an empty trace).
 	PeakEvent int `json:"peak_event"`
+	// Passes is the address repetition over several passes (Repeat), when
+	// they were asked for (gpumem replay --policy NAME --passes N).
+	Passes *Repetition `json:"passes,omitempty"`
 }
 
 // Options tune a replay.

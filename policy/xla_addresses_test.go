@@ -10,14 +10,15 @@ import (
 // lm program (bench/jax/programs.py: 6 layers of width 1024, vocabulary
 // 32000, parameters and momentum as its outputs, tokens and one temporary
 // buffer per step, four sequence lengths in random order) under policy
-// name, and returns per length how many steps ran and how many distinct
-// sets of addresses (inputs, outputs, temporary) they got. XLA re-traces a
+// name, and returns per length how many steps ran, how many distinct
+// sets of addresses (inputs, outputs, temporary) they got, and how many
+// got the set of the step of that length before them. XLA re-traces a
 // command of a command buffer (a stream capture) when the addresses of its
 // buffers are not among the last few it traced it with
 // (TracedCommandBuffer::GetOrTraceCommandBuffer), so a policy that repeats
 // a step's addresses lets XLA replay, and one that never does makes it
 // capture again every step.
-func xlaStepAddresses(t *testing.T, name string, steps int) map[uint64][2]int {
+func xlaStepAddresses(t *testing.T, name string, steps int) map[uint64][3]int {
 	t.Helper()
 	a, err := New(name, 80<<30)
 	if err != nil {
@@ -46,6 +47,8 @@ func xlaStepAddresses(t *testing.T, name string, steps int) map[uint64][2]int {
 	rng := rand.New(rand.NewSource(1))
 	seen := map[uint64]map[string]bool{}
 	count := map[uint64]int{}
+	last := map[uint64]string{}
+	again := map[uint64]int{}
 	var tok uint64
 	for step := 0; step < steps; step++ {
 		n := []uint64{128, 256, 512, 1024}[rng.Intn(4)]
@@ -62,7 +65,12 @@ func xlaStepAddresses(t *testing.T, name string, steps int) map[uint64][2]int {
 		if seen[n] == nil {
 			seen[n] = map[string]bool{}
 		}
-		seen[n][fmt.Sprint(newTok, temp, np, nv, params, vel)] = true
+		set := fmt.Sprint(newTok, temp, np, nv, params, vel)
+		seen[n][set] = true
+		if last[n] == set {
+			again[n]++
+		}
+		last[n] = set
 		count[n]++
 		free(temp)
 		for i := range params {
@@ -76,9 +84,9 @@ func xlaStepAddresses(t *testing.T, name string, steps int) map[uint64][2]int {
 		tok = newTok
 		free(loss)
 	}
-	out := map[uint64][2]int{}
+	out := map[uint64][3]int{}
 	for n, m := range seen {
-		out[n] = [2]int{count[n], len(m)}
+		out[n] = [3]int{count[n], len(m), again[n]}
 	}
 	return out
 }
@@ -94,7 +102,7 @@ func xlaStepAddresses(t *testing.T, name string, steps int) map[uint64][2]int {
 func TestXLAStepAddresses(t *testing.T) {
 	for _, name := range []string{"tf-bfc", "cuda-async", "gpumem"} {
 		for n, c := range xlaStepAddresses(t, name, 64) {
-			t.Logf("%s, length %d: %d steps, %d distinct address sets", name, n, c[0], c[1])
+			t.Logf("%s, length %d: %d steps, %d distinct address sets, %d the same as the step of that length before", name, n, c[0], c[1], c[2])
 			if name == "tf-bfc" && c[1] >= c[0] {
 				t.Errorf("%s, length %d: %d distinct address sets in %d steps: the emulation never repeats a step's addresses", name, n, c[1], c[0])
 			}
