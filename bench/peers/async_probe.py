@@ -1,6 +1,6 @@
 """What CUDA's stream-ordered pool does, event by event, on a trace.
 
-    python3 bench/peers/async_probe.py OUTDIR TRACE [TRACE...] [--passes N]
+    python3 bench/peers/async_probe.py OUTDIR TRACE [TRACE...] [--passes N] [--after-free sync|query]
 
 Replays each trace (bench/peers/tracefile.py) on the device's default memory
 pool through the driver API, as PyTorch's backend:cudaMallocAsync uses it
@@ -11,6 +11,12 @@ cuMemFreeAsync on it. After every event it reads the pool's
 RESERVED_MEM_CURRENT and USED_MEM_CURRENT. The pool's internals are not
 public; this is the data the cuda-async emulation (policy/cuda_async.go) is
 fitted to and checked against.
+
+--after-free sync synchronizes the context after every free, and
+--after-free query asks cuStreamQuery of the default stream after every free
+(the host learns what completed without waiting): with them the pool sees
+each free as completed, not pending, when the next request comes; the pool
+treats the two differently (docs/EXPERIMENTS.md, "cuda-async, second round").
 
 Writes OUTDIR/NAME.npz per trace, one row per event and pass:
     kind      1 allocation, 0 free
@@ -58,6 +64,8 @@ class Driver:
         self.getattr = self.cu.cuMemPoolGetAttribute
         self.getattr.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         self.sync = self.cu.cuCtxSynchronize
+        self.query = self.cu.cuStreamQuery
+        self.query.argtypes = [ctypes.c_void_p]
 
     @staticmethod
     def check(what, rc):
@@ -71,7 +79,7 @@ class Driver:
         self.check("reset high", self.cu.cuMemPoolSetAttribute(self.pool, ATTR_RESERVED_MEM_HIGH, ctypes.byref(zero)))
 
 
-def replay(drv, tr, passes):
+def replay(drv, tr, passes, after_free=None):
     import numpy as np
 
     n = len(tr) * passes
@@ -107,6 +115,10 @@ def replay(drv, tr, passes):
                 rc = free(a, None)
                 if rc != 0:
                     raise RuntimeError("%s pass %d: cuMemFreeAsync: CUresult %d" % (tr.name, p, rc))
+                if after_free == "sync":
+                    drv.check("cuCtxSynchronize", drv.sync())
+                elif after_free == "query":
+                    drv.query(None)  # CUDA_SUCCESS or CUDA_ERROR_NOT_READY, both fine
             kind[k], size[k], addr[k], pass_[k] = kd, sz, a, p
             getattr_(pool, ATTR_RESERVED_MEM_CURRENT, vp)
             reserved[k] = val.value
@@ -135,6 +147,14 @@ def main(argv):
         j = argv.index("--passes")
         passes = int(argv[j + 1])
         del argv[j:j + 2]
+    after_free = None
+    if "--after-free" in argv:
+        j = argv.index("--after-free")
+        after_free = argv[j + 1]
+        if after_free not in ("sync", "query"):
+            print("--after-free: want sync or query, not %r" % after_free, file=sys.stderr)
+            return 2
+        del argv[j:j + 2]
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
@@ -144,9 +164,11 @@ def main(argv):
     for path in paths:
         tr = tracefile.load(path)
         drv.trim()  # each trace starts on an empty pool, as in its own process
-        summaries, arrays = replay(drv, tr, passes)
+        summaries, arrays = replay(drv, tr, passes, after_free)
         np.savez_compressed(os.path.join(out, tr.name + ".npz"), **arrays)
         for s in summaries:
+            if after_free:
+                s["after_free"] = after_free
             print(json.dumps(s), flush=True)
     return 0
 
