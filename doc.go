@@ -28,8 +28,9 @@
 // # Modes
 //
 // ModeVirtual (the default where the device has virtual memory) reserves one
-// arena of address space for all streams, as large as the device (another
-// only when it is exhausted), and backs only
+// arena of address space for all streams, twice as large as the device
+// (another only when it is exhausted; see arenaDevices in vm.go), and backs
+// only
 // the chunks under live blocks, in spans of at most Config.SpanSize (twice
 // that, and filled ahead, where a grown allocator extends its arena: see
 // runEnd in vm.go). When a block is freed, a span left without live chunks

@@ -806,12 +806,12 @@ func (a *Allocator) releaseHandles() error {
 	return errors.Join(errs...)
 }
 
-// reserve adds address space to a virtual heap: an arena as large as the
-// device, or the request if larger. Address space costs no memory; holes in
-// it cost nothing either.
+// reserve adds address space to a virtual heap: an arena arenaDevices times
+// as large as the device, or the request if larger. Address space costs no
+// memory; holes in it cost nothing either.
 func (h *heap) reserve(rounded uint64) error {
 	a := h.pool.a
-	size := max(a.total, rounded)
+	size := max(arenaDevices*a.total, rounded)
 	size = (size + a.gran - 1) &^ (a.gran - 1)
 	ptr, err := a.vm.Reserve(size, 0)
 	if err != nil {
@@ -821,6 +821,25 @@ func (h *heap) reserve(rounded uint64) error {
 	h.addSegment(uint64(ptr), size, true)
 	return nil
 }
+
+// arenaDevices is how many times the device's memory one arena's address
+// space spans. Free ranges in an arena are holes that hold no memory once
+// their spans empty, so a program that fills the device leaves live blocks
+// and holes that together pass the device's size: an arena only as large
+// as the device then runs out of address space at the program's peak, and
+// the next one splits the heap in two. A block cannot straddle two arenas,
+// the first arena's free tail is lost to every larger request, and the
+// frontier's larger spans start again at the second arena's base, holding
+// idle chunks beside live ones. Measured (docs/EXPERIMENTS.md, "A tight
+// device: the arena"): on a 936 MiB device gpt2_generate reserved a second
+// arena at its live peak and ran out 57,000 events later with 108 MiB idle
+// in spans that held live buffers; with twice the address space it never
+// reserves another and fits from 928 MiB up (it was 938). With twice the
+// device, the holes must pass the device's whole size first. Address space
+// is plentiful (a GPU's spans terabytes; this is 160 GiB for an 80 GiB
+// H100), and the arena's per-chunk arrays cost 12 bytes and a bit per 2 MiB
+// of it (about 1 MiB for that H100).
+const arenaDevices = 2
 
 // preallocate takes Config.Preallocate(Fraction) bytes at New: one span at
 // the start of the default stream's arena (virtual), or one segment of its

@@ -104,3 +104,49 @@ func TestLaterPassesFit(t *testing.T) {
 		}
 	}
 }
+
+// TestArenaOutlastsHoles fills a device, frees every other block and asks
+// for blocks larger than the holes: the live blocks and the holes between
+// them pass the device's size, yet they fit in the one arena (vm.go,
+// arenaDevices), whose address space spans twice the device. An arena only
+// as large as the device ran out of address space here and reserved a
+// second, which splits the heap (docs/EXPERIMENTS.md, "A tight device: the
+// arena").
+func TestArenaOutlastsHoles(t *testing.T) {
+	const capacity = 64 * miB
+	a := newAlloc(t, newSim(capacity), gpumem.Config{Mode: gpumem.ModeVirtual, SpanSize: 2 * miB})
+	var bufs []gpumem.Buffer
+	for range 16 {
+		b, err := a.Alloc(4*miB, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs = append(bufs, b)
+	}
+	for i := 0; i < len(bufs); i += 2 {
+		if err := a.Free(bufs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 32 MiB live in 4 MiB blocks, 4 MiB holes between them: 6 MiB blocks
+	// fit in no hole, so each goes past every block so far.
+	var end uint64
+	for range 5 {
+		b, err := a.Alloc(6*miB, 0)
+		if err != nil {
+			t.Fatalf("Alloc(6 MiB) with %d MiB reserved: %v", a.Stats().Reserved/miB, err)
+		}
+		end = max(end, uint64(b.Ptr())+b.Size())
+		mustCheck(t, a, "Alloc")
+	}
+	st := a.Stats()
+	if base := uint64(bufs[0].Ptr()); end-base <= capacity {
+		t.Fatalf("the blocks end %d MiB into the arena: the test no longer passes the device's size", (end-base)/miB)
+	}
+	if st.Reserves != 1 || st.Segments != 1 {
+		t.Errorf("%d address reservations, %d segments; want one arena", st.Reserves, st.Segments)
+	}
+	if st.Reserved > capacity {
+		t.Errorf("reserved %d MiB on a device of %d MiB", st.Reserved/miB, capacity/miB)
+	}
+}
