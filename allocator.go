@@ -185,9 +185,6 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 			return Buffer{}, err
 		}
 	}
-	if affMode >= 4 {
-		p.noteServed(rounded, si, b)
-	}
 	b.si = si
 	b.req = size
 	b.scope = sc

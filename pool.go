@@ -72,9 +72,6 @@ type pool struct {
 
 	heldBound int64 // what held says, under mu
 
-	aff [affSlots]affinity // where each size was last freed (affinity.go)
-	ctx [ctxSlots]ctxEntry
-
 	// held bounds from above the frees this pool holds back (not yet
 	// flushed), for other pools' flushes (see noteFree); written only by
 	// this pool. On a cache line of its own.
@@ -101,7 +98,6 @@ type streamState struct {
 	s                         device.Stream
 	live                      bool
 	last, safe, fenced        uint64
-	lastAddr                  uint64 // the address of its last request (affinity.go)
 	epochSeq                  uint64
 	epochEv, fenceEv          device.Event
 	haveEpochEv, epochPending bool
@@ -243,16 +239,6 @@ func (p *pool) allocFast(rounded uint64, si slot) *block {
 	if b == nil {
 		return nil
 	}
-	var off uint64
-	if affMode >= 4 {
-		if fb, o := p.ctxAffine(h, b, rounded, si); fb != nil {
-			b, off = fb, o
-		}
-	} else if affMode != 0 {
-		if fb, o := p.affine(h, b, rounded, si); fb != nil {
-			b, off = fb, o
-		}
-	}
 	if b.si != si {
 		if !p.tagUsable(si, b.si, b.freed) {
 			return nil
@@ -262,14 +248,14 @@ func (p *pool) allocFast(rounded uint64, si slot) *block {
 		}
 	}
 	if !b.seg.virtual {
-		b = p.carve(h, b, rounded, off)
+		b = p.carve(h, b, rounded, 0)
 		b.state = blockAllocated
 		return b
 	}
-	if p.unmappedIn(b.seg, b.addr+off, rounded, 0) > 0 {
+	if p.unmappedIn(b.seg, b.addr, rounded, 0) > 0 {
 		return nil
 	}
-	b = p.carve(h, b, rounded, off)
+	b = p.carve(h, b, rounded, 0)
 	p.occupy(b) // all mapped: no device call
 	b.state = blockAllocated
 	return b
@@ -475,7 +461,6 @@ func (p *pool) release(b *block, occupied bool) {
 	}
 	p.freeSeq++
 	si, f := b.si, p.freeSeq
-	addr, size, fsi := b.addr, b.size, b.si
 	if si >= 0 {
 		p.streams[si].last = f
 	}
@@ -498,9 +483,6 @@ func (p *pool) release(b *block, occupied bool) {
 	}
 	b.si, b.freed = si, f
 	h.insert(b)
-	if occupied && affMode != 0 && affMode < 4 {
-		p.noteFreed(addr, size, fsi, b)
-	}
 }
 
 // absorb merges block n, b's successor, into b and recycles n.
@@ -511,7 +493,6 @@ func (p *pool) absorb(b, n *block) {
 		n.next.prev = b
 	}
 	p.putBlock(n)
-	n.prev = b // forwarding for context affinity (cleared when reused)
 }
 
 // deferFree parks b on the pending list until the work of the other
@@ -774,7 +755,6 @@ func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 	}
 	b := p.newBlock()
 	b.seg, b.addr, b.size, b.state, b.si, b.freed = seg, base, size, blockFree, -1, 0
-	b.prev, b.next = nil, nil
 	seg.first = b
 	h.segs = append(h.segs, seg)
 	h.free.insert(b)
