@@ -14,6 +14,13 @@ the modes round by round:
     gpumem           gpumem run
     bfc-nocb, gpumem-nocb   the same with XLA's command buffers (CUDA graphs)
                      off: XLA_FLAGS=--xla_gpu_enable_command_buffer=
+    bfc-fusion, gpumem-fusion   command buffers of fused kernels only
+                     (--xla_gpu_enable_command_buffer=FUSION): the traced
+                     commands (cuBLAS, cuDNN, custom calls) run outside them
+    bfc-cache256, gpumem-cache256   every command buffer, 256 traced address
+                     sets kept per command (--xla_cmd_buffer_trace_cache_size)
+
+--modes picks some (default: all).
 
 Every mode preloads the shim with GPUMEM_PRELOAD_REPORT=1 (the BFC and
 cuda-async modes with GPUMEM_PRELOAD_PASSTHROUGH=1: every call goes to the
@@ -48,6 +55,17 @@ MODES = {
     "bfc-nocb": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "GPUMEM_PRELOAD_PASSTHROUGH": "1",
                  "XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
     "gpumem-nocb": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
+    # Command buffers of kernels only: cuBLAS, cuDNN and custom calls, the
+    # commands XLA records by stream capture (re-traced when their buffers
+    # move), run outside the graphs; kernel launches are updated in place.
+    "bfc-fusion": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "GPUMEM_PRELOAD_PASSTHROUGH": "1",
+                   "XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION"},
+    "gpumem-fusion": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION"},
+    # Every command buffer, with room for 256 traced address sets per
+    # command instead of 16.
+    "bfc-cache256": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "GPUMEM_PRELOAD_PASSTHROUGH": "1",
+                     "XLA_FLAGS": "--xla_cmd_buffer_trace_cache_size=256"},
+    "gpumem-cache256": {"XLA_FLAGS": "--xla_cmd_buffer_trace_cache_size=256"},
 }
 
 
