@@ -20,7 +20,8 @@ the modes round by round:
     bfc-cache256, gpumem-cache256   every command buffer, 256 traced address
                      sets kept per command (--xla_cmd_buffer_trace_cache_size)
 
---modes picks some (default: all).
+--modes picks some (default: all). --program mlp runs programs.py's mlp
+instead (8 x 4096, momentum), --lengths then being its batch sizes.
 
 Every mode preloads the shim with GPUMEM_PRELOAD_REPORT=1 (the BFC and
 cuda-async modes with GPUMEM_PRELOAD_PASSTHROUGH=1: every call goes to the
@@ -75,16 +76,26 @@ def child(lengths, steps):
     sys.path.insert(0, HERE)
     import programs
 
-    params = programs._lm_init(jax.random.PRNGKey(0), 32000, 1024, 6, 16)
+    if os.environ.get("LMPERF_PROGRAM") == "mlp":  # the mlp program; "lengths" are batch sizes
+        params = programs._mlp_init(jax.random.PRNGKey(0), 4096, 8, 1024, 10)
+        step = programs._momentum_step(lambda p, x, y: programs._xent(programs._mlp_apply(p, x), y))
+
+        def batch(n, i):
+            k1, k2 = jax.random.split(jax.random.PRNGKey(n * 1000 + i))
+            return jax.random.normal(k1, (n, 1024), jnp.float32), jax.random.randint(k2, (n,), 0, 10)
+    else:
+        params = programs._lm_init(jax.random.PRNGKey(0), 32000, 1024, 6, 16)
+        step = programs._momentum_step(programs._lm_loss, lr=1e-4)
+
+        def batch(n, i):
+            return (jax.random.randint(jax.random.PRNGKey(i), (16, n + 1), 0, 32000),)
     velocity = jax.tree_util.tree_map(jnp.zeros_like, params)
-    step = programs._momentum_step(programs._lm_loss, lr=1e-4)
     out = {"lengths": {}}
     for n in lengths:
         times, addrs, losses = [], set(), []
         last = time.perf_counter()
         for i in range(steps):
-            tokens = jax.random.randint(jax.random.PRNGKey(i), (16, n + 1), 0, 32000)
-            params, velocity, loss = step(params, velocity, tokens)
+            params, velocity, loss = step(params, velocity, *batch(n, i))
             losses.append(float(loss))  # waits for the step
             now = time.perf_counter()
             times.append((now - last) * 1e3)
@@ -152,6 +163,8 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--program", choices=("lm", "mlp"), default="lm",
+                    help="mlp: programs.py's mlp, --lengths then being its batch sizes")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per run")
     ap.add_argument("--deadline", type=float, default=0, help="seconds after which no run starts (0: none)")
     ap.add_argument("--out", default="lmperf.jsonl")
@@ -160,6 +173,7 @@ def main():
     for m in modes:
         if m not in MODES:
             sys.exit(f"lmperf: unknown mode {m!r}; modes: {', '.join(MODES)}")
+    os.environ["LMPERF_PROGRAM"] = args.program  # the children inherit it
     start, recs = time.time(), []
     with tempfile.TemporaryDirectory() as cache:
         for rnd in range(args.repeats):
