@@ -23,6 +23,13 @@ mode with preallocation off:
 	XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async  XLA_PYTHON_CLIENT_PREALLOCATE=false
 	TF_GPU_ALLOCATOR=cuda_malloc_async      TF_FORCE_GPU_ALLOW_GROWTH=true
 
+XLA's command buffers (CUDA graphs) are kept for fused kernels only
+(XLA_FLAGS gains --xla_gpu_enable_command_buffer=FUSION, unless XLA_FLAGS
+already names that flag): XLA records its other commands (cuBLAS, cuDNN,
+custom calls) by stream capture and captures them again whenever their
+buffers move, which an allocator that gives memory back makes them do.
+--xla-command-buffers=xla keeps XLA's default, =off turns them all off.
+
 cuMemGetInfo answers within the limit, so a framework sizes itself to it;
 each program run this way holds its own limit. Memory left unused for
 --release-after goes back to the driver; gpumem.trim() from Python gives it
@@ -53,6 +60,36 @@ var frameworkEnv = []string{
 	"TF_FORCE_GPU_ALLOW_GROWTH=true",
 }
 
+// xlaCommandBuffers maps --xla-command-buffers to the value of XLA's
+// --xla_gpu_enable_command_buffer ("xla": leave XLA's default). Kernels
+// only is the default: measured on the H100 (docs/BENCHMARKS.md, "JAX on
+// gpumem"), XLA's traced commands made 379-1,589 stream captures a run
+// under gpumem (461-530 under BFC), and without them the steps of the lm
+// and mlp programs were 1.4-5.9% faster under gpumem and no capture was
+// made.
+var xlaCommandBuffers = map[string]string{"kernels": "FUSION", "off": "", "xla": "xla"}
+
+// withXLAFlags returns environ with XLA_FLAGS naming the command buffers
+// of mode (a key of xlaCommandBuffers), unless mode is "xla" or XLA_FLAGS
+// already sets them: the user's choice stands.
+func withXLAFlags(environ []string, mode string) []string {
+	types := xlaCommandBuffers[mode]
+	if types == "xla" {
+		return environ
+	}
+	const flag = "--xla_gpu_enable_command_buffer"
+	old := ""
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, "XLA_FLAGS="); ok {
+			old = v
+		}
+	}
+	if strings.Contains(old, flag) {
+		return environ
+	}
+	return setEnv(environ, []string{"XLA_FLAGS=" + strings.TrimSpace(old+" "+flag+"="+types)})
+}
+
 func (e *env) run(args []string) int {
 	fs := e.flagSet("run", "-- COMMAND [ARG...]", runAbout)
 	limit := fs.String("limit", "", "cap the memory gpumem holds: a size (40GiB) or a percentage of the GPU (90%)")
@@ -61,6 +98,7 @@ func (e *env) run(args []string) int {
 	serve := fs.String("serve", "", "serve the program's pool over HTTP on `ADDR` (stats, snapshot, Prometheus metrics; port 0 picks one)")
 	library := fs.String("library", "", "libgpumem.so to use")
 	shim := fs.String("shim", "", "libgpumem_preload.so to use")
+	cmdBufs := fs.String("xla-command-buffers", "kernels", "XLA's command buffers: `kernels` (fused kernels only), xla (XLA's default) or off")
 	flagArgs, command := splitCommand(args)
 	if err := fs.Parse(flagArgs); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -75,6 +113,9 @@ func (e *env) run(args []string) int {
 	}
 	if *release < 0 {
 		return e.usageError(fs, "--release-after must not be negative")
+	}
+	if _, ok := xlaCommandBuffers[*cmdBufs]; !ok {
+		return e.usageError(fs, fmt.Sprintf("--xla-command-buffers=%q: want kernels, xla or off", *cmdBufs))
 	}
 	cfg := os.Getenv("GPUMEM_CONFIG")
 	for _, kv := range []string{*config, optional("limit", *limit), optional("serve", *serve), "release_after=" + release.String()} {
@@ -103,7 +144,7 @@ func (e *env) run(args []string) int {
 	if old := os.Getenv("LD_PRELOAD"); old != "" {
 		preload += ":" + old
 	}
-	envv := setEnv(os.Environ(), append([]string{
+	envv := setEnv(withXLAFlags(os.Environ(), *cmdBufs), append([]string{
 		"LD_PRELOAD=" + preload,
 		"GPUMEM_LIBRARY=" + lib,
 		"GPUMEM_CONFIG=" + cfg,

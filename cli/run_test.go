@@ -71,6 +71,40 @@ func TestRun(t *testing.T) {
 	}
 }
 
+func TestRunXLACommandBuffers(t *testing.T) {
+	lib, shim := fakeLibraries(t)
+	for _, tc := range []struct {
+		flag, xlaFlags string // --xla-command-buffers ("" for none), XLA_FLAGS before ("-" unset)
+		want           string // XLA_FLAGS after ("-" unset)
+	}{
+		{"", "-", "--xla_gpu_enable_command_buffer=FUSION"},
+		{"", "--xla_dump_to=/tmp/d", "--xla_dump_to=/tmp/d --xla_gpu_enable_command_buffer=FUSION"},
+		{"kernels", "--xla_gpu_enable_command_buffer=", "--xla_gpu_enable_command_buffer="}, // the user's choice stands
+		{"off", "-", "--xla_gpu_enable_command_buffer="},
+		{"xla", "-", "-"},
+		{"xla", "--xla_dump_to=/tmp/d", "--xla_dump_to=/tmp/d"},
+	} {
+		if tc.xlaFlags == "-" {
+			t.Setenv("XLA_FLAGS", "")
+			os.Unsetenv("XLA_FLAGS")
+		} else {
+			t.Setenv("XLA_FLAGS", tc.xlaFlags)
+		}
+		args := []string{"run", "--library", lib, "--shim", shim}
+		if tc.flag != "" {
+			args = append(args, "--xla-command-buffers", tc.flag)
+		}
+		var argv, envv []string
+		if code, _, stderr := run(t, runEnv(&argv, &envv), append(args, "--", "true")...); code != ExitFail || !strings.Contains(stderr, "recorded, not run") {
+			t.Fatalf("%q: exit %d, stderr %q", args, code, stderr)
+		}
+		v, n := envValue(envv, "XLA_FLAGS")
+		if tc.want == "-" && n != 0 || tc.want != "-" && (v != tc.want || n != 1) {
+			t.Errorf("--xla-command-buffers %q, XLA_FLAGS %q: got XLA_FLAGS=%q (%d times), want %q", tc.flag, tc.xlaFlags, v, n, tc.want)
+		}
+	}
+}
+
 func TestRunErrors(t *testing.T) {
 	lib, shim := fakeLibraries(t)
 	t.Setenv("GPUMEM_CONFIG", "")
@@ -83,6 +117,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"run"}, ExitUsage, "no COMMAND"},
 		{[]string{"run", "--limit", "lots", "--", "true"}, ExitUsage, "limit=lots"},
 		{[]string{"run", "--release-after", "-1s", "--", "true"}, ExitUsage, "must not be negative"},
+		{[]string{"run", "--xla-command-buffers", "some", "--", "true"}, ExitUsage, "want kernels, xla or off"},
 		{[]string{"run", "--library", "/nonexistent/libgpumem.so", "--shim", shim, "--", "true"}, ExitFail, "/nonexistent/libgpumem.so"},
 		{[]string{"run", "--library", lib, "--shim", shim, "--", "no-such-command-gpumem"}, 127, "no-such-command-gpumem"},
 	} {

@@ -11,7 +11,9 @@ the modes round by round:
     bfc-growth       XLA's BFC allocator, preallocation off
     cuda-async       XLA's cuda_async allocator on the driver's own pool
                      (preallocation off)
-    gpumem           gpumem run
+    gpumem           gpumem run (XLA's command buffers of fused kernels only,
+                     the default of gpumem run)
+    gpumem-xla       gpumem run --xla-command-buffers xla (XLA's default ones)
     bfc-nocb, gpumem-nocb   the same with XLA's command buffers (CUDA graphs)
                      off: XLA_FLAGS=--xla_gpu_enable_command_buffer=
     bfc-fusion, gpumem-fusion   command buffers of fused kernels only
@@ -52,7 +54,8 @@ MODES = {
     "bfc-growth": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "GPUMEM_PRELOAD_PASSTHROUGH": "1"},
     "cuda-async": {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
                    "GPUMEM_PRELOAD_PASSTHROUGH": "1"},
-    "gpumem": {},
+    "gpumem": {},  # gpumem run's defaults: command buffers of fused kernels only
+    "gpumem-xla": {},  # gpumem run --xla-command-buffers xla: XLA's default command buffers
     "bfc-nocb": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "GPUMEM_PRELOAD_PASSTHROUGH": "1",
                  "XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
     "gpumem-nocb": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
@@ -115,7 +118,8 @@ def run(mode, args, cache):
         env["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " " + MODES[mode]["XLA_FLAGS"]
     cmd = [sys.executable, os.path.abspath(__file__), "child", args.lengths, str(args.steps)]
     if mode.startswith("gpumem"):
-        cmd = [args.gpumem, "run", "--shim", args.shim, "--"] + cmd
+        extra = ["--xla-command-buffers", "xla"] if mode == "gpumem-xla" else []
+        cmd = [args.gpumem, "run", "--shim", args.shim] + extra + ["--"] + cmd
     else:
         env["LD_PRELOAD"] = args.shim + (" " + os.environ["LD_PRELOAD"] if os.environ.get("LD_PRELOAD") else "")
     t0 = time.time()
