@@ -5,7 +5,7 @@
 #   bench/jax/gpu_lmperf.sh build   here, with Go and cc: the CLI, the
 #                                   library and the shim into build/lmperf/;
 #                                   carry that folder
-#   [MODES=a,b] [PROGRAM=mlp LENGTHS=512,2048,8192] bench/jax/gpu_lmperf.sh run
+#   [MODES=a,b] [PROGRAM=mlp LENGTHS=512,2048,8192] [REPEATS=2] bench/jax/gpu_lmperf.sh run
 #                                   on the GPU machine (JAX, no Go), from the
 #                                   repository root; writes under $OUT
 #                                   (lmperf.jsonl, lmperf.md, lmperf.log)
@@ -38,7 +38,7 @@ run() {
 	local left=$((budget - (SECONDS - t0) - 10))
 	GPUMEM_LIBRARY=$PWD/$dir/libgpumem.so timeout $((left + 10)) python3 bench/jax/lmperf.py \
 		--gpumem "$dir/gpumem" --shim "$PWD/$dir/libgpumem_preload.so" --lengths "${LENGTHS:-256,1024}" --steps 16 ${MODES:+--modes "$MODES"} ${PROGRAM:+--program "$PROGRAM"} \
-		--repeats 2 --timeout 120 --deadline "$left" --out "$out/lmperf.jsonl" >"$out/lmperf.md" 2>"$out/lmperf.log" ||
+		--repeats "${REPEATS:-2}" --timeout 120 --deadline "$left" --out "$out/lmperf.jsonl" >"$out/lmperf.md" 2>"$out/lmperf.log" ||
 		echo "lmperf.py: exit $?" >>"$out/lmperf.log"
 	{
 		echo
