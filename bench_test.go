@@ -132,3 +132,28 @@ func sizeName(n uint64) string {
 	}
 	return fmt.Sprintf("%dB", n)
 }
+
+// BenchmarkStats is what cuMemGetInfo and the pool attributes cost under
+// gpumem run (the shim answers them from Stats): an 80 GiB device, one live
+// 1 GiB buffer and a cached 256 MiB one, so that the arena's free tail spans
+// nearly all of its chunks.
+func BenchmarkStats(b *testing.B) {
+	a := benchAllocator(b, gpumem.ModeVirtual)
+	keep, err := a.Alloc(1<<30, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer a.Free(keep)
+	cached, err := a.Alloc(256<<20, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a.Free(cached)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if s := a.Stats(); s.Cached == 0 {
+			b.Fatal("no cached memory")
+		}
+	}
+}

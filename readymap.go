@@ -74,6 +74,28 @@ func (r readyMap) nextReady(c0, c1 int) int {
 	}
 }
 
+// nextNotReady returns the first chunk in [c0, c1] that is not ready, or -1.
+func (r readyMap) nextNotReady(c0, c1 int) int {
+	if c0 > c1 {
+		return -1
+	}
+	w, w1 := c0>>6, c1>>6
+	x := ^r[w] &^ (1<<(uint(c0)&63) - 1)
+	for {
+		if w == w1 {
+			x &= rangeMask(0, uint(c1)&63)
+		}
+		if x != 0 {
+			return w<<6 + bits.TrailingZeros64(x)
+		}
+		if w == w1 {
+			return -1
+		}
+		w++
+		x = ^r[w]
+	}
+}
+
 // kthNotReady returns the k-th (from 1) chunk in [c0, c1] that is not
 // ready; there must be at least k.
 func (r readyMap) kthNotReady(c0, c1, k int) int {

@@ -44,6 +44,13 @@ func TestReadyMapOps(t *testing.T) {
 					off = append(off, i)
 				}
 			}
+			firstOff := -1
+			if len(off) > 0 {
+				firstOff = off[0]
+			}
+			if got := r.nextNotReady(c0, c1); got != firstOff {
+				t.Fatalf("iter %d: nextNotReady(%d, %d) = %d, want %d", iter, c0, c1, got, firstOff)
+			}
 			for k := 1; k <= len(off); k += 1 + rng.IntN(4) {
 				if got := r.kthNotReady(c0, c1, k); got != off[k-1] {
 					t.Fatalf("iter %d: kthNotReady(%d, %d, %d) = %d, want %d", iter, c0, c1, k, got, off[k-1])

@@ -152,18 +152,18 @@ func (h *heap) largestFree() uint64 {
 			if b.state != blockFree {
 				continue
 			}
+			// Runs of ready chunks, found a word of the bitmap at a time:
+			// the arena's free tail alone spans twice the device's chunks.
 			c0, c1 := seg.chunkSpan(b.addr, b.size, gran)
-			var run uint64
-			for i := c0; i <= c1; i++ {
-				if !seg.chunks[i].ready {
-					run = 0
-					continue
+			for i := seg.ready.nextReady(c0, c1); i >= 0; {
+				j := seg.ready.nextNotReady(i, c1) // the run is [i, j)
+				if j < 0 {
+					j = c1 + 1
 				}
-				lo := seg.chunkAddr(i, gran)
-				hi := lo + gran
-				lo, hi = max(lo, b.addr), min(hi, b.end())
-				run += hi - lo
-				best = max(best, run)
+				lo := max(seg.chunkAddr(i, gran), b.addr)
+				hi := min(seg.chunkAddr(j, gran), b.end())
+				best = max(best, hi-lo)
+				i = seg.ready.nextReady(j, c1)
 			}
 		}
 	}
