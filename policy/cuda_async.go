@@ -125,6 +125,12 @@ func (c *cudaAsync) end() uint64 {
 func (c *cudaAsync) Alloc(size, stream uint64) (uint64, error) {
 	n := roundTo(max(size, 1), asyncRound)
 	b := c.fit(n)
+	if len(c.pend.b) > 0 && c.grows(b, n) {
+		// The place needs memory from the device: the pool first completes
+		// the pending frees and places the request anew.
+		c.completeAll()
+		b = bestFitFirst(&c.done, n)
+	}
 	if b == nil {
 		// At the heap's end: on the last block if it is free, else after it.
 		if c.last != nil && !c.last.live {
@@ -180,6 +186,25 @@ func (c *cudaAsync) fit(n uint64) *blk {
 	}
 	c.completeAll()
 	return bestFitFirst(&c.done, n)
+}
+
+// grows reports whether n bytes placed on the free block b (nil: at the
+// heap's end) would map more granules than the pool's high-water mark.
+func (c *cudaAsync) grows(b *blk, n uint64) bool {
+	addr := c.end()
+	if b != nil {
+		addr = b.addr
+	} else if c.last != nil && !c.last.live {
+		addr = c.last.addr
+	}
+	g0, g1 := c.granules(addr, n)
+	more := uint64(0)
+	for g := g0; g < g1; g++ {
+		if g >= uint64(len(c.use)) || c.use[g] == 0 {
+			more++
+		}
+	}
+	return c.mapped+more > c.high
 }
 
 // bestFitFirst returns the smallest block of f of at least n bytes, the
