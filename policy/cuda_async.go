@@ -29,23 +29,26 @@ import (
 //     blocks merge with free neighbours of the same state only: pending
 //     with pending, completed with completed. A request takes the best fit
 //     among the pending blocks; failing one, the best fit among the
-//     completed; failing one, the pool completes every pending free (they
-//     merge with their completed neighbours) and takes the best fit of
-//     all; failing one, it goes at the heap's end (on the free block there,
-//     if the last one is free). Among blocks of one size the one stamped
-//     first wins; a block is stamped when it is freed, merged on a free or
-//     split (the rest keeps its state and is stamped anew); blocks merged
-//     at completion keep the newest stamp of their parts. At the start of
-//     its block. On a trace replay nothing else completes a free: PyTorch's
-//     backend synchronizes only in empty_cache and the like, which a trace
-//     does not record, and a cuStreamQuery does not tell the pool (the H100
-//     probe, --after-free query). Given the pool's real state before every
-//     request, this rule names its address on 86-100% of the first 6000
-//     requests of the six shipped traces (bench/peers/async_placement.py
-//     --pending; docs/EXPERIMENTS.md, "cuda-async, third round"); the rest
-//     are ties among blocks of one size that the stamps above order wrong.
-//     A synced option (newCudaAsyncSynced, for the tests) completes every
-//     free at once: the probe's --after-free sync.
+//     completed ones but the one at the heap's end; failing one, the pool
+//     completes every pending free (they merge with their completed
+//     neighbours) and takes the best fit of those; failing one, it goes at
+//     the heap's end (on the free block there, if the last one is free).
+//     When the place found would map more granules than the pool holds
+//     (memory from the device), the pool first completes every pending
+//     free and looks again. Among blocks of one size the one stamped first
+//     wins; a block is stamped when it is freed, merged on a free or split
+//     (the rest keeps its state and is stamped anew); blocks merged at
+//     completion keep the newest stamp of their parts. A request goes at
+//     its block's start.
+//   - Nothing else completes a free on a trace replay: PyTorch's backend
+//     synchronizes only in empty_cache (cudaDeviceSynchronize, then a
+//     trim), which a trace does not record, and a cuStreamQuery does not
+//     tell the pool (the H100 probe, --after-free query). Given the pool's
+//     real state before every request, this rule names its address on
+//     PLACEHOLDER (bench/peers/async_placement.py --pending;
+//     docs/EXPERIMENTS.md, "cuda-async, third round"); the misses read by
+//     hand are ties among blocks of one size. newCudaAsyncSynced, for the
+//     tests, completes every free at once: the probe's --after-free sync.
 //   - Physical memory backs the range in granules of asyncGranule: a
 //     granule is mapped while some live block touches it, and unmapped,
 //     its memory kept by the pool as spare, when none does. The pool takes
@@ -129,7 +132,7 @@ func (c *cudaAsync) Alloc(size, stream uint64) (uint64, error) {
 		// The place needs memory from the device: the pool first completes
 		// the pending frees and places the request anew.
 		c.completeAll()
-		b = bestFitFirst(&c.done, n)
+		b = c.fitDone(n)
 	}
 	if b == nil {
 		// At the heap's end: on the last block if it is free, else after it.
@@ -175,17 +178,27 @@ func (c *cudaAsync) Alloc(size, stream uint64) (uint64, error) {
 // it at the heap's end: the best fit among the pending blocks, else among
 // the completed ones, else among all once every pending free is completed.
 func (c *cudaAsync) fit(n uint64) *blk {
-	if b := bestFitFirst(&c.pend, n); b != nil {
+	if b := bestFitFirst(&c.pend, n, nil); b != nil {
 		return b
 	}
-	if b := bestFitFirst(&c.done, n); b != nil {
+	if b := c.fitDone(n); b != nil {
 		return b
 	}
 	if len(c.pend.b) == 0 {
 		return nil
 	}
 	c.completeAll()
-	return bestFitFirst(&c.done, n)
+	return c.fitDone(n)
+}
+
+// fitDone returns the best fit among the completed blocks but the one at
+// the heap's end, which the heap's end path takes when nothing else fits.
+func (c *cudaAsync) fitDone(n uint64) *blk {
+	var end *blk
+	if c.last != nil && !c.last.live && !c.last.pending {
+		end = c.last
+	}
+	return bestFitFirst(&c.done, n, end)
 }
 
 // grows reports whether n bytes placed on the free block b (nil: at the
@@ -207,19 +220,15 @@ func (c *cudaAsync) grows(b *blk, n uint64) bool {
 	return c.mapped+more > c.high
 }
 
-// bestFitFirst returns the smallest block of f of at least n bytes, the
-// one stamped first among equals, or nil.
-func bestFitFirst(f *freeSet, n uint64) *blk {
-	i := f.search(n, 0)
-	if i == len(f.b) {
-		return nil
-	}
-	b := f.b[i]
-	for _, x := range f.b[i+1:] {
-		if x.size != b.size {
+// bestFitFirst returns the smallest block of f of at least n bytes but
+// skip, the one stamped first among equals, or nil.
+func bestFitFirst(f *freeSet, n uint64, skip *blk) *blk {
+	var b *blk
+	for _, x := range f.b[f.search(n, 0):] {
+		if b != nil && x.size != b.size {
 			break
 		}
-		if x.stamp < b.stamp {
+		if x != skip && (b == nil || x.stamp < b.stamp) {
 			b = x
 		}
 	}
