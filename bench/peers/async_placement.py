@@ -243,7 +243,7 @@ TIES = {
 ST = "stamped first (freed, merged or split)"
 PENDING_RULES = {
     "all completed, best fit": ("always", False, ST, True, True),
-    "  the same, the completed end block in the best fit": ("always", False, ST, True, False),
+    "  the same, the end block in the best fit (round two)": ("always", False, ST, True, False),
     "never completed, best fit": ("never", False, ST, True, True),
     "pending first, completed at no fit": ("nofit", True, ST, True, True),
     "pending first, completed at no fit or growth (kept)": ("grow", True, ST, True, True),
@@ -251,7 +251,7 @@ PENDING_RULES = {
     "  the same, ties: latest free": ("grow", True, "latest free in the block", True, True),
     "  the same, ties: lowest address": ("grow", True, "lowest address", True, True),
     "  the same, pending blocks not merged": ("grow", True, ST, False, True),
-    "  the same, the completed end block in the best fit": ("grow", True, ST, True, False),
+    "  the same, a completed end block in the best fit": ("grow", True, ST, True, False),
     "no preference, completed at no fit or growth": ("grow", False, ST, True, True),
 }
 
