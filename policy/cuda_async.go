@@ -45,10 +45,12 @@ import (
 //     trim), which a trace does not record, and a cuStreamQuery does not
 //     tell the pool (the H100 probe, --after-free query). Given the pool's
 //     real state before every request, this rule names its address on
-//     PLACEHOLDER (bench/peers/async_placement.py --pending;
-//     docs/EXPERIMENTS.md, "cuda-async, third round"); the misses read by
-//     hand are ties among blocks of one size. newCudaAsyncSynced, for the
-//     tests, completes every free at once: the probe's --after-free sync.
+//     86.7-100% of the first 6000 requests of the six shipped traces
+//     (bench/peers/async_placement.py --pending; docs/EXPERIMENTS.md,
+//     "cuda-async, third round"); the misses are ties among blocks of one
+//     size and stretches where the pool completed frees for a reason not
+//     found. newCudaAsyncSynced, for the tests, completes every free at
+//     once (the probe's --after-free sync, where the rule names 99.3-100%).
 //   - Physical memory backs the range in granules of asyncGranule: a
 //     granule is mapped while some live block touches it, and unmapped,
 //     its memory kept by the pool as spare, when none does. The pool takes
