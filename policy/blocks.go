@@ -28,6 +28,7 @@ type blk struct {
 	seg        *seg
 	prev, next *blk   // neighbours in the segment, by address
 	stamp      uint64 // order among free blocks, for policies that keep one
+	pending    bool   // cuda-async: freed on its stream, the free not yet completed
 }
 
 // seg is a segment: memory taken from the device in one piece.

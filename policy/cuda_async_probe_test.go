@@ -5,10 +5,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"testing"
@@ -128,14 +130,19 @@ func replayProbe(p *probeRecord) (probeScore, error) {
 	pass := uint64(0)
 	for i := range p.kind {
 		if p.pass[i] != pass {
-			// async_probe.py frees the leftovers of a pass after it, in its
-			// live map's order; the model frees them too.
-			for r, m := range toModel {
-				if err := c.Free(m); err != nil {
+			// async_probe.py frees the leftovers of a pass after it and
+			// synchronizes the context: every free completes. The model
+			// frees them too (by address: the record does not keep the
+			// harness's order, and after the completion only the stamps of
+			// the merged blocks can depend on it).
+			left := slices.Sorted(maps.Keys(toModel))
+			for _, r := range left {
+				if err := c.Free(toModel[r]); err != nil {
 					return s, err
 				}
 				delete(toModel, r)
 			}
+			c.completeAll()
 			pass = p.pass[i]
 		}
 		for uint64(len(s.real)) <= pass {

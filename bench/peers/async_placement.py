@@ -23,6 +23,15 @@ they do).
 --limit N stops after N allocations of a trace (default 20000; the candidate
 lists make it quadratic). --show I J prints the candidates of events I..J of
 the first trace named, the chosen one marked ==>. Needs numpy.
+
+--pending scores instead the rules of PENDING_RULES, which tell pending
+frees from completed ones (docs/EXPERIMENTS.md, "cuda-async, third round"):
+each rule keeps its own cut, the last event whose frees it counts as
+completed, and moves it by its trigger; given the cut, free fragments merge
+with contiguous fragments of the same state, and the rule places the
+request by its preference (the real state is restored after each request,
+as above). The cut is the only state a rule carries from one request to
+the next.
 """
 
 import bisect
@@ -142,6 +151,129 @@ RULES = {
 }
 
 
+def states(path, limit):
+    """Yields (event, n, frags, addr, front, grew) for each allocation of pass
+    0: frags the free fragments [addr, size, tf, tt] in address order (tf
+    the event that freed it, tt the last that split it), addr the pool's
+    choice, grew whether the pool's reserved bytes rose at this event."""
+    d = np.load(path)
+    kind, size, addr, pass_ = d["kind"], d["size"], d["addr"], d["pass_"]
+    res = d["reserved"].astype(np.int64)
+    live, frag, fkeys = {}, {}, []
+    front = int(addr[0])
+    allocs = 0
+    for i in range(len(kind)):
+        if pass_[i] > 0 or allocs >= limit:
+            return
+        a = int(addr[i])
+        if kind[i] == 0:
+            frag[a] = [live.pop(a), i, i]
+            bisect.insort(fkeys, a)
+            continue
+        allocs += 1
+        n = rnd(size[i])
+        yield i, n, [(f,) + tuple(frag[f]) for f in fkeys], a, front, i > 0 and res[i] > res[i - 1]
+        j = max(bisect.bisect_right(fkeys, a) - 1, 0)
+        while j < len(fkeys) and fkeys[j] < a + n:
+            f = fkeys[j]
+            fn, tf, tt = frag[f]
+            if f + fn <= a:
+                j += 1
+                continue
+            del frag[f]
+            fkeys.pop(j)
+            if f < a:
+                frag[f] = [a - f, tf, i]
+                bisect.insort(fkeys, f)
+                j += 1
+            if f + fn > a + n:
+                frag[a + n] = [f + fn - a - n, tf, i]
+                bisect.insort(fkeys, a + n)
+                j += 1
+        if a + n > front:
+            if a > front:
+                frag[front] = [a - front, -1, -1]
+                bisect.insort(fkeys, front)
+            front = a + n
+        live[a] = n
+
+
+def blocks(frags, cut, merge_pending=True):
+    """The free blocks given the cut: contiguous fragments of one state
+    merged, [addr, size, pending, first freed, last freed, last split]."""
+    out = []
+    for f, s, tf, tt in frags:
+        p = tf > cut
+        if out and out[-1][0] + out[-1][1] == f and out[-1][2] == p and (merge_pending or not p):
+            b = out[-1]
+            b[1] += s
+            b[3], b[4], b[5] = min(b[3], tf), max(b[4], tf), max(b[5], tt)
+        else:
+            out.append([f, s, p, tf, tf, tt])
+    return out
+
+
+def place(bl, n, front, tie, pending_first, end_last=True):
+    """Best fit (pending blocks first if pending_first), ties by tie; with
+    no fit, the free block at the heap's end or the end itself; and
+    whether anything fitted. end_last: a completed block at the heap's end
+    is not in the best fit (the end takes the request when nothing fits)."""
+    fits = [b for b in bl if b[1] >= n and not (end_last and not b[2] and b[0] + b[1] == front)]
+    if pending_first and any(b[2] for b in fits):
+        fits = [b for b in fits if b[2]]
+    if fits:
+        return min(fits, key=lambda b: (b[1], tie(b)))[0], True
+    if bl and bl[-1][0] + bl[-1][1] == front:
+        return bl[-1][0], False
+    return front, False
+
+
+TIES = {
+    "stamped first (freed, merged or split)": lambda b: max(b[4], b[5]),
+    "oldest free in the block": lambda b: b[3],
+    "latest free in the block": lambda b: -b[4],
+    "lowest address": lambda b: b[0],
+}
+
+# Each rule: (trigger, pending_first, tie, merge_pending, end_last). trigger says
+# when every free so far completes: "always" (round two: no pending),
+# "nofit" (when nothing fits; then the request is placed anew), "grow"
+# (nofit, or when the pool's reserved rose at this request: before it is
+# placed), "never".
+ST = "stamped first (freed, merged or split)"
+PENDING_RULES = {
+    "all completed, best fit": ("always", False, ST, True, True),
+    "  the same, the end block in the best fit (round two)": ("always", False, ST, True, False),
+    "never completed, best fit": ("never", False, ST, True, True),
+    "pending first, completed at no fit": ("nofit", True, ST, True, True),
+    "pending first, completed at no fit or growth (kept)": ("grow", True, ST, True, True),
+    "  the same, ties: oldest free": ("grow", True, "oldest free in the block", True, True),
+    "  the same, ties: latest free": ("grow", True, "latest free in the block", True, True),
+    "  the same, ties: lowest address": ("grow", True, "lowest address", True, True),
+    "  the same, pending blocks not merged": ("grow", True, ST, False, True),
+    "  the same, a completed end block in the best fit": ("grow", True, ST, True, False),
+    "no preference, completed at no fit or growth": ("grow", False, ST, True, True),
+}
+
+
+def score_pending(path, limit):
+    rules = list(PENDING_RULES.items())
+    cuts = [-2] * len(rules)
+    ok = [0] * len(rules)
+    total = 0
+    for i, n, frags, a, front, grew in states(path, limit):
+        total += 1
+        for k, (_, (trig, pf, tie, mp, el)) in enumerate(rules):
+            if trig == "always" or trig == "grow" and grew:
+                cuts[k] = i
+            got, fitted = place(blocks(frags, cuts[k], mp), n, front, TIES[tie], pf, el)
+            if not fitted and trig in ("nofit", "grow"):
+                cuts[k] = i
+                got, _ = place(blocks(frags, i, mp), n, front, TIES[tie], pf, el)
+            ok[k] += got == a
+    return total, [(name, ok[k]) for k, (name, _) in enumerate(rules)]
+
+
 def passes_repeat(path):
     """Whether pass k gives the same addresses as pass k-1, per pass: the
     first differing event (relative to the pass), or None."""
@@ -163,6 +295,9 @@ def main(argv):
         j = argv.index("--limit")
         limit = int(argv[j + 1])
         del argv[j:j + 2]
+    pending = "--pending" in argv
+    if pending:
+        argv.remove("--pending")
     if "--show" in argv:
         j = argv.index("--show")
         show = (int(argv[j + 1]), int(argv[j + 2]))
@@ -186,6 +321,13 @@ def main(argv):
         return 0
     for name in names:
         path = os.path.join(d, name + ".npz")
+        if pending:
+            total, scores = score_pending(path, limit)
+            print("%s: %d allocations of pass 0" % (name, total))
+            for rule, ok in scores:
+                print("    %5.1f%%  %s" % (100 * ok / max(total, 1), rule))
+            sys.stdout.flush()
+            continue
         all_ = list(cases(path, limit))
         where = collections.Counter("hole" if not isinstance(ch, str) else ch for _, _, _, ch, _ in all_)
         print("%s: %d allocations of pass 0; chosen: %s; later passes first differ at %s" % (
