@@ -237,6 +237,9 @@ func bestFitFirst(f *freeSet, n uint64, skip *blk) *blk {
 	return b
 }
 
+// Synchronize is a device synchronize: every pending free completes.
+func (c *cudaAsync) Synchronize() { c.completeAll() }
+
 // completeAll completes every pending free: each pending block becomes
 // completed and merges with its completed neighbours, keeping the newest
 // stamp of the parts.

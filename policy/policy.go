@@ -42,6 +42,21 @@ type Allocator interface {
 	Segments() []Segment
 }
 
+// Synchronizer is an Allocator whose state a device synchronize changes:
+// CUDA's pool completes the frees still pending on their streams
+// (cuda_async.go). Replays of several passes synchronize between passes, as
+// the harness that measured the real allocators did.
+type Synchronizer interface {
+	Synchronize()
+}
+
+// synchronize synchronizes a if it is a Synchronizer.
+func synchronize(a Allocator) {
+	if s, ok := a.(Synchronizer); ok {
+		s.Synchronize()
+	}
+}
+
 // A Segment is one piece of memory an allocator took from the device (a
 // cudaMalloc'd segment, a BFC region, a mapped range of virtual memory).
 type Segment struct {

@@ -78,6 +78,9 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 				live[i] = 0
 			}
 		}
+		if n > 1 {
+			synchronize(a)
+		}
 		for i := range tr.Events {
 			ev := &tr.Events[i]
 			slot := tr.Slot[i]

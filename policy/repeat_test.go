@@ -69,6 +69,29 @@ func TestRepeatCounts(t *testing.T) {
 	}
 }
 
+// syncCounter is a bumpAllocator that counts its synchronizes.
+type syncCounter struct {
+	*bumpAllocator
+	syncs int
+}
+
+func (s *syncCounter) Synchronize() { s.syncs++ }
+
+// TestRepeatSynchronizes: the passes are separated by a synchronize, as in
+// the harness that measured the real pools (bench/peers/async_probe.py), so
+// that CUDA's pool starts each pass with its frees completed.
+func TestRepeatSynchronizes(t *testing.T) {
+	tr := mustTrace(t, repeatTrace)
+	s := &syncCounter{bumpAllocator: &bumpAllocator{refuse: 1 << 40, live: map[uint64]uint64{}}}
+	if _, err := repeatOn(tr, s, 3); err != nil {
+		t.Fatal(err)
+	}
+	if s.syncs != 2 {
+		t.Errorf("%d synchronizes over 3 passes, want 2 (between passes)", s.syncs)
+	}
+	var _ Synchronizer = newCudaAsync(1 << 30)
+}
+
 func TestRepeatErrors(t *testing.T) {
 	tr := mustTrace(t, repeatTrace)
 	if _, err := Repeat(tr, "tf-bfc", 16<<30, 1); err == nil || !strings.Contains(err.Error(), "at least 2 passes") {
