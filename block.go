@@ -40,6 +40,8 @@ func (s blockState) String() string {
 //	no two free blocks are neighbours (free blocks coalesce at once)
 //	b.state == blockFree  ⇔  b is linked in heap.free under bin(b.size)
 //	b.req <= b.size; b.req == 0 ⇔ b.state == blockFree
+//	free, b.nzGen == b.seg.readyGen ⇒ placement finds no place over ready
+//	  chunks only for any request from b.nzFrom up to b.size (readyPlace)
 //
 // All fields but pool are guarded by pool.mu.
 type block struct {
@@ -68,6 +70,14 @@ type block struct {
 	sprev *block // scope list, guarded by scope.mu
 	snext *block
 	x     *blockExtra // rarely used state, kept out of the hot cache lines
+
+	// The ready cache of a free virtual block (findReady): while nzGen is
+	// its segment's readyGen (no chunk's readiness has changed since), no
+	// request of nzFrom bytes or more has a place in b over ready chunks
+	// only. Indexing a block (freeIndex.insert, after every change of its
+	// range) clears nzGen; 0 never matches a segment's readyGen.
+	nzFrom uint64
+	nzGen  uint64
 }
 
 // blockExtra holds what only some blocks need. It is allocated on first

@@ -125,6 +125,10 @@ type segment struct {
 	chunks   []chunk  // virtual: one per granule
 	ready    readyMap // virtual: chunks[i].ready, a bit each (readymap.go)
 	hiSpan   int32    // virtual: no span ever covered a chunk above this; -1 for none
+	// readyGen (virtual) counts the changes of ready or hiSpan, from 1:
+	// each may give a free block a place over ready chunks it did not
+	// have, so it voids every block's ready cache (block.nzGen).
+	readyGen uint64
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -744,7 +748,7 @@ func heapName(kind int) string {
 // addSegment makes a segment of [base, base+size) with one free block.
 func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 	p := h.pool
-	seg := &segment{heap: h, base: base, size: size, virtual: virtual, hiSpan: -1}
+	seg := &segment{heap: h, base: base, size: size, virtual: virtual, hiSpan: -1, readyGen: 1}
 	if virtual {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)
