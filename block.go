@@ -71,11 +71,13 @@ type block struct {
 	snext *block
 	x     *blockExtra // rarely used state, kept out of the hot cache lines
 
-	// The ready cache of a free virtual block (findReady): while nzGen is
+	// The ready cache of a free virtual block (readyPlace): while nzGen is
 	// its segment's readyGen (no chunk's readiness has changed since), no
 	// request of nzFrom bytes or more has a place in b over ready chunks
-	// only. Indexing a block (freeIndex.insert, after every change of its
-	// range) clears nzGen; 0 never matches a segment's readyGen.
+	// only. Every change of a free block's range clears nzGen (release,
+	// absorb; carve's new pieces are fresh or recycled nodes, zeroed by
+	// putBlock); 0 never matches a segment's readyGen. At the end of the
+	// node, off the cache-hit path's lines.
 	nzFrom uint64
 	nzGen  uint64
 }

@@ -48,7 +48,6 @@ func binOf(size uint64) int {
 func (x *freeIndex) insert(b *block) {
 	i := binOf(b.size)
 	b.bin = int32(i)
-	b.nzGen = 0 // its range changed: see block.nzGen
 	b.fprev = nil
 	b.fnext = x.heads[i]
 	if b.fnext != nil {

@@ -249,16 +249,18 @@ const maxSlide = 4096
 // miss, 10 of them over the same partly backed blocks that had failed the
 // misses before (docs/EXPERIMENTS.md, "Later passes: the ready cache").
 func (p *pool) findBacked(h *heap, first *block, rounded uint64, si slot) (*block, uint64, int, bool) {
+	p.search.finds++
 	b, off, ok := p.findReady(h, first, rounded, si)
 	if !ok {
+		p.search.fewest++
 		var m int
 		b, off, m, ok = p.findFewest(h, first, rounded, si)
-		if p.a.check && ok && m == 0 {
+		if p.a.checkSearch && ok && m == 0 {
 			p.a.disagree(p, fmt.Sprintf("no ready place; a full scan finds one in block 0x%x at offset %d", b.addr, off))
 		}
 		return b, off, m, ok
 	}
-	if p.a.check {
+	if p.a.checkSearch {
 		if b2, off2, m2, ok2 := p.findFewest(h, first, rounded, si); b2 != b || off2 != off || m2 != 0 || !ok2 {
 			p.a.disagree(p, fmt.Sprintf("a ready place in block 0x%x at offset %d; a full scan finds block %p (0x%x) at offset %d, %d chunks missing",
 				b.addr, off, b2, blockAddr(b2), off2, m2))
@@ -305,11 +307,13 @@ func (p *pool) findReady(h *heap, first *block, rounded uint64, si slot) (*block
 func (p *pool) readyPlace(b *block, rounded uint64, si slot) (uint64, bool) {
 	seg := b.seg
 	if b.nzGen == seg.readyGen && rounded >= b.nzFrom {
+		p.search.cached++
 		return 0, false
 	}
 	if !p.usable(b, si) {
 		return 0, false
 	}
+	p.search.placements++
 	off, m := p.placement(b, rounded, 0)
 	if m == 0 {
 		return off, true
@@ -323,7 +327,8 @@ func (p *pool) readyPlace(b *block, rounded uint64, si slot) (uint64, bool) {
 }
 
 // disagree panics (as mustCheckPool does): findBacked's answer is not
-// findFewest's. Called with p.mu held, under Config.CheckInvariants.
+// findFewest's. Called with p.mu held, under Config.CheckInvariants (or a
+// test's checkSearch).
 func (a *Allocator) disagree(p *pool, what string) {
 	a.broken.Store(true)
 	p.mu.Unlock()
