@@ -40,8 +40,8 @@ func (s blockState) String() string {
 //	no two free blocks are neighbours (free blocks coalesce at once)
 //	b.state == blockFree  ⇔  b is linked in heap.free under bin(b.size)
 //	b.req <= b.size; b.req == 0 ⇔ b.state == blockFree
-//	free, b.nzGen == b.seg.readyGen ⇒ placement finds no place over ready
-//	  chunks only for any request from b.nzFrom up to b.size (readyPlace)
+//	free, b.nzFrom > 0 ⇒ placement finds no place over ready chunks only
+//	  in b for any request from b.nzFrom up to b.size (readyPlace)
 //
 // All fields but pool are guarded by pool.mu.
 type block struct {
@@ -71,15 +71,15 @@ type block struct {
 	snext *block
 	x     *blockExtra // rarely used state, kept out of the hot cache lines
 
-	// The ready cache of a free virtual block (readyPlace): while nzGen is
-	// its segment's readyGen (no chunk's readiness has changed since), no
+	// nzFrom is the ready cache of a free virtual block (readyPlace): no
 	// request of nzFrom bytes or more has a place in b over ready chunks
-	// only. Every change of a free block's range clears nzGen (release,
-	// absorb; carve's new pieces are fresh or recycled nodes, zeroed by
-	// putBlock); 0 never matches a segment's readyGen. At the end of the
-	// node, off the cache-hit path's lines.
+	// only; 0 for not known. What can make it false clears it: a change of
+	// the block's range (release, absorb; carve's new pieces are fresh or
+	// recycled nodes, zeroed by putBlock), or chunks under it becoming
+	// ready, which happens only in back, to the free blocks beside the one
+	// it backs (see back). Chunks becoming not ready (unmapSpan) only make
+	// it truer. At the end of the node, off the cache-hit path's lines.
 	nzFrom uint64
-	nzGen  uint64
 }
 
 // blockExtra holds what only some blocks need. It is allocated on first

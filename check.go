@@ -182,14 +182,12 @@ func (p *pool) check() error {
 					if b.x != nil && len(b.x.uses) > 0 {
 						bad("free block 0x%x is still marked used by other streams (uses %v)", b.addr, b.x.uses)
 					}
-					if b.nzGen > seg.readyGen {
-						bad("free block 0x%x: ready cache of generation %d, after its segment's %d", b.addr, b.nzGen, seg.readyGen)
-					} else if seg.virtual && b.nzGen == seg.readyGen {
+					if b.nzFrom != 0 {
 						// The cache's claim, at its smallest request and the
 						// largest (readyPlace argues the sizes between).
 						for _, r := range []uint64{b.nzFrom, b.size} {
-							if r > b.size || r%minBlock != 0 {
-								bad("free block 0x%x of %d bytes: ready cache from %d bytes", b.addr, b.size, b.nzFrom)
+							if !seg.virtual || r > b.size || r%minBlock != 0 {
+								bad("free block 0x%x of %d bytes (virtual %v): ready cache from %d bytes", b.addr, b.size, seg.virtual, b.nzFrom)
 								break
 							}
 							if off, m := p.placement(b, r, 0); m == 0 {

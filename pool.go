@@ -131,10 +131,6 @@ type segment struct {
 	chunks   []chunk  // virtual: one per granule
 	ready    readyMap // virtual: chunks[i].ready, a bit each (readymap.go)
 	hiSpan   int32    // virtual: no span ever covered a chunk above this; -1 for none
-	// readyGen (virtual) counts the changes of ready or hiSpan, from 1:
-	// each may give a free block a place over ready chunks it did not
-	// have, so it voids every block's ready cache (block.nzGen).
-	readyGen uint64
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -466,7 +462,7 @@ func (p *pool) release(b *block, occupied bool) {
 		p.vacate(b)
 	}
 	b.state, b.req, b.scope = blockFree, 0, nil
-	b.nzGen = 0 // its range may have changed since: see block.nzGen
+	b.nzFrom = 0 // its range may have changed since: see block.nzFrom
 	if b.x != nil {
 		b.x.site = nil
 	}
@@ -499,7 +495,7 @@ func (p *pool) release(b *block, occupied bool) {
 // absorb merges block n, b's successor, into b and recycles n.
 func (p *pool) absorb(b, n *block) {
 	b.size += n.size
-	b.nzGen = 0 // see block.nzGen
+	b.nzFrom = 0 // see block.nzFrom
 	b.next = n.next
 	if n.next != nil {
 		n.next.prev = b
@@ -756,7 +752,7 @@ func heapName(kind int) string {
 // addSegment makes a segment of [base, base+size) with one free block.
 func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 	p := h.pool
-	seg := &segment{heap: h, base: base, size: size, virtual: virtual, hiSpan: -1, readyGen: 1}
+	seg := &segment{heap: h, base: base, size: size, virtual: virtual, hiSpan: -1}
 	if virtual {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)

@@ -78,3 +78,40 @@ func TestFindBackedAgreesOnTraces(t *testing.T) {
 		})
 	}
 }
+
+// TestReadyCacheChecked replays two programs whose searches use the ready
+// cache, three passes each, with the whole-structure checker after every
+// operation: it verifies each cached claim (block.nzFrom) against a fresh
+// placement search, besides comparing every search with the one scan. The
+// device is sized to the program (the checker walks every chunk of the
+// arena, twice the device, after every operation).
+func TestReadyCacheChecked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the checker after every operation of three passes: seconds per trace")
+	}
+	for _, path := range []string{"testdata/traces/sweep_create_dispose.trace.gz", "bench/corpus/traces/gnn_random_graphs.trace.gz"} {
+		tr, err := trace.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(tr.Name, func(t *testing.T) {
+			const gib = 1 << 30
+			dev := sim.MustNew(sim.Config{Capacity: (tr.PeakLiveBytes*5/4 + gib - 1) / gib * gib})
+			a, err := gpumem.New(dev, gpumem.Config{CheckInvariants: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			res, err := replay.RunOn(tr, a, replay.Options{Passes: 3, Check: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			finds, fewest, placements, cached := gpumem.SearchCounts(a)
+			t.Logf("%d OOMs; %d searches (%d with no ready place), %d placement searches, %d candidates answered by the cache",
+				res.OOMs, finds, fewest, placements, cached)
+			if cached == 0 {
+				t.Errorf("the ready cache answered no candidate in %d searches: the checker verified no claim", finds)
+			}
+		})
+	}
+}

@@ -305,8 +305,7 @@ func (p *pool) findReady(h *heap, first *block, rounded uint64, si slot) (*block
 // the end or a chunk boundary no further than the smaller one's last,
 // contains the smaller one's window there, which holds a chunk not ready.
 func (p *pool) readyPlace(b *block, rounded uint64, si slot) (uint64, bool) {
-	seg := b.seg
-	if b.nzGen == seg.readyGen && rounded >= b.nzFrom {
+	if b.nzFrom != 0 && rounded >= b.nzFrom {
 		p.search.cached++
 		return 0, false
 	}
@@ -318,10 +317,8 @@ func (p *pool) readyPlace(b *block, rounded uint64, si slot) (uint64, bool) {
 	if m == 0 {
 		return off, true
 	}
-	if b.nzGen != seg.readyGen {
-		b.nzGen, b.nzFrom = seg.readyGen, rounded
-	} else {
-		b.nzFrom = min(b.nzFrom, rounded)
+	if b.nzFrom == 0 || rounded < b.nzFrom {
+		b.nzFrom = rounded
 	}
 	return 0, false
 }
@@ -488,6 +485,19 @@ func (p *pool) back(b *block) error {
 		p.vacate(b)
 		return err
 	}
+	// Every chunk this call makes ready lies under b or the free blocks
+	// beside it, so only their ready caches can turn false (block.nzFrom):
+	// a new span covers chunks of b and the unmapped chunks right after
+	// it (ahead at the frontier, or under a larger empty span stretched
+	// there), which are free memory up to the next block on a mapped chunk;
+	// a span granted again (mapped without access) holds no live block but
+	// b, so its other chunks are free memory on either side of b. (And
+	// hiSpan, which bounds placement's windows, rises only over these.)
+	for _, n := range [2]*block{b.prev, b.next} {
+		if n != nil && n.state == blockFree {
+			n.nzFrom = 0
+		}
+	}
 	p.made = p.made[:0] // place records the spans this call creates or moves here
 	var err error
 	for i := c0; i <= c1 && err == nil; {
@@ -625,7 +635,6 @@ func (p *pool) grant(i int32) error {
 		s.seg.chunks[j].ready = true
 	}
 	s.seg.ready.set(int(s.c0), int(s.c0+s.n), true)
-	s.seg.readyGen++
 	return nil
 }
 
@@ -683,7 +692,6 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1, c1 int, prealloc boo
 	p.spans[i] = span{seg: seg, c0: int32(r0), n: k, h: h, inUse: true, prealloc: prealloc, prev: -1, next: -1}
 	s := &p.spans[i]
 	seg.hiSpan = max(seg.hiSpan, int32(r1-1))
-	seg.readyGen++ // hiSpan bounds placement's windows
 	for j := r0; j < r1; j++ {
 		seg.chunks[j].span = i
 	}
@@ -797,8 +805,7 @@ func (q *pool) unmapSpan(i int32) error {
 		c := &s.seg.chunks[j]
 		c.span, c.ready = -1, false
 	}
-	s.seg.ready.set(int(s.c0), int(s.c0+s.n), false)
-	s.seg.readyGen++
+	s.seg.ready.set(int(s.c0), int(s.c0+s.n), false) // (which voids no ready cache: see block.nzFrom)
 	q.mappedChunks -= int(s.n)
 	q.removeEmpty(i)
 	q.freeSlot(i)
