@@ -60,7 +60,7 @@ type block struct {
 	// the stream it was allocated on; for a free block, with freed, its
 	// tag: the memory is reusable at once on stream si, and on every
 	// stream once tagSettled(si, freed). -1: no stream reuses it at once.
-	// (16 bits: it fills padding, and the node stays 136 bytes.)
+	// (16 bits: it fills padding; the node is 144 bytes.)
 	si  slot
 	gen uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
