@@ -66,11 +66,6 @@ type block struct {
 
 	id    uint64 // allocation sequence number in its pool (snapshots)
 	freed uint64 // free: the pool's freeSeq of the tag's latest free (0: never used)
-	scope *Scope // owning scope, or nil
-	sprev *block // scope list, guarded by scope.mu
-	snext *block
-	x     *blockExtra // rarely used state, kept out of the hot cache lines
-
 	// nzFrom is the ready cache of a free virtual block (readyPlace): no
 	// request of nzFrom bytes or more has a place in b over ready chunks
 	// only; 0 for not known. What can make it false clears it: a change of
@@ -78,8 +73,12 @@ type block struct {
 	// recycled nodes, zeroed by putBlock), or chunks under it becoming
 	// ready, which happens only in back, to the free blocks beside the one
 	// it backs (see back). Chunks becoming not ready (unmapSpan) only make
-	// it truer. At the end of the node, off the cache-hit path's lines.
+	// it truer. Beside freed, which release writes too.
 	nzFrom uint64
+	scope  *Scope // owning scope, or nil
+	sprev  *block // scope list, guarded by scope.mu
+	snext  *block
+	x      *blockExtra // rarely used state, kept out of the hot cache lines
 }
 
 // blockExtra holds what only some blocks need. It is allocated on first
