@@ -273,7 +273,7 @@ func (p *pool) findBacked(h *heap, first *block, rounded uint64, si slot) (*bloc
 // would try: the same candidates in the same order, at most maxCandidates
 // of them counted the same way. Blocks of other streams not known done are
 // skipped: their places (cleanPlacement) are over unmapped chunks. A block
-// whose search fails records it (noReadyFrom).
+// whose search fails records it (block.nzFrom).
 func (p *pool) findReady(h *heap, first *block, rounded uint64, si slot) (*block, uint64, bool) {
 	if off, ok := p.readyPlace(first, rounded, si); ok {
 		return first, off, true
@@ -622,7 +622,10 @@ const frontierAfter = 16
 // device"): 940 MiB without the bound, 930 MiB with 8 or 16.
 const aheadShare = 16
 
-// grant gives span i access (SetAccess over its one mapping).
+// grant gives span i access (SetAccess over its one mapping). Chunks that
+// become ready can void the ready cache of the free blocks over them
+// (block.nzFrom): it runs only under back, which clears those, and under
+// preallocate, over a new arena.
 func (p *pool) grant(i int32) error {
 	a := p.a
 	s := &p.spans[i]
