@@ -31,8 +31,9 @@ type Allocator struct {
 	limit, overhang atomic.Uint64
 	small           uint64 // SmallSize
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
-	spanChunks int
-	check      bool // run the checker after every operation
+	spanChunks  int
+	check       bool // run the checker after every operation
+	checkSearch bool // compare every findBacked answer with findFewest's (check, or tests)
 
 	pools atomic.Pointer[poolTable] // copy on write, under mu
 	mu    sync.Mutex                // guards pool creation, closing, idle
@@ -74,6 +75,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 		return nil, errors.New("gpumem: New: nil device")
 	}
 	a := &Allocator{dev: dev, cfg: cfg, check: cfg.CheckInvariants || invariants.Enabled}
+	a.checkSearch = a.check
 	a.total = dev.Info().Total
 	if a.total == 0 {
 		_, t, err := dev.MemInfo()

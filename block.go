@@ -40,6 +40,8 @@ func (s blockState) String() string {
 //	no two free blocks are neighbours (free blocks coalesce at once)
 //	b.state == blockFree  ⇔  b is linked in heap.free under bin(b.size)
 //	b.req <= b.size; b.req == 0 ⇔ b.state == blockFree
+//	free, b.nzFrom > 0 ⇒ placement finds no place over ready chunks only
+//	  in b for any request from b.nzFrom up to b.size (readyPlace)
 //
 // All fields but pool are guarded by pool.mu.
 type block struct {
@@ -58,16 +60,25 @@ type block struct {
 	// the stream it was allocated on; for a free block, with freed, its
 	// tag: the memory is reusable at once on stream si, and on every
 	// stream once tagSettled(si, freed). -1: no stream reuses it at once.
-	// (16 bits: it fills padding, and the node stays 136 bytes.)
+	// (16 bits: it fills padding; the node is 144 bytes.)
 	si  slot
 	gen uint32 // bumped at every allocation; a Buffer carries the gen it saw
 
 	id    uint64 // allocation sequence number in its pool (snapshots)
 	freed uint64 // free: the pool's freeSeq of the tag's latest free (0: never used)
-	scope *Scope // owning scope, or nil
-	sprev *block // scope list, guarded by scope.mu
-	snext *block
-	x     *blockExtra // rarely used state, kept out of the hot cache lines
+	// nzFrom is the ready cache of a free virtual block (readyPlace): no
+	// request of nzFrom bytes or more has a place in b over ready chunks
+	// only; 0 for not known. What can make it false clears it: a change of
+	// the block's range (release, absorb; carve's new pieces are fresh or
+	// recycled nodes, zeroed by putBlock), or chunks under it becoming
+	// ready, which happens only in back, to the free blocks beside the one
+	// it backs (see back). Chunks becoming not ready (unmapSpan) only make
+	// it truer. Beside freed, which release writes too.
+	nzFrom uint64
+	scope  *Scope // owning scope, or nil
+	sprev  *block // scope list, guarded by scope.mu
+	snext  *block
+	x      *blockExtra // rarely used state, kept out of the hot cache lines
 }
 
 // blockExtra holds what only some blocks need. It is allocated on first

@@ -182,6 +182,19 @@ func (p *pool) check() error {
 					if b.x != nil && len(b.x.uses) > 0 {
 						bad("free block 0x%x is still marked used by other streams (uses %v)", b.addr, b.x.uses)
 					}
+					if b.nzFrom != 0 {
+						// The cache's claim, at its smallest request and the
+						// largest (readyPlace argues the sizes between).
+						for _, r := range []uint64{b.nzFrom, b.size} {
+							if !seg.virtual || r > b.size || r%minBlock != 0 {
+								bad("free block 0x%x of %d bytes (virtual %v): ready cache from %d bytes", b.addr, b.size, seg.virtual, b.nzFrom)
+								break
+							}
+							if off, m := p.placement(b, r, 0); m == 0 {
+								bad("free block 0x%x: its ready cache says no place over ready chunks from %d bytes, but %d bytes fit at offset %d", b.addr, b.nzFrom, r, off)
+							}
+						}
+					}
 				case blockAllocated, blockPending:
 					if b.state == blockAllocated && b.req == 0 {
 						bad("allocated block 0x%x has no request", b.addr)

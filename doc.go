@@ -87,8 +87,10 @@
 //  5. Place and back the block (virtual): choose, among the fitting free
 //     blocks this stream may use, the place with the fewest chunks not yet
 //     backed (findBacked); in a block of another stream whose work is not
-//     known done, only a place over unmapped chunks. Give each run of
-//     missing chunks a span (back, newSpan).
+//     known done, only a place over unmapped chunks. The first candidate
+//     with a place over ready chunks wins; a free block remembers the
+//     smallest request it had none for (block.nzFrom), so later searches
+//     pass it by. Give each run of missing chunks a span (back, newSpan).
 //  6. If the limit or the device refused (a shortage), unlock, return every
 //     pool's cache to the device (reclaim), lock and retry once.
 //  7. Still short: fail with an *OutOfMemoryError, the verdict (oom.go):

@@ -51,6 +51,12 @@ type pool struct {
 	emptySeq, fencedSeq uint64  // span emptyings so far / covered by the last fence
 	made                []int32 // spans placed by the current back (vm.go)
 
+	// search counts findBacked's work, for tests and experiments
+	// (deterministic, unlike its time): searches, those findFewest
+	// answered (no ready place), the placement searches findReady ran, and
+	// the candidates the ready cache answered without one.
+	search struct{ finds, fewest, placements, cached uint64 }
+
 	// streams are the stream slots of the pool (block.si indexes them);
 	// deadSlots lists the slots of released streams, for reuse. freeSeq
 	// counts the frees of every stream: each release stamps its block with
@@ -456,6 +462,7 @@ func (p *pool) release(b *block, occupied bool) {
 		p.vacate(b)
 	}
 	b.state, b.req, b.scope = blockFree, 0, nil
+	b.nzFrom = 0 // its range may have changed since: see block.nzFrom
 	if b.x != nil {
 		b.x.site = nil
 	}
@@ -488,6 +495,7 @@ func (p *pool) release(b *block, occupied bool) {
 // absorb merges block n, b's successor, into b and recycles n.
 func (p *pool) absorb(b, n *block) {
 	b.size += n.size
+	b.nzFrom = 0 // see block.nzFrom
 	b.next = n.next
 	if n.next != nil {
 		n.next.prev = b

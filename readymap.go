@@ -5,7 +5,7 @@ package gpumem
 import "math/bits"
 
 // readyMap mirrors chunk.ready of a virtual segment, one bit per chunk, so
-// that the placement search (placement, findBacked, findLendable) counts the
+// that the placement search (placement, findBacked) counts the
 // not-ready chunks under a window a word at a time and skips windows that
 // cannot beat the best place found so far, instead of stepping chunk by
 // chunk. That search runs on every miss whose best fit lies (partly) in

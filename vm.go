@@ -235,7 +235,114 @@ const maxSlide = 4096
 // over unmapped chunks only (cleanPlacement): no work can touch memory
 // that is not mapped, since unmapping fences the streams that freed it. It
 // reports false when no fitting block has such a place.
+//
+// The answer is the first candidate, in the order above, whose place needs
+// no new chunk, if there is one (nearly every search on the corpus: the
+// rest are under 1 in 500); only otherwise the one needing fewest. So the
+// search runs in two steps that decide exactly as one scan would
+// (findFewest, which Config.CheckInvariants compares with every answer):
+// findReady walks the candidates in the same order, counting them the
+// same way, and asks of each only whether it has a place over ready chunks,
+// skipping the blocks whose cached answer says no (block.nzFrom); only if
+// none has does findFewest scan them all again for the fewest. Before the
+// cache, a later pass of ckpt_grad_accum ran about 11 placement searches per
+// miss, 10 of them over the same partly backed blocks that had failed the
+// misses before (docs/EXPERIMENTS.md, "Later passes: the ready cache").
 func (p *pool) findBacked(h *heap, first *block, rounded uint64, si slot) (*block, uint64, int, bool) {
+	p.search.finds++
+	b, off, ok := p.findReady(h, first, rounded, si)
+	if !ok {
+		p.search.fewest++
+		var m int
+		b, off, m, ok = p.findFewest(h, first, rounded, si)
+		if p.a.checkSearch && ok && m == 0 {
+			p.a.disagree(p, fmt.Sprintf("no ready place; a full scan finds one in block 0x%x at offset %d", b.addr, off))
+		}
+		return b, off, m, ok
+	}
+	if p.a.checkSearch {
+		if b2, off2, m2, ok2 := p.findFewest(h, first, rounded, si); b2 != b || off2 != off || m2 != 0 || !ok2 {
+			p.a.disagree(p, fmt.Sprintf("a ready place in block 0x%x at offset %d; a full scan finds block %p (0x%x) at offset %d, %d chunks missing",
+				b.addr, off, b2, blockAddr(b2), off2, m2))
+		}
+	}
+	return b, off, 0, true
+}
+
+// findReady returns the first place over ready chunks only that findFewest
+// would try: the same candidates in the same order, at most maxCandidates
+// of them counted the same way. Blocks of other streams not known done are
+// skipped: their places (cleanPlacement) are over unmapped chunks. A block
+// whose search fails records it (block.nzFrom).
+func (p *pool) findReady(h *heap, first *block, rounded uint64, si slot) (*block, uint64, bool) {
+	if off, ok := p.readyPlace(first, rounded, si); ok {
+		return first, off, true
+	}
+	seen := 0
+	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
+		for b := h.free.heads[i]; b != nil && seen < maxCandidates; b = b.fnext {
+			if b.size < rounded || b == first {
+				continue
+			}
+			seen++
+			if off, ok := p.readyPlace(b, rounded, si); ok {
+				return b, off, true
+			}
+		}
+	}
+	return nil, 0, false
+}
+
+// readyPlace returns the place in free block b that placement chooses for
+// rounded bytes if it needs no new chunk, and whether there is one; false
+// at once where b's cache says so (see block.nzFrom).
+//
+// placement's first place with no not-ready chunk does not depend on its
+// limit (a window without one beats any best so far, so no limit skips
+// it), so limit 0 finds the place findFewest would, the cheapest way. And
+// a failure holds for every larger request while b and the ready chunks
+// under it stay as they are: each window of a larger request, at the start,
+// the end or a chunk boundary no further than the smaller one's last,
+// contains the smaller one's window there, which holds a chunk not ready.
+func (p *pool) readyPlace(b *block, rounded uint64, si slot) (uint64, bool) {
+	if b.nzFrom != 0 && rounded >= b.nzFrom {
+		p.search.cached++
+		return 0, false
+	}
+	if !p.usable(b, si) {
+		return 0, false
+	}
+	p.search.placements++
+	off, m := p.placement(b, rounded, 0)
+	if m == 0 {
+		return off, true
+	}
+	if b.nzFrom == 0 || rounded < b.nzFrom {
+		b.nzFrom = rounded
+	}
+	return 0, false
+}
+
+// disagree panics (as mustCheckPool does): findBacked's answer is not
+// findFewest's. Called with p.mu held, under Config.CheckInvariants (or a
+// test's checkSearch).
+func (a *Allocator) disagree(p *pool, what string) {
+	a.broken.Store(true)
+	p.mu.Unlock()
+	panic("gpumem: findBacked found " + what)
+}
+
+func blockAddr(b *block) uint64 {
+	if b == nil {
+		return 0
+	}
+	return b.addr
+}
+
+// findFewest is findBacked's search in one scan: it tries every candidate
+// in turn (placement or cleanPlacement) and keeps the first with the fewest
+// not-ready chunks, stopping at one with none.
+func (p *pool) findFewest(h *heap, first *block, rounded uint64, si slot) (*block, uint64, int, bool) {
 	var best *block
 	var bestOff uint64
 	bestMissing := 1 << 30
@@ -378,6 +485,19 @@ func (p *pool) back(b *block) error {
 		p.vacate(b)
 		return err
 	}
+	// Every chunk this call makes ready lies under b or the free blocks
+	// beside it, so only their ready caches can turn false (block.nzFrom):
+	// a new span covers chunks of b and the unmapped chunks right after
+	// it (ahead at the frontier, or under a larger empty span stretched
+	// there), which are free memory up to the next block on a mapped chunk;
+	// a span granted again (mapped without access) holds no live block but
+	// b, so its other chunks are free memory on either side of b. (And
+	// hiSpan, which bounds placement's windows, rises only over these.)
+	for _, n := range [2]*block{b.prev, b.next} {
+		if n != nil && n.state == blockFree {
+			n.nzFrom = 0
+		}
+	}
 	p.made = p.made[:0] // place records the spans this call creates or moves here
 	var err error
 	for i := c0; i <= c1 && err == nil; {
@@ -502,7 +622,10 @@ const frontierAfter = 16
 // device"): 940 MiB without the bound, 930 MiB with 8 or 16.
 const aheadShare = 16
 
-// grant gives span i access (SetAccess over its one mapping).
+// grant gives span i access (SetAccess over its one mapping). Chunks that
+// become ready can void the ready cache of the free blocks over them
+// (block.nzFrom): it runs only under back, which clears those, and under
+// preallocate, over a new arena.
 func (p *pool) grant(i int32) error {
 	a := p.a
 	s := &p.spans[i]
@@ -685,7 +808,7 @@ func (q *pool) unmapSpan(i int32) error {
 		c := &s.seg.chunks[j]
 		c.span, c.ready = -1, false
 	}
-	s.seg.ready.set(int(s.c0), int(s.c0+s.n), false)
+	s.seg.ready.set(int(s.c0), int(s.c0+s.n), false) // (which voids no ready cache: see block.nzFrom)
 	q.mappedChunks -= int(s.n)
 	q.removeEmpty(i)
 	q.freeSlot(i)
