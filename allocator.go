@@ -198,6 +198,7 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 		x := b.extra()
 		x.site = callers()
 		x.created = time.Now().UnixNano()
+		p.countSite(x.site, size)
 	}
 	buf := Buffer{ptr: device.Ptr(b.addr), size: size, b: b, gen: b.gen}
 	if a.check {

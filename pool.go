@@ -70,6 +70,11 @@ type pool struct {
 	freeSeq     uint64
 	spareEvents []device.Event
 
+	// sites counts the allocations of each call stack since the pool
+	// began (Config.RecordSites only; keyed by stackKey): the alloc_*
+	// sample types of the pprof profile (SiteTotals).
+	sites map[string]*SiteTotal
+
 	nallocs, nfrees uint64
 	// gauges: exact for this pool; see noteAlloc.
 	allocated, active         uint64

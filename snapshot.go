@@ -3,6 +3,7 @@ package gpumem
 // See doc.go for the overview.
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"sort"
@@ -99,6 +100,64 @@ func (a *Allocator) Snapshot() Snapshot {
 	}
 	sort.Slice(s.Segments, func(i, j int) bool { return s.Segments[i].Address < s.Segments[j].Address })
 	return s
+}
+
+// SiteTotal is what one call stack has allocated since the allocator
+// began, freed or not: the alloc_objects and alloc_space of a heap profile.
+// Kept only with Config.RecordSites.
+type SiteTotal struct {
+	Stack  []uintptr // program counters, innermost first
+	Allocs uint64    // allocations made from this stack
+	Bytes  uint64    // bytes they requested
+}
+
+// SiteTotals returns every recorded call stack's totals, in no set order;
+// nil without Config.RecordSites.
+func (a *Allocator) SiteTotals() []SiteTotal {
+	merged := map[string]*SiteTotal{}
+	var out []SiteTotal
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		for k, t := range p.sites {
+			if m := merged[k]; m != nil {
+				m.Allocs += t.Allocs
+				m.Bytes += t.Bytes
+				continue
+			}
+			c := *t
+			merged[k] = &c
+		}
+		p.mu.Unlock()
+	}
+	for _, t := range merged {
+		out = append(out, *t)
+	}
+	return out
+}
+
+// countSite adds one allocation of size bytes to the totals of stack pcs
+// (under p.mu; RecordSites only).
+func (p *pool) countSite(pcs []uintptr, size uint64) {
+	k := StackKey(pcs)
+	t := p.sites[k]
+	if t == nil {
+		if p.sites == nil {
+			p.sites = map[string]*SiteTotal{}
+		}
+		t = &SiteTotal{Stack: pcs}
+		p.sites[k] = t
+	}
+	t.Allocs++
+	t.Bytes += size
+}
+
+// StackKey is a map key for a call stack: its program counters as bytes.
+func StackKey(pcs []uintptr) string {
+	b := make([]byte, 0, 8*len(pcs))
+	for _, pc := range pcs {
+		b = binary.LittleEndian.AppendUint64(b, uint64(pc))
+	}
+	return string(b)
 }
 
 // WriteJSON writes the snapshot as indented JSON.

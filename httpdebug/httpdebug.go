@@ -6,8 +6,9 @@
 //	/debug/gpumem/stats      every allocator's statistics (JSON, by device)
 //	/debug/gpumem/snapshot   one allocator's segments, spans and blocks
 //	                         (JSON; ?device=N, default the first)
-//	/debug/gpumem/profile    the live allocations by call site, a pprof
-//	                         profile (go tool pprof URL)
+//	/debug/gpumem/profile    allocations by call site, a pprof profile
+//	                         with the heap profile's four sample types
+//	                         (go tool pprof URL)
 //	/metrics                 the Prometheus metrics (package metrics)
 //
 // A Go program mounts Handler; a program that loads the C library sets
@@ -36,7 +37,7 @@ func Handler(list func() []metrics.Source) http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/gpumem/{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "gpumem\n\n/debug/gpumem/stats     statistics of every allocator (JSON)\n/debug/gpumem/snapshot  segments, spans and blocks (JSON; ?device=N)\n/debug/gpumem/profile   live allocations by call site (pprof)\n/metrics                Prometheus metrics\n\nallocators:\n")
+		fmt.Fprintf(w, "gpumem\n\n/debug/gpumem/stats     statistics of every allocator (JSON)\n/debug/gpumem/snapshot  segments, spans and blocks (JSON; ?device=N)\n/debug/gpumem/profile   allocations by call site: live and since the start (pprof)\n/metrics                Prometheus metrics\n\nallocators:\n")
 		for _, s := range list() {
 			fmt.Fprintf(w, "  device %s, pool %s\n", s.Device, s.Pool)
 		}

@@ -9,17 +9,20 @@ import (
 	"github.com/gpumem/gpumem"
 )
 
-// Profile is the live device memory of the allocators as a pprof profile,
-// built with Google's profile package: one sample per call site, with the
-// sample types of Go's heap profile that describe what is live,
-// inuse_objects (count) and inuse_space (bytes; the default). Call sites
-// come from Config.RecordSites; buffers allocated without them are one
-// sample at a location named "gpumem: no call site (set RecordSites)".
-// `go tool pprof` opens it. (The heap profile's alloc_objects and
-// alloc_space, counts since the start, are not kept by gpumem.)
+// Profile is the device memory of the allocators as a pprof profile, built
+// with Google's profile package: one sample per call stack, with the four
+// sample types of Go's heap profile: alloc_objects and alloc_space (every
+// allocation since the allocator began, freed or not) and inuse_objects
+// and inuse_space (what is live; the default). Call stacks come from
+// Config.RecordSites; buffers allocated without them are one sample at a
+// location named "gpumem: no call site (set RecordSites)", with no alloc_*
+// counts (gpumem keeps those per stack only while it records stacks).
+// `go tool pprof` opens it.
 func Profile(allocators []*gpumem.Allocator) *profile.Profile {
 	p := &profile.Profile{
 		SampleType: []*profile.ValueType{
+			{Type: "alloc_objects", Unit: "count"},
+			{Type: "alloc_space", Unit: "bytes"},
 			{Type: "inuse_objects", Unit: "count"},
 			{Type: "inuse_space", Unit: "bytes"},
 		},
@@ -30,21 +33,30 @@ func Profile(allocators []*gpumem.Allocator) *profile.Profile {
 	}
 	b := builder{p: p, locs: map[uintptr]*profile.Location{}, funcs: map[string]*profile.Function{}}
 	samples := map[string]*profile.Sample{}
+	sample := func(stack []uintptr) *profile.Sample {
+		key := gpumem.StackKey(stack)
+		s := samples[key]
+		if s == nil {
+			s = &profile.Sample{Value: []int64{0, 0, 0, 0}, Location: b.stack(stack)}
+			samples[key] = s
+			p.Sample = append(p.Sample, s)
+		}
+		return s
+	}
 	for _, a := range allocators {
+		for _, t := range a.SiteTotals() {
+			s := sample(t.Stack)
+			s.Value[0] += int64(t.Allocs)
+			s.Value[1] += int64(t.Bytes)
+		}
 		for _, seg := range a.Snapshot().Segments {
 			for _, blk := range seg.Blocks {
 				if blk.State != "allocated" {
 					continue
 				}
-				key := blk.Site
-				s := samples[key]
-				if s == nil {
-					s = &profile.Sample{Value: []int64{0, 0}, Location: b.stack(blk.Stack)}
-					samples[key] = s
-					p.Sample = append(p.Sample, s)
-				}
-				s.Value[0]++
-				s.Value[1] += int64(blk.Requested)
+				s := sample(blk.Stack)
+				s.Value[2]++
+				s.Value[3] += int64(blk.Requested)
 			}
 		}
 	}

@@ -49,33 +49,45 @@ func TestProfile(t *testing.T) {
 	if err := p.CheckValid(); err != nil {
 		t.Fatal(err)
 	}
-	bySite := map[string][2]int64{}
+	var types []string
+	for _, st := range p.SampleType {
+		types = append(types, st.Type+"/"+st.Unit)
+	}
+	if strings.Join(types, " ") != "alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes" || p.DefaultSampleType != "inuse_space" {
+		t.Fatalf("sample types %v, default %q; want the heap profile's four, inuse_space by default", types, p.DefaultSampleType)
+	}
+	bySite := map[string][4]int64{}
 	for _, s := range p.Sample {
 		for _, loc := range s.Location {
 			for _, l := range loc.Line {
 				for _, name := range []string{"allocateWeights", "allocateActivations"} {
 					if strings.HasSuffix(l.Function.Name, "."+name) {
 						v := bySite[name]
-						bySite[name] = [2]int64{v[0] + s.Value[0], v[1] + s.Value[1]}
+						for i := range v {
+							v[i] += s.Value[i]
+						}
+						bySite[name] = v
 					}
 				}
 			}
 		}
 	}
-	if bySite["allocateWeights"] != [2]int64{1, 48 << 20} || bySite["allocateActivations"] != [2]int64{2, 32 << 20} {
-		t.Errorf("by site: %v; want weights 1 x 48 MiB and activations 2 x 16 MiB (one freed)", bySite)
+	if got, want := bySite["allocateWeights"], [4]int64{1, 48 << 20, 1, 48 << 20}; got != want {
+		t.Errorf("weights: %v, want %v (alloc objects, space, inuse objects, space)", got, want)
 	}
-	if p.DefaultSampleType != "inuse_space" || p.SampleType[1].Unit != "bytes" {
-		t.Errorf("sample types %v, default %q", p.SampleType, p.DefaultSampleType)
+	if got, want := bySite["allocateActivations"], [4]int64{3, 48 << 20, 2, 32 << 20}; got != want {
+		t.Errorf("activations: %v, want %v: three allocated, one of them freed", got, want)
 	}
 	if goTool, err := exec.LookPath("go"); err == nil {
 		path := filepath.Join(t.TempDir(), "gpumem.pprof")
 		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.Command(goTool, "tool", "pprof", "-top", "-sample_index=inuse_space", path).CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "allocateWeights") {
-			t.Errorf("go tool pprof -top: %v\n%s", err, out)
+		for _, index := range []string{"inuse_space", "alloc_space"} {
+			out, err := exec.Command(goTool, "tool", "pprof", "-top", "-sample_index="+index, path).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "allocateWeights") {
+				t.Errorf("go tool pprof -top -sample_index=%s: %v\n%s", index, err, out)
+			}
 		}
 	}
 	for _, b := range []gpumem.Buffer{w, x1, x2} {
