@@ -53,34 +53,19 @@ func (r readyMap) count(c0, c1 int) int {
 }
 
 // nextReady returns the first ready chunk in [c0, c1], or -1.
-func (r readyMap) nextReady(c0, c1 int) int {
-	if c0 > c1 {
-		return -1
-	}
-	w, w1 := c0>>6, c1>>6
-	x := r[w] &^ (1<<(uint(c0)&63) - 1)
-	for {
-		if w == w1 {
-			x &= rangeMask(0, uint(c1)&63)
-		}
-		if x != 0 {
-			return w<<6 + bits.TrailingZeros64(x)
-		}
-		if w == w1 {
-			return -1
-		}
-		w++
-		x = r[w]
-	}
-}
+func (r readyMap) nextReady(c0, c1 int) int { return r.next(c0, c1, 0) }
 
 // nextNotReady returns the first chunk in [c0, c1] that is not ready, or -1.
-func (r readyMap) nextNotReady(c0, c1 int) int {
+func (r readyMap) nextNotReady(c0, c1 int) int { return r.next(c0, c1, ^uint64(0)) }
+
+// next returns the first chunk in [c0, c1] whose bit, xored with flip (0:
+// ready, all ones: not ready), is set; or -1.
+func (r readyMap) next(c0, c1 int, flip uint64) int {
 	if c0 > c1 {
 		return -1
 	}
 	w, w1 := c0>>6, c1>>6
-	x := ^r[w] &^ (1<<(uint(c0)&63) - 1)
+	x := (r[w] ^ flip) &^ (1<<(uint(c0)&63) - 1)
 	for {
 		if w == w1 {
 			x &= rangeMask(0, uint(c1)&63)
@@ -92,7 +77,7 @@ func (r readyMap) nextNotReady(c0, c1 int) int {
 			return -1
 		}
 		w++
-		x = ^r[w]
+		x = r[w] ^ flip
 	}
 }
 
