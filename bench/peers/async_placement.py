@@ -49,6 +49,36 @@ def rnd(x):
     return (max(int(x), 1) + ROUND - 1) // ROUND * ROUND
 
 
+def take(frag, fkeys, a, n, i, front):
+    """Takes [a, a+n) out of the free fragments (frag: start -> [size,
+    event freed, event last split], fkeys its sorted starts) at event i, the
+    pieces left on either side split at i; a request past the heap's front
+    leaves the gap before it as a fragment. Returns the new front."""
+    j = max(bisect.bisect_right(fkeys, a) - 1, 0)
+    while j < len(fkeys) and fkeys[j] < a + n:
+        f = fkeys[j]
+        fn, tf, _ = frag[f]
+        if f + fn <= a:
+            j += 1
+            continue
+        del frag[f]
+        fkeys.pop(j)
+        if f < a:
+            frag[f] = [a - f, tf, i]
+            bisect.insort(fkeys, f)
+            j += 1
+        if f + fn > a + n:
+            frag[a + n] = [f + fn - a - n, tf, i]
+            bisect.insort(fkeys, a + n)
+            j += 1
+    if a + n > front:
+        if a > front:
+            frag[front] = [a - front, -1, -1]
+            bisect.insort(fkeys, front)
+        front = a + n
+    return front
+
+
 def cases(path, limit):
     """Yields (event, n, candidates, chosen, front) for each allocation of
     pass 0; chosen is an index into candidates, 'front' (at the heap's end),
@@ -97,28 +127,7 @@ def cases(path, limit):
         if ch is None:
             ch = "front" if a == front else ("beyond" if a > front else "other")
         yield i, n, cands, ch, front - base
-        j = max(bisect.bisect_right(fkeys, a) - 1, 0)
-        while j < len(fkeys) and fkeys[j] < a + n:
-            f = fkeys[j]
-            fn, tf, tt = frag[f]
-            if f + fn <= a:
-                j += 1
-                continue
-            del frag[f]
-            fkeys.pop(j)
-            if f < a:
-                frag[f] = [a - f, tf, i]
-                bisect.insort(fkeys, f)
-                j += 1
-            if f + fn > a + n:
-                frag[a + n] = [f + fn - a - n, tf, i]
-                bisect.insort(fkeys, a + n)
-                j += 1
-        if a + n > front:
-            if a > front:
-                frag[front] = [a - front, -1, -1]
-                bisect.insort(fkeys, front)
-            front = a + n
+        front = take(frag, fkeys, a, n, i, front)
         for g in range((a - base) // GRANULE, (a - base + n - 1) // GRANULE + 1):
             use[g] += 1
         live[a] = n
@@ -173,28 +182,7 @@ def states(path, limit):
         allocs += 1
         n = rnd(size[i])
         yield i, n, [(f,) + tuple(frag[f]) for f in fkeys], a, front, i > 0 and res[i] > res[i - 1]
-        j = max(bisect.bisect_right(fkeys, a) - 1, 0)
-        while j < len(fkeys) and fkeys[j] < a + n:
-            f = fkeys[j]
-            fn, tf, tt = frag[f]
-            if f + fn <= a:
-                j += 1
-                continue
-            del frag[f]
-            fkeys.pop(j)
-            if f < a:
-                frag[f] = [a - f, tf, i]
-                bisect.insort(fkeys, f)
-                j += 1
-            if f + fn > a + n:
-                frag[a + n] = [f + fn - a - n, tf, i]
-                bisect.insort(fkeys, a + n)
-                j += 1
-        if a + n > front:
-            if a > front:
-                frag[front] = [a - front, -1, -1]
-                bisect.insort(fkeys, front)
-            front = a + n
+        front = take(frag, fkeys, a, n, i, front)
         live[a] = n
 
 
