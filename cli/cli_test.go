@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/pprof/profile"
+
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/cuda"
 	"github.com/gpumem/gpumem/nvml"
@@ -514,5 +516,31 @@ func TestVersion(t *testing.T) {
 	}
 	if code, _, _ := run(t, nil, "version", "extra"); code != 2 {
 		t.Errorf("version extra: exit %d, want 2", code)
+	}
+}
+
+// TestReplayCPUProfile: --cpuprofile writes a CPU profile that pprof reads,
+// and a path that cannot be written fails the command with the flag named.
+func TestReplayCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	code, _, errs := run(t, nil, "replay", "--device", "sim", "--passes", "3", "--cpuprofile", path, "../testdata/traces/sweep_create_dispose.trace.gz")
+	if code != 0 || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	prof, err := profile.Parse(f)
+	if err != nil {
+		t.Fatalf("the profile does not parse: %v", err)
+	}
+	if len(prof.SampleType) != 2 || prof.SampleType[1].Type != "cpu" || prof.SampleType[1].Unit != "nanoseconds" {
+		t.Errorf("sample types %v, want samples/count and cpu/nanoseconds", prof.SampleType)
+	}
+	code, _, errs = run(t, nil, "replay", "--device", "sim", "--cpuprofile", filepath.Join(t.TempDir(), "no", "such", "dir"), "testdata/tiny.trace")
+	if code != ExitFail || !strings.Contains(errs, "--cpuprofile") {
+		t.Errorf("unwritable profile: exit %d, stderr %q; want %d and the flag named", code, errs, ExitFail)
 	}
 }

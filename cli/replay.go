@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -94,6 +96,7 @@ func (e *env) replay(args []string) int {
 	warm := fs.Bool("warm", false, "replay each trace a second time on the same allocator and report that pass's time too (ns_per_op_warm)")
 	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what a pass leaves live is freed before the next) and report the peak over all passes (passes.ratio): a program that runs longer than its trace")
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replays (runtime/pprof) to `file`: where the time per event goes")
 	pol := fs.String("policy", "gpumem", "the allocation `policy`: gpumem, or another allocator's emulated on the simulated device ("+strings.Join(policy.Names()[1:], ", ")+"), or all")
 
 	paths, code := e.parse(fs, args)
@@ -108,6 +111,24 @@ func (e *env) replay(args []string) int {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *passes < 1 {
 		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --passes: want 1 or more", *passes))
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "gpumem replay: --cpuprofile: %v\n", err)
+			return ExitFail
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			fmt.Fprintf(e.stderr, "gpumem replay: --cpuprofile: %v\n", err)
+			return ExitFail
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				fmt.Fprintf(e.stderr, "gpumem replay: --cpuprofile: %v\n", err)
+			}
+		}()
 	}
 	if *pol != "gpumem" {
 		return e.replayPolicies(fs, set, *pol, paths, uint64(capacity), *passes, *check, *jsonOut)
