@@ -32,6 +32,7 @@ type Allocator struct {
 	small           uint64 // SmallSize
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
 	spanChunks  int
+	compact     bool // Config.Compact, in ModeVirtual
 	check       bool // run the checker after every operation
 	checkSearch bool // compare every findBacked answer with findFewest's (check, or tests)
 
@@ -65,6 +66,7 @@ type Allocator struct {
 type counters struct {
 	deviceAllocs, deviceFrees       atomic.Uint64
 	creates, releases, maps, unmaps atomic.Uint64
+	revived                         atomic.Uint64
 	setAccess, reserves, fences     atomic.Uint64
 	handoffs, ooms, retries, trims  atomic.Uint64
 }
@@ -114,9 +116,13 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 			return nil, fmt.Errorf("gpumem: New: device granularity %d is not a power of two ≥ %d", a.gran, minBlock)
 		}
 	}
+	a.compact = cfg.Compact && a.mode == ModeVirtual
 	span := cfg.SpanSize
 	if span == 0 {
 		span = defaultSpanSize
+		if a.compact {
+			span = compactSpanSize
+		}
 	}
 	a.spanChunks = int(max(span/a.gran, 1))
 	if ev, ok := device.AsEvents(dev); ok {

@@ -243,6 +243,15 @@ func (p *pool) check() error {
 				} else if c.ready {
 					bad("chunk %d of segment 0x%x is ready without a span", i, seg.base)
 				}
+				if k := c.dormant - 1; k >= 0 {
+					if c.span >= 0 {
+						bad("chunk %d of segment 0x%x has span %d and dormant mapping %d", i, seg.base, c.span, k)
+					}
+					if int(k) >= len(p.dormants) || !p.dormants[k].inUse || p.dormants[k].seg != seg ||
+						int32(i) < p.dormants[k].c0 || int32(i) >= p.dormants[k].c0+p.dormants[k].n {
+						bad("chunk %d of segment 0x%x points to dormant mapping %d that does not cover it", i, seg.base, k)
+					}
+				}
 			}
 		}
 		if nfree != h.free.count || freeBytes != h.free.bytes {
@@ -304,6 +313,50 @@ func (p *pool) check() error {
 	}
 	if mapped != p.mappedChunks {
 		bad("spans cover %d chunks, pool counts %d", mapped, p.mappedChunks)
+	}
+	// Dormant mappings: each on the chain of the span that holds its
+	// handle, covering chunks that point back, at most maxDormant a chain.
+	onChain := 0
+	for i := range p.spans {
+		s := &p.spans[i]
+		if !s.inUse {
+			if s.dormant != 0 {
+				bad("free span slot %d has dormant mappings", i)
+			}
+			continue
+		}
+		n := 0
+		for k := s.dormant - 1; k >= 0; k = p.dormants[k].next {
+			n++
+			d := &p.dormants[k]
+			if n > len(p.dormants) {
+				bad("span %d: its dormant chain has a cycle", i)
+				break
+			}
+			if !d.inUse || d.owner != int32(i) || d.n != s.n {
+				bad("span %d: dormant mapping %d on its chain (in use %v, owner %d, %d chunks, the span %d)", i, k, d.inUse, d.owner, d.n, s.n)
+				continue
+			}
+			for j := d.c0; j < d.c0+d.n; j++ {
+				if int(j) >= len(d.seg.chunks) || d.seg.chunks[j].dormant != k+1 {
+					bad("dormant mapping %d [%d, %d) of 0x%x: chunk %d does not point back", k, d.c0, d.c0+d.n, d.seg.base, j)
+					break
+				}
+			}
+		}
+		if n > maxDormant {
+			bad("span %d has %d dormant mappings, more than %d", i, n, maxDormant)
+		}
+		onChain += n
+	}
+	inUse := 0
+	for k := range p.dormants {
+		if p.dormants[k].inUse {
+			inUse++
+		}
+	}
+	if onChain != inUse || inUse != p.nDormant {
+		bad("dormant mappings: %d on chains, %d in use, pool counts %d", onChain, inUse, p.nDormant)
 	}
 	ne, prevI, lastSeq := 0, int32(-1), uint64(0)
 	for i := p.empty.head; i >= 0; prevI, i = i, p.spans[i].next {

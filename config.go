@@ -85,6 +85,21 @@ type Config struct {
 	// moves; smaller spans let idle memory be given back more finely.
 	// Default 16 MiB (see vm.go).
 	SpanSize uint64
+	// Compact trades driver calls for memory, in ModeVirtual: every
+	// request goes to the start of its best-fitting free range, whether
+	// memory is mapped there or not (by default the allocator looks among
+	// the fitting ranges for one already mapped, to spare driver calls),
+	// spans default to 4 MiB, and a span moved elsewhere leaves its old
+	// mapping in place, dormant, to come back to at no cost (dormant.go).
+	// Placement then does not depend on what is mapped, so a program that
+	// repeats itself repeats its layout. Measured on the corpus (simulated
+	// device): 1.0007-1.0221 times peak live on the first pass (the default:
+	// up to 1.0977), ten passes within 0.002 of the first, at about four
+	// times the driver calls of the default's first pass; on an H100 the
+	// first pass takes 1.1-9.7 times the default's time and later passes
+	// 0.8-5 times (docs/EXPERIMENTS.md, "Compact placement"). For programs
+	// that run out of memory; the default is for speed.
+	Compact bool
 	// RecordSites captures the call stack of every allocation, so leak
 	// reports from Scope.Close and Close say where each leaked buffer was
 	// allocated. It costs an allocation per Alloc.
@@ -98,6 +113,7 @@ type Config struct {
 const (
 	defaultSmallSize = 1 << 20
 	defaultSpanSize  = 16 << 20
+	compactSpanSize  = 4 << 20  // Config.Compact's default span
 	smallSegment     = 2 << 20  // plain mode: segment for small requests
 	midSegment       = 20 << 20 // plain mode: segment for requests under midLimit
 	midLimit         = 10 << 20

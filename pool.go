@@ -50,6 +50,11 @@ type pool struct {
 	mappedChunks        int
 	emptySeq, fencedSeq uint64  // span emptyings so far / covered by the last fence
 	made                []int32 // spans placed by the current back (vm.go)
+	// dormants are mappings left behind by moved spans (dormant.go);
+	// freeDormant is the head of their free list + 1 (0: none).
+	dormants    []dormant
+	freeDormant int32
+	nDormant    int
 
 	// search counts findBacked's work, for tests and experiments
 	// (deterministic, unlike its time): searches, those findFewest
@@ -337,7 +342,10 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 		}
 	}
 	var off uint64
-	if b.seg.virtual {
+	// Config.Compact places every request at the start of its best fit
+	// (if its stream may use it), mapped or not; otherwise the best place
+	// is searched for among the fitting blocks over memory already mapped.
+	if b.seg.virtual && !(p.a.compact && p.usable(b, si)) {
 		var ok bool
 		if b, off, _, ok = p.findBacked(h, b, rounded, si); !ok {
 			// Every fitting free range is another stream's, its work not
@@ -783,11 +791,17 @@ func (h *heap) removeSegment(seg *segment) {
 	}
 }
 
-// mappedSpans counts the spans of p mapped in seg.
-func (seg *segment) mappedSpans(p *pool) int {
+// mappingsIn counts the mappings p holds in seg: its spans and dormant
+// mappings (dormant.go).
+func (seg *segment) mappingsIn(p *pool) int {
 	n := 0
 	for i := range p.spans {
 		if p.spans[i].inUse && p.spans[i].seg == seg {
+			n++
+		}
+	}
+	for k := range p.dormants {
+		if p.dormants[k].inUse && p.dormants[k].seg == seg {
 			n++
 		}
 	}
@@ -938,7 +952,7 @@ func (p *pool) teardown() error {
 				kept = append(kept, seg)
 				continue
 			}
-			if n := seg.mappedSpans(p); n > 0 {
+			if n := seg.mappingsIn(p); n > 0 {
 				// Releasing address space with mappings in it is a
 				// precondition violation: keep it, and say so.
 				errs = append(errs, fmt.Errorf("gpumem: Close: %d spans of arena 0x%x could not be unmapped; its address space is kept", n, seg.base))

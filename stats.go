@@ -27,15 +27,19 @@ type Stats struct {
 	// Releasable is the part of Cached that Trim would give back now:
 	// empty spans and wholly free segments. The rest lies in spans or
 	// segments that also hold live buffers.
-	Releasable   uint64
-	PlainBytes   uint64 // bytes of plain segments
-	MappedBytes  uint64 // bytes of spans: physical memory mapped into address space
-	SpareBytes   uint64 // bytes of handles unmapped whose release the driver refused (retried by Trim)
-	AddressSpace uint64 // bytes of virtual address space reserved
-	LiveBuffers  uint64
-	Segments     int // plain segments and virtual arenas
-	PendingFrees int // freed buffers waiting for other streams' events
-	Streams      int // streams the allocator serves
+	Releasable  uint64
+	PlainBytes  uint64 // bytes of plain segments
+	MappedBytes uint64 // bytes of spans: physical memory mapped into address space
+	// DormantMappings counts mappings that moved spans left behind
+	// (dormant.go): address space mapped to a handle counted in MappedBytes
+	// where it lies now, so they hold no memory of their own.
+	DormantMappings int
+	SpareBytes      uint64 // bytes of handles unmapped whose release the driver refused (retried by Trim)
+	AddressSpace    uint64 // bytes of virtual address space reserved
+	LiveBuffers     uint64
+	Segments        int // plain segments and virtual arenas
+	PendingFrees    int // freed buffers waiting for other streams' events
+	Streams         int // streams the allocator serves
 	// LargestFree is the largest request that would be served now with no
 	// device call.
 	LargestFree uint64
@@ -50,6 +54,7 @@ type Stats struct {
 	Creates       uint64 // physical handles created, one per span (cuMemCreate)
 	Releases      uint64 // physical handles released (cuMemRelease)
 	Maps, Unmaps  uint64 // chunk mappings made and undone (cuMemMap, cuMemUnmap)
+	Revived       uint64 // spans moved back onto a dormant mapping of their handle: no driver call (dormant.go)
 	SetAccess     uint64 // access grants, one per contiguous run (cuMemSetAccess)
 	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
 	Fences        uint64 // host waits for a stream or the device before unmapping or freeing
@@ -80,6 +85,7 @@ func (a *Allocator) Stats() Stats {
 		s.PendingFrees += p.npending
 		s.Streams += p.live
 		s.MappedBytes += uint64(p.mappedChunks) * a.gran
+		s.DormantMappings += p.nDormant
 		for i := p.empty.head; i >= 0; i = p.spans[i].next {
 			s.Releasable += uint64(p.spans[i].n) * a.gran
 		}
@@ -133,6 +139,7 @@ func (a *Allocator) Stats() Stats {
 	s.DeviceAllocs, s.DeviceFrees = c.deviceAllocs.Load(), c.deviceFrees.Load()
 	s.Creates, s.Releases = c.creates.Load(), c.releases.Load()
 	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
+	s.Revived = c.revived.Load()
 	s.Reserves, s.Fences, s.Handoffs = c.reserves.Load(), c.fences.Load(), c.handoffs.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s

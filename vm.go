@@ -63,9 +63,10 @@ import (
 // pointers (indices), so the collector neither scans the arrays nor puts
 // write barriers on the hot path.
 type chunk struct {
-	part  int32 // non-free blocks that overlap the chunk without covering it
-	span  int32 // index in pool.spans; -1 when unmapped
-	ready bool  // mapped with access: what the cache-hit path checks
+	part    int32 // non-free blocks that overlap the chunk without covering it
+	span    int32 // index in pool.spans; -1 when unmapped
+	dormant int32 // index in pool.dormants + 1 under a dormant mapping (dormant.go); 0 for none
+	ready   bool  // mapped with access: what the cache-hit path checks
 }
 
 // A span is one physical handle mapped over chunks [c0, c0+n) of seg.
@@ -79,6 +80,7 @@ type span struct {
 	inUse      bool  // the slot holds a span
 	seq        uint64
 	prev, next int32 // pool.empty, oldest first; -1 for none
+	dormant    int32 // the newest dormant mapping of its handle + 1 (dormant.go); 0 for none
 }
 
 // spanList links a pool's empty spans by index, oldest first.
@@ -634,11 +636,17 @@ func (p *pool) grant(i int32) error {
 	}
 	a.c.setAccess.Add(1)
 	s.access = true
+	p.markReady(i)
+	return nil
+}
+
+// markReady marks span i's chunks ready (its mapping has access).
+func (p *pool) markReady(i int32) {
+	s := &p.spans[i]
 	for j := s.c0; j < s.c0+s.n; j++ {
 		s.seg.chunks[j].ready = true
 	}
 	s.seg.ready.set(int(s.c0), int(s.c0+s.n), true)
-	return nil
 }
 
 // newSpan backs chunks [r0, r1) of seg, all unmapped, with one span (the
@@ -651,6 +659,11 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
 	a := p.a
 	k := int32(r1 - r0)
 	size := uint64(k) * a.gran
+	if a.compact {
+		if i := p.revivableAt(seg, r0, k); i >= 0 {
+			return p.moveSpan(i, p, seg, r0, c1)
+		}
+	}
 	if q, i := p.findEmpty(k); q != nil {
 		err := q.moveSpan(i, p, seg, r0, c1)
 		if q != p {
@@ -677,33 +690,52 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
 	return p.place(h, seg, r0, r1, c1, false)
 }
 
-// place maps handle h over chunks [r0, r1) of seg as a new span of p and
-// grants access; the chunks up to c1 hold the one live block being backed
-// (none for c1 < r0). If mapping fails the handle is released; if the
+// place maps new handle h over chunks [r0, r1) of seg as a new span of p
+// and grants access; the chunks up to c1 hold the one live block being
+// backed (none for c1 < r0). Dormant mappings in the way are unmapped
+// first. If that or the mapping fails the handle is released; if the
 // grant fails the span stays, without access.
 func (p *pool) place(h device.Handle, seg *segment, r0, r1, c1 int, prealloc bool) error {
 	a := p.a
-	k := int32(r1 - r0)
-	size := uint64(k) * a.gran
-	if err := a.vm.Map(device.Ptr(seg.chunkAddr(r0, a.gran)), size, h); err != nil {
+	size := uint64(r1-r0) * a.gran
+	err := p.evictOver(seg, r0, r1)
+	if err == nil {
+		err = a.vm.Map(device.Ptr(seg.chunkAddr(r0, a.gran)), size, h)
+	}
+	if err != nil {
 		a.dropHandle(h, size)
 		return err
 	}
 	a.c.maps.Add(1)
 	i := p.newSlot()
-	p.made = append(p.made, i)
-	p.spans[i] = span{seg: seg, c0: int32(r0), n: k, h: h, inUse: true, prealloc: prealloc, prev: -1, next: -1}
+	p.spans[i] = span{h: h, n: int32(r1 - r0), prealloc: prealloc}
+	return p.attach(i, seg, r0, c1, false)
+}
+
+// attach makes span i, whose handle is mapped over chunks [r0, r0+n) of
+// seg (access says whether granted), the span of those chunks; the chunks
+// up to c1 hold the one live block being backed. It grants access if the
+// mapping lacks it.
+func (p *pool) attach(i int32, seg *segment, r0, c1 int, access bool) error {
 	s := &p.spans[i]
+	r1 := r0 + int(s.n)
+	s.seg, s.c0, s.inUse, s.access, s.seq, s.prev, s.next = seg, int32(r0), true, false, 0, -1, -1
+	p.made = append(p.made, i)
 	seg.hiSpan = max(seg.hiSpan, int32(r1-1))
 	for j := r0; j < r1; j++ {
 		seg.chunks[j].span = i
 	}
 	s.occupied = int32(max(0, min(r1-1, c1)-r0+1)) // every chunk of the block is occupied
-	p.mappedChunks += int(k)
+	p.mappedChunks += int(s.n)
 	if s.occupied == 0 {
 		p.pushEmpty(i)
 	}
-	return p.grant(i)
+	if !access {
+		return p.grant(i)
+	}
+	s.access = true
+	p.markReady(i)
+	return nil
 }
 
 // emptyToStretch finds the smallest empty span of this pool larger than k
@@ -716,10 +748,7 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1, c1 int, prealloc boo
 // (docs/EXPERIMENTS.md, "Growth at the frontier"). Other pools' spans are
 // left to findEmpty's exact matches: moving them costs their stream a fence.
 func (p *pool) emptyToStretch(seg *segment, r0 int, k int32) int32 {
-	room := int32(0)
-	for j := r0; j < len(seg.chunks) && seg.chunks[j].span < 0 && room < 2*int32(p.a.spanChunks); j++ {
-		room++
-	}
+	room := p.roomAt(seg, r0)
 	best := int32(-1)
 	for i := p.empty.head; i >= 0; i = p.spans[i].next {
 		s := &p.spans[i]
@@ -728,6 +757,16 @@ func (p *pool) emptyToStretch(seg *segment, r0 int, k int32) int32 {
 		}
 	}
 	return best
+}
+
+// roomAt counts the unmapped chunks from r0 of seg, up to twice the span
+// size: how large a span emptyToStretch may stretch there.
+func (p *pool) roomAt(seg *segment, r0 int) int32 {
+	room := int32(0)
+	for j := r0; j < len(seg.chunks) && seg.chunks[j].span < 0 && room < 2*int32(p.a.spanChunks); j++ {
+		room++
+	}
+	return room
 }
 
 // stalls reports whether moving or releasing empty span i of a pool that
@@ -778,19 +817,73 @@ func (p *pool) emptyOfSize(k int32) int32 {
 	return -1
 }
 
-// moveSpan unmaps empty span i of q and maps its handle over chunks
-// [r0, r0+n) of seg, as a span of p, whose chunks up to c1 are live (see
-// place). q's stream is fenced first: unmapping is not stream-ordered.
+// moveSpan moves empty span i of q over chunks [r0, r0+n) of seg, as a
+// span of p, whose chunks up to c1 are live (see attach). q's streams are
+// fenced first if the span emptied after the last fence (unmapping is not
+// stream-ordered, and the memory changes hands).
+//
+// Within a pool the handle's old mapping stays, dormant (dormant.go), and
+// a dormant mapping of the handle over exactly the new range is revived:
+// no driver call at all. Otherwise the handle is mapped there, after the
+// dormant mappings in the way are unmapped. On failure the span is back
+// where it was, empty, or (mapping failed in another pool) released.
 func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
-	s := q.spans[i]
-	if err := q.unmapSpan(i); err != nil {
+	if q != p || !p.a.compact {
+		s := q.spans[i]
+		if err := q.dropDormant(i); err != nil {
+			return err
+		}
+		if err := q.unmapSpan(i); err != nil {
+			return err
+		}
+		return p.place(s.h, seg, r0, r0+int(s.n), c1, false)
+	}
+	a := p.a
+	s := &p.spans[i]
+	if s.seq > p.fencedSeq {
+		if err := p.fence(); err != nil {
+			return err
+		}
+	}
+	n := int(s.n)
+	d, _ := p.revivable(i, seg, r0)
+	// Room on the chain for the mapping about to turn dormant: unmap the
+	// oldest past maxDormant-1 (not the one to revive).
+	if err := p.trimChain(i, d); err != nil {
 		return err
 	}
-	return p.place(s.h, seg, r0, r0+int(s.n), c1, false)
+	if d < 0 {
+		if err := p.evictOver(seg, r0, r0+n); err != nil {
+			return err
+		}
+	}
+	oldSeg, oldC0 := s.seg, int(s.c0)
+	p.removeEmpty(i)
+	p.retire(i)
+	if d >= 0 {
+		access := p.dormants[d].access
+		p.unlink(d, p.chainPrev(d))
+		a.c.revived.Add(1)
+		return p.attach(i, seg, r0, c1, access)
+	}
+	if err := a.vm.Map(device.Ptr(seg.chunkAddr(r0, a.gran)), uint64(n)*a.gran, s.h); err != nil {
+		// Back where it was: revive the mapping just retired.
+		back := s.dormant - 1
+		access := p.dormants[back].access
+		p.unlink(back, -1)
+		if aerr := p.attach(i, oldSeg, oldC0, -1, access); aerr != nil {
+			return errors.Join(err, aerr)
+		}
+		p.made = p.made[:len(p.made)-1]
+		return err
+	}
+	a.c.maps.Add(1)
+	return p.attach(i, seg, r0, c1, false)
 }
 
 // unmapSpan fences q's stream if the span emptied after the last fence,
-// unmaps empty span i and frees its slot. Its handle is the caller's.
+// unmaps empty span i and frees its slot. Its handle is the caller's; it
+// must have no dormant mapping left (dropDormant).
 func (q *pool) unmapSpan(i int32) error {
 	a := q.a
 	s := &q.spans[i]
@@ -819,6 +912,9 @@ func (q *pool) unmapSpan(i int32) error {
 func (q *pool) releaseSpan(i int32) error {
 	a := q.a
 	h, size := q.spans[i].h, uint64(q.spans[i].n)*a.gran
+	if err := q.dropDormant(i); err != nil {
+		return err
+	}
 	if err := q.unmapSpan(i); err != nil {
 		return err
 	}
@@ -960,8 +1056,8 @@ func (h *heap) reserve(rounded uint64) error {
 // reserves another and fits from 928 MiB up (it was 938). With twice the
 // device, the holes must pass the device's whole size first. Address space
 // is plentiful (a GPU's spans terabytes; this is 160 GiB for an 80 GiB
-// H100), and the arena's per-chunk arrays cost 12 bytes and a bit per 2 MiB
-// of it (about 1 MiB for that H100).
+// H100), and the arena's per-chunk arrays cost 16 bytes and a bit per 2 MiB
+// of it (about 1.3 MiB for that H100).
 const arenaDevices = 2
 
 // preallocate takes Config.Preallocate(Fraction) bytes at New: one span at

@@ -90,12 +90,13 @@ func (e *env) replay(args []string) int {
 	fraction := fs.Float64("preallocate-fraction", 0, "take this `fraction` (0 to 1) of the device's memory up front")
 	fs.Var(&release, "release-threshold", "return cached memory above `SIZE` to the device after each free (0: keep the cache)")
 	fs.Var(&small, "small-size", "plain mode: requests of at most `SIZE` bytes use the small pool (0: 1MiB)")
-	fs.Var(&span, "span", "virtual mode: the most memory taken from the device in one piece (`SIZE`; 0: 16MiB)")
+	fs.Var(&span, "span", "virtual mode: the most memory taken from the device in one piece (`SIZE`; 0: 16MiB, 4MiB with --compact)")
 	touch := fs.Bool("touch", false, "write every allocation (an asynchronous memset on its stream) so it is truly backed (the time per event includes it); CUDA only")
 	check := fs.Bool("check", false, "run the allocator's invariant checker after each replay")
 	warm := fs.Bool("warm", false, "replay each trace a second time on the same allocator and report that pass's time too (ns_per_op_warm)")
 	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what a pass leaves live is freed before the next) and report the peak over all passes (passes.ratio): a program that runs longer than its trace")
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
+	compact := fs.Bool("compact", false, "best-fit placement that holds the least memory, at more driver calls (gpumem.Config.Compact)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replays (runtime/pprof) to `file`: where the time per event goes")
 	pol := fs.String("policy", "gpumem", "the allocation `policy`: gpumem, or another allocator's emulated on the simulated device ("+strings.Join(policy.Names()[1:], ", ")+"), or all")
 
@@ -141,6 +142,7 @@ func (e *env) replay(args []string) int {
 		ReleaseThreshold:    uint64(release),
 		SmallSize:           uint64(small),
 		SpanSize:            uint64(span),
+		Compact:             *compact,
 	}
 	m, err := gpumem.ParseMode(*mode)
 	if err != nil {
@@ -335,7 +337,7 @@ func writeFirstOOMs(w io.Writer, results []replay.Result) error {
 // gpumemOnly are the replay flags that configure gpumem's allocator or a
 // real GPU: under another policy they mean nothing.
 var gpumemOnly = []string{"device", "gpu", "granularity", "mode", "limit", "preallocate", "preallocate-fraction",
-	"release-threshold", "small-size", "span", "touch", "warm", "repeat"}
+	"release-threshold", "small-size", "span", "compact", "touch", "warm", "repeat"}
 
 // replayPolicies is gpumem replay --policy NAME (or all) for a policy other
 // than gpumem alone: every trace under the policy, or under each, on the

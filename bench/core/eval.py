@@ -3,7 +3,7 @@
 synthetic family of bench/synth (several seeds) and, where present, the
 corpus traces its manifest marks `tune`, replayed on the simulated device.
 
-    python3 bench/core/eval.py [--seeds 100,10] [--out FILE.jsonl] [--base FILE.jsonl]
+    python3 bench/core/eval.py [--seeds 100,10] [--out FILE.jsonl] [--base FILE.jsonl] [--replay-args ARGS]
 
 Per trace: the first pass's ratio, the ratio over ten passes (`replay
 --passes 10`: the peak of all ten), driver work (maps + creates) per 1000
@@ -76,6 +76,7 @@ def main():
     ap.add_argument("--out", help="write the replay's JSON lines here")
     ap.add_argument("--base", help="JSON lines of an earlier run to compare with")
     ap.add_argument("--only", help="comma-separated families to run (default: all)")
+    ap.add_argument("--replay-args", default="", help="more flags for gpumem replay, such as '--compact' or '--span 8MiB'")
     args = ap.parse_args()
     first, count = (int(x) for x in args.seeds.split(","))
     tmp = tempfile.mkdtemp(prefix="gpumem-eval-")
@@ -87,7 +88,7 @@ def main():
     if args.only:
         keep = set(args.only.split(","))
         traces = [t for t in traces if family(os.path.basename(t).split(".")[0]) in keep]
-    out = subprocess.run([binary, "replay", "--device", "sim", "--json", "--passes", str(PASSES)] + traces,
+    out = subprocess.run([binary, "replay", "--device", "sim", "--json", "--passes", str(PASSES)] + args.replay_args.split() + traces,
                          cwd=ROOT, check=True, capture_output=True, text=True).stdout
     lines = [l for l in out.splitlines() if l.strip()]
     if args.out:

@@ -11,7 +11,9 @@
 #                                    PASSES passes (default 10) and PyTorch's
 #                                    allocator as shipped and with expandable
 #                                    segments driven from C++ over the same
-#                                    passes, until BUDGET seconds (default 480)
+#                                    passes, until BUDGET seconds (default 480);
+#                                    REPLAY_ARGS (such as --compact) go to
+#                                    gpumem replay, PEERS=0 skips the peers
 #
 # Writes $OUT/gpumem_cuda.jsonl, $OUT/peers.jsonl, $OUT/peers.log and
 # $OUT/run.log; the tables come from bench/core/speed_table.py here.
@@ -47,8 +49,9 @@ PY
 			continue
 		fi
 		echo "[$((SECONDS - start))s] $t" >>"$out/run.log"
-		timeout 120 build/gpu/gpumem replay --device cuda --json --passes "$passes" "$t" >>"$out/gpumem_cuda.jsonl" 2>>"$out/run.log" ||
+		timeout 120 build/gpu/gpumem replay --device cuda --json --passes "$passes" ${REPLAY_ARGS:-} "$t" >>"$out/gpumem_cuda.jsonl" 2>>"$out/run.log" ||
 			echo "gpumem failed on $t: $?" >>"$out/run.log"
+		[ "${PEERS:-1}" = 0 ] && continue
 		OUT="$out" bash bench/peers/run_all.sh --peers torch-native-cxx,torch-expandable-cxx --no-warm \
 			--passes "$passes" --timeout 120 --out "$out/peers.jsonl" "$t" >>"$out/run.log" 2>&1 ||
 			echo "peers failed on $t" >>"$out/run.log"

@@ -316,6 +316,80 @@ func TestGPUVirtualMemoryRoundTrip(t *testing.T) {
 	}
 }
 
+// TestGPUMapOneHandleTwice: one handle mapped at two addresses is one
+// memory, written through either and read through the other, and either
+// mapping outlives the unmap of the other. gpumem's Config.Compact leaves a
+// moved span's old mapping in place (dormant.go) and relies on this.
+func TestGPUMapOneHandleTwice(t *testing.T) {
+	d := openGPU(t)
+	if !d.VirtualMemorySupported() {
+		t.Skip("device lacks virtual memory management")
+	}
+	g := d.Granularity()
+	size := 4 * g
+	base, err := d.Reserve(4*size, 0)
+	if err != nil {
+		t.Fatalf("Reserve: %v", err)
+	}
+	h, err := d.Create(size)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	a, b := base, base+device.Ptr(2*size)
+	for _, p := range []device.Ptr{a, b} {
+		if err := d.Map(p, size, h); err != nil {
+			t.Fatalf("Map of the handle at %#x: %v", uint64(p), err)
+		}
+		if err := d.SetAccess(p, size); err != nil {
+			t.Fatalf("SetAccess at %#x: %v", uint64(p), err)
+		}
+	}
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*7 + i>>12)
+	}
+	if err := d.CopyFromHost(a, want); err != nil {
+		t.Fatalf("CopyFromHost through the first mapping: %v", err)
+	}
+	got := make([]byte, size)
+	if err := d.CopyToHost(got, b); err != nil {
+		t.Fatalf("CopyToHost through the second mapping: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the second mapping does not show what the first wrote")
+	}
+	if err := d.Unmap(a, size); err != nil {
+		t.Fatalf("Unmap of the first mapping: %v", err)
+	}
+	if err := d.Memset8(b+device.Ptr(g), 0x3c, g); err != nil {
+		t.Fatalf("Memset8 through the second mapping after the first is gone: %v", err)
+	}
+	if v := readU32(t, d, b+device.Ptr(2*g-4)); v != 0x3c3c3c3c {
+		t.Errorf("the second mapping reads %#x after the first was unmapped", v)
+	}
+	// Mapped again where it was: the same memory.
+	if err := d.Map(a, size, h); err != nil {
+		t.Fatalf("Map again at the first address: %v", err)
+	}
+	if err := d.SetAccess(a, size); err != nil {
+		t.Fatalf("SetAccess: %v", err)
+	}
+	if v := readU32(t, d, a+device.Ptr(g)); v != 0x3c3c3c3c {
+		t.Errorf("mapped again, the first address reads %#x, want what the second wrote", v)
+	}
+	for _, p := range []device.Ptr{a, b} {
+		if err := d.Unmap(p, size); err != nil {
+			t.Fatalf("Unmap at %#x: %v", uint64(p), err)
+		}
+	}
+	if err := d.Release(h); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := d.ReleaseAddress(base, 4*size); err != nil {
+		t.Fatalf("ReleaseAddress: %v", err)
+	}
+}
+
 func TestGPUVirtualMemoryErrors(t *testing.T) {
 	d := openGPU(t)
 	if !d.VirtualMemorySupported() {

@@ -113,7 +113,8 @@ const (
 
 // Configurations lists the configurations the suite runs under for dev:
 // virtual (if dev has virtual memory) and plain, each default, with a Limit,
-// with Preallocate, with ReleaseThreshold and with CheckInvariants.
+// with Preallocate, with ReleaseThreshold and with CheckInvariants, and
+// virtual with Compact (invariants checked).
 func Configurations(dev device.Device) []Configuration {
 	modes := []gpumem.Mode{gpumem.ModePlain}
 	if _, ok := device.AsVirtualMemory(dev); ok {
@@ -132,6 +133,9 @@ func Configurations(dev device.Device) []Configuration {
 			Configuration{m.String() + "/release-threshold", gpumem.Config{Mode: m, ReleaseThreshold: confThreshold}},
 			Configuration{m.String() + "/check-invariants", gpumem.Config{Mode: m, CheckInvariants: true}},
 		)
+		if m == gpumem.ModeVirtual {
+			out = append(out, Configuration{m.String() + "/compact", gpumem.Config{Mode: m, Compact: true, CheckInvariants: true}})
+		}
 	}
 	return out
 }

@@ -353,6 +353,14 @@ func statsIdentities(st gpumem.Stats) error {
 	if st.Releasable > st.Cached || st.Releasable < st.SpareBytes {
 		bad("want SpareBytes %d <= Releasable %d <= Cached %d", st.SpareBytes, st.Releasable, st.Cached)
 	}
+	// Every mapping the driver holds is a span's or a dormant one
+	// (Config.Compact); with no span mapped there is neither.
+	if st.Maps < st.Unmaps || uint64(max(st.DormantMappings, 0)) > st.Maps-st.Unmaps || st.DormantMappings < 0 {
+		bad("Maps %d - Unmaps %d does not cover DormantMappings %d", st.Maps, st.Unmaps, st.DormantMappings)
+	}
+	if st.MappedBytes == 0 && (st.DormantMappings != 0 || st.Maps != st.Unmaps) {
+		bad("no span mapped, yet Maps %d, Unmaps %d, DormantMappings %d", st.Maps, st.Unmaps, st.DormantMappings)
+	}
 	if st.LargestFree > st.Cached {
 		bad("LargestFree %d > Cached %d", st.LargestFree, st.Cached)
 	}

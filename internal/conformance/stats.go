@@ -67,12 +67,12 @@ func testStatsIdentities(t *testing.T, s *suite) {
 
 // counters lists the counter fields of Stats (they never decrease).
 var counters = []string{"Allocs", "Frees", "DeviceAllocs", "DeviceFrees", "Creates", "Releases", "Maps", "Unmaps",
-	"SetAccess", "Reserves", "Fences", "Handoffs", "OOMs", "Retries", "Trims"}
+	"SetAccess", "Reserves", "Fences", "Handoffs", "OOMs", "Retries", "Trims", "Revived"}
 
 // gauges lists the gauge fields of Stats, checked by statsIdentities.
 var gauges = []string{"Allocated", "PeakAllocated", "Active", "PeakActive", "Reserved", "PeakReserved", "Cached", "Releasable",
 	"PlainBytes", "MappedBytes", "SpareBytes", "AddressSpace", "LiveBuffers", "Segments", "PendingFrees", "Streams",
-	"LargestFree", "Fragmentation"}
+	"LargestFree", "Fragmentation", "DormantMappings"}
 
 func countersGrew(before, after gpumem.Stats) string {
 	b, a := reflect.ValueOf(before), reflect.ValueOf(after)

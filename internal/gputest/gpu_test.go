@@ -3,6 +3,7 @@ package gputest
 import (
 	"bytes"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -70,10 +71,6 @@ func TestGPUDataReadsBack(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer a.Close()
-			type written struct {
-				b    gpumem.Buffer
-				seed byte
-			}
 			sizes := []uint64{512, 4096, 1<<20 + 3, 3 * miB, 5*miB + 777, 64 * miB}
 			var bufs []written
 			for round := 0; round < 3; round++ {
@@ -116,6 +113,110 @@ func TestGPUDataReadsBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGPUCompactDataReadsBack: under Config.Compact, where moved spans
+// leave dormant mappings behind and come back to them, every live buffer
+// keeps what was written to it through a random workload of allocations
+// and frees under a limit (so that spans move, revive and are given back):
+// no two live buffers ever share memory.
+func TestGPUCompactDataReadsBack(t *testing.T) {
+	d := openGPU(t)
+	if !d.VirtualMemorySupported() {
+		t.Skip("device lacks virtual memory management")
+	}
+	a, err := gpumem.New(d, gpumem.Config{Compact: true, CheckInvariants: true, Limit: 160 * miB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	rng := rand.New(rand.NewPCG(5, 9))
+	var live []written
+	verify := func(step int) {
+		for _, w := range live {
+			got := make([]byte, w.b.Size())
+			if err := d.CopyToHost(got, w.b.Ptr()); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, pat(w.b.Size(), w.seed)) {
+				t.Fatalf("step %d: buffer 0x%x (%d bytes) did not read back what was written", step, w.b.Ptr(), w.b.Size())
+			}
+		}
+	}
+	// First moves back and forth that revive for sure (as on the
+	// simulated device: TestCompactCloseUnmapsDormant), with a live buffer
+	// written beside them; then a random workload.
+	keep, err := a.Alloc(3*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CopyFromHost(keep.Ptr(), pat(3*miB, 0xa5)); err != nil {
+		t.Fatal(err)
+	}
+	live = append(live, written{keep, 0xa5})
+	for round := 0; round < 3; round++ {
+		var bs []gpumem.Buffer
+		for _, n := range []uint64{12 * miB, 4 * miB, 16 * miB} {
+			b, err := a.Alloc(n, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs = append(bs, b)
+			if n == 4*miB {
+				if err := a.Free(bs[0]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for _, b := range bs[1:] {
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		verify(round)
+	}
+	for i := 0; i < 3000; i++ {
+		if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 30) {
+			j := rng.IntN(len(live))
+			if err := a.Free(live[j].b); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live[:j], live[j+1:]...)
+		} else {
+			n := uint64(1+rng.IntN(24))*miB/2 + uint64(rng.IntN(4096))
+			b, err := a.Alloc(n, 0)
+			if errors.Is(err, gpumem.ErrOutOfMemory) {
+				continue
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			seed := byte(i)
+			if err := d.CopyFromHost(b.Ptr(), pat(n, seed)); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, written{b, seed})
+		}
+		if i%100 == 99 {
+			verify(i)
+		}
+	}
+	verify(-1)
+	st := a.Stats()
+	if st.Revived == 0 {
+		t.Errorf("no dormant mapping was revived (%d maps, %d unmaps): the test did not exercise them", st.Maps, st.Unmaps)
+	}
+	t.Logf("%d maps, %d unmaps, %d revived, %d dormant at the end", st.Maps, st.Unmaps, st.Revived, st.DormantMappings)
+	for _, w := range live {
+		if err := a.Free(w.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// written is a buffer and the seed of the pattern (pat) written to it.
+type written struct {
+	b    gpumem.Buffer
+	seed byte
 }
 
 // pat fills n bytes: byte i is seed+i*7, so every buffer and offset differs.

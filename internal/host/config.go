@@ -35,6 +35,8 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	release_threshold  a size: cache above it goes back at once
 //	release_after      a duration (10s, 1m): cache idle that long goes back
 //	span_size          a size (gpumem.Config.SpanSize)
+//	compact            true or false: best-fit placement that holds the
+//	                   least memory, at more driver calls (gpumem.Config.Compact)
 //	record_sites       true or false: allocation call stacks in leak reports
 //	check              true or false: run the invariant checker after every
 //	                   operation (slow)
@@ -143,6 +145,8 @@ func (c *Config) set(key, val string) error {
 		}
 	case "span_size":
 		c.Alloc.SpanSize, err = units.ParseBare(val)
+	case "compact":
+		c.Alloc.Compact, err = strconv.ParseBool(val)
 	case "record_sites":
 		c.Alloc.RecordSites, err = strconv.ParseBool(val)
 	case "check":
@@ -153,7 +157,7 @@ func (c *Config) set(key, val string) error {
 		}
 		c.Serve = val
 	default:
-		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, record_sites, check or serve)")
+		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, record_sites, check or serve)")
 	}
 	return err
 }

@@ -27,13 +27,13 @@ func newSimHost(t *testing.T, cfg string) *Host {
 }
 
 func TestParseConfig(t *testing.T) {
-	c, err := ParseConfig(" limit=40GiB , release_after=30s,mode=virtual,span_size=32MiB,record_sites=true,release_threshold=1GiB,preallocate=2GiB")
+	c, err := ParseConfig(" limit=40GiB , release_after=30s,mode=virtual,span_size=32MiB,record_sites=true,release_threshold=1GiB,preallocate=2GiB,compact=true")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := c.Alloc
 	if a.Limit != 40*giB || a.IdleRelease.Seconds() != 30 || a.Mode != gpumem.ModeVirtual || a.SpanSize != 32*miB ||
-		!a.RecordSites || a.ReleaseThreshold != giB || a.Preallocate != 2*giB || c.Sim {
+		!a.RecordSites || a.ReleaseThreshold != giB || a.Preallocate != 2*giB || !a.Compact || c.Sim {
 		t.Errorf("parsed %+v", c)
 	}
 	c, err = ParseConfig("device=sim,capacity=24GiB,limit=50%")
@@ -56,6 +56,7 @@ func TestParseConfig(t *testing.T) {
 		{"release_after=soon", "release_after"},
 		{"mode=magic", "unknown mode"},
 		{"check=maybe", "check=maybe"},
+		{"compact=lots", "compact=lots"},
 		{"device=sim,capacity=0", "more than 0"},
 	} {
 		_, err := ParseConfig(bad.in)

@@ -1,0 +1,209 @@
+package gpumem_test
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/replay"
+	"github.com/gpumem/gpumem/trace"
+)
+
+// TestCompactHoldsLessAndRepeats replays shipped traces and tune programs
+// of the corpus under Config.Compact and under the default, several passes
+// each, with the invariants checked at the end of every replay: compact
+// holds at most what the default holds on the first pass, its later passes
+// hold at most its first pass plus 1% of peak live (placement does not
+// depend on what is mapped, so a pass repeats the last), and the repeated
+// moves of its later passes revive dormant mappings instead of mapping
+// again. The default makes no dormant mapping at all.
+func TestCompactHoldsLessAndRepeats(t *testing.T) {
+	passes := 4
+	paths := []string{"testdata/traces/gpt2_generate.trace.gz", "testdata/traces/t5_train_varlen.trace.gz",
+		"bench/corpus/traces/fcn_segmentation.trace.gz", "bench/corpus/traces/t5_beam_search.trace.gz"}
+	if testing.Short() {
+		passes, paths = 3, paths[:1]
+	}
+	for _, path := range paths {
+		tr, err := trace.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(tr.Name, func(t *testing.T) {
+			run := func(compact bool) (replay.Result, gpumem.Stats) {
+				a, err := gpumem.New(sim.MustNew(sim.Config{}), gpumem.Config{Compact: compact})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer a.Close()
+				res, err := replay.RunOn(tr, a, replay.Options{Passes: passes, Check: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res, a.Stats()
+			}
+			def, defSt := run(false)
+			cmp, cmpSt := run(true)
+			if cmp.Ratio > def.Ratio {
+				t.Errorf("first pass: compact holds %.4f times peak live, the default %.4f", cmp.Ratio, def.Ratio)
+			}
+			if bound := cmp.Ratio + 0.01; cmp.Passes.Ratio > bound {
+				t.Errorf("%d passes: compact holds %.4f times peak live, over its first pass %.4f + 0.01", passes, cmp.Passes.Ratio, cmp.Ratio)
+			}
+			if defSt.Revived != 0 || defSt.DormantMappings != 0 {
+				t.Errorf("the default revived %d mappings and holds %d dormant ones; want none", defSt.Revived, defSt.DormantMappings)
+			}
+			if cmpSt.Revived == 0 && cmp.Passes.MapsLater > 0 {
+				t.Errorf("compact mapped %d times in later passes and revived no dormant mapping", cmp.Passes.MapsLater)
+			}
+			t.Logf("first pass %.4f (default %.4f), %d passes %.4f (default %.4f); later passes: %d maps, %d revived in all",
+				cmp.Ratio, def.Ratio, passes, cmp.Passes.Ratio, def.Passes.Ratio, cmp.Passes.MapsLater, cmpSt.Revived)
+		})
+	}
+}
+
+// TestCompactCloseUnmapsDormant: dormant mappings hold no memory of their
+// own, and Trim and Close leave none behind (the simulated device refuses
+// to give back address space with a mapping in it, and counts every byte).
+func TestCompactCloseUnmapsDormant(t *testing.T) {
+	dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
+	a, err := gpumem.New(dev, gpumem.Config{Compact: true, CheckInvariants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A 12 MiB buffer, freed, then a 4 MiB one and a 12 MiB one: the
+	// second 12 MiB request's best fit lies past the first, so the freed
+	// spans move there and leave dormant mappings behind; freeing it and
+	// asking again at the first place revives them.
+	const mib = 1 << 20
+	alloc := func(n uint64) gpumem.Buffer {
+		b, err := a.Alloc(n, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	free := func(b gpumem.Buffer) {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := 0; round < 3; round++ {
+		x := alloc(12 * mib)
+		y := alloc(4 * mib)
+		free(x)
+		z := alloc(16 * mib)
+		free(y)
+		free(z)
+	}
+	// Then a seeded random workload, every operation checked (the
+	// invariants of dormant.go included): moves, revivals, evictions of
+	// dormant mappings in the way, chains trimmed past maxDormant.
+	// Under a limit of 160 MiB, so that growth releases empty spans (and
+	// their dormant mappings) and some requests fail.
+	if err := a.SetLimit(160 * mib); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(7, 11))
+	var live []gpumem.Buffer
+	ooms := 0
+	for i := 0; i < 5000; i++ {
+		if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 30) {
+			j := rng.IntN(len(live))
+			free(live[j])
+			live = append(live[:j], live[j+1:]...)
+			continue
+		}
+		b, err := a.Alloc(uint64(1+rng.IntN(24))*mib/2+uint64(rng.IntN(4096)), 0)
+		if errors.Is(err, gpumem.ErrOutOfMemory) {
+			ooms++
+			continue
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, b)
+	}
+	for _, b := range live {
+		free(b)
+	}
+	st := a.Stats()
+	if st.DormantMappings == 0 || st.Revived == 0 {
+		t.Errorf("after moves back and forth: %d dormant mappings, %d revived; want some of each", st.DormantMappings, st.Revived)
+	}
+	t.Logf("maps %d, unmaps %d, creates %d, releases %d, revived %d, dormant %d, %d requests out of memory", st.Maps, st.Unmaps, st.Creates, st.Releases, st.Revived, st.DormantMappings, ooms)
+	if st.Maps-st.Unmaps < uint64(st.DormantMappings) {
+		t.Errorf("maps %d - unmaps %d < %d dormant mappings", st.Maps, st.Unmaps, st.DormantMappings)
+	}
+	if err := a.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.DormantMappings != 0 || st.Maps != st.Unmaps || st.Reserved != 0 {
+		t.Errorf("after Trim: %d dormant mappings, %d maps, %d unmaps, %d reserved; want none left", st.DormantMappings, st.Maps, st.Unmaps, st.Reserved)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if free, total, _ := dev.MemInfo(); free != total {
+		t.Errorf("after Close the device has %d of %d bytes free", free, total)
+	}
+}
+
+// TestCompactFaults: with the n-th Map, Unmap, SetAccess, Create or
+// Release failing during a compact workload of moves and revivals, every
+// failure is the injected one, the allocator stays consistent (checked
+// after every operation), and once the faults are cleared everything can
+// be freed and trimmed with nothing left mapped or held.
+func TestCompactFaults(t *testing.T) {
+	const mib = 1 << 20
+	for _, op := range []string{"Map", "Unmap", "SetAccess", "Create", "Release"} {
+		for _, n := range []int{1, 5, 20, 60, 150} {
+			dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
+			a, err := gpumem.New(dev, gpumem.Config{Compact: true, CheckInvariants: true, Limit: 160 * mib})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev.FailNth(op, n)
+			rng := rand.New(rand.NewPCG(uint64(n), 3))
+			var live []gpumem.Buffer
+			for i := 0; i < 1500; i++ {
+				if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 30) {
+					j := rng.IntN(len(live))
+					if err := a.Free(live[j]); err != nil {
+						t.Fatalf("%s #%d: Free: %v", op, n, err)
+					}
+					live = append(live[:j], live[j+1:]...)
+					continue
+				}
+				b, err := a.Alloc(uint64(1+rng.IntN(24))*mib/2, 0)
+				if err != nil {
+					if !errors.Is(err, gpumem.ErrOutOfMemory) && !errors.Is(err, device.ErrInjected) {
+						t.Fatalf("%s #%d: Alloc failed with %v, neither the injected fault nor out of memory", op, n, err)
+					}
+					continue
+				}
+				live = append(live, b)
+			}
+			dev.ClearFaults()
+			for _, b := range live {
+				if err := a.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := a.Trim(); err != nil {
+				t.Fatalf("%s #%d: Trim after the faults were cleared: %v", op, n, err)
+			}
+			if st := a.Stats(); st.Reserved != 0 || st.DormantMappings != 0 || st.Maps != st.Unmaps {
+				t.Errorf("%s #%d: after Trim %d bytes reserved, %d dormant mappings, %d maps, %d unmaps", op, n, st.Reserved, st.DormantMappings, st.Maps, st.Unmaps)
+			}
+			if err := a.Close(); err != nil {
+				t.Fatalf("%s #%d: Close: %v", op, n, err)
+			}
+			if free, total, _ := dev.MemInfo(); free != total {
+				t.Errorf("%s #%d: after Close the device has %d of %d bytes free", op, n, free, total)
+			}
+		}
+	}
+}
