@@ -1,9 +1,10 @@
 package policy
 
-// The policy "gpumem" is no emulation: it is gpumem's own Allocator, with
-// the default configuration, on a simulated device (device/sim) of the
-// given capacity, driven as package replay drives it: each stream of the
-// trace gets a stream of the device, made on first use.
+// The policies "gpumem" and "gpumem-compact" are no emulation: they are
+// gpumem's own Allocator, with the default configuration and with
+// Config.Compact, on a simulated device (device/sim) of the given capacity,
+// driven as package replay drives it: each stream of the trace gets a
+// stream of the device, made on first use.
 
 import (
 	"errors"
@@ -22,12 +23,12 @@ type gpumemPolicy struct {
 	bufs    map[uint64]gpumem.Buffer
 }
 
-func newGpumem(capacity uint64) (*gpumemPolicy, error) {
+func newGpumem(capacity uint64, cfg gpumem.Config) (*gpumemPolicy, error) {
 	dev, err := sim.New(sim.Config{Capacity: capacity})
 	if err != nil {
 		return nil, fmt.Errorf("policy gpumem: %w", err)
 	}
-	a, err := gpumem.New(dev, gpumem.Config{})
+	a, err := gpumem.New(dev, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("policy gpumem: %w", err)
 	}

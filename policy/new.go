@@ -3,6 +3,8 @@ package policy
 import (
 	"fmt"
 	"strings"
+
+	"github.com/gpumem/gpumem"
 )
 
 // The policies by name, in the order tables list them: gpumem first.
@@ -10,7 +12,8 @@ var policies = []struct {
 	name string
 	new  func(capacity uint64) (Allocator, error)
 }{
-	{"gpumem", func(c uint64) (Allocator, error) { return newGpumem(c) }},
+	{"gpumem", func(c uint64) (Allocator, error) { return newGpumem(c, gpumem.Config{}) }},
+	{"gpumem-compact", func(c uint64) (Allocator, error) { return newGpumem(c, gpumem.Config{Compact: true}) }},
 	{"torch-native", func(c uint64) (Allocator, error) { return newTorchNative(c), nil }},
 	{"torch-expandable", func(c uint64) (Allocator, error) { return newTorchExpandable(c), nil }},
 	{"cuda-async", func(c uint64) (Allocator, error) { return newCudaAsync(c), nil }},

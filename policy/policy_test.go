@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"github.com/gpumem/gpumem"
 	"strings"
 	"testing"
 
@@ -210,7 +211,7 @@ func TestGpumemReserved(t *testing.T) {
 			tr = x
 		}
 	}
-	g, err := newGpumem(80 << 30)
+	g, err := newGpumem(80<<30, gpumem.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
