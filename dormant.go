@@ -122,17 +122,14 @@ func (p *pool) trimChain(i, keep int32) error {
 }
 
 // revivable returns the dormant mapping of span i's handle over exactly
-// chunks [r0, r0+n) of seg, and the one before it on the chain; -1 for
-// none.
-func (p *pool) revivable(i int32, seg *segment, r0 int) (k, prev int32) {
-	s := &p.spans[i]
-	prev = -1
-	for d := s.dormant - 1; d >= 0; prev, d = d, p.dormants[d].next {
-		if dm := &p.dormants[d]; dm.seg == seg && int(dm.c0) == r0 && dm.n == s.n {
-			return d, prev
+// chunks [r0, r0+n) of seg; -1 for none.
+func (p *pool) revivable(i int32, seg *segment, r0 int) int32 {
+	for d := p.spans[i].dormant - 1; d >= 0; d = p.dormants[d].next {
+		if dm := &p.dormants[d]; dm.seg == seg && int(dm.c0) == r0 && dm.n == p.spans[i].n {
+			return d
 		}
 	}
-	return -1, -1
+	return -1
 }
 
 // revivableAt returns the empty span whose handle has a dormant mapping

@@ -37,6 +37,10 @@ import (
 //	                   └────── remap (an exact-size run elsewhere) ◀┤
 //	(none) ◀───────────────────────────── releaseSpan ─────────────┘
 //
+// (moveSpan performs the remap. Under Config.Compact the mapping a span
+// leaves stays behind, dormant, and a remap back onto it makes no driver
+// call: dormant.go.)
+//
 // So the device is asked for memory only when no empty span is held, and a
 // hole in the address space holds no memory once its spans have emptied.
 // What a span cannot give back are its empty chunks while another of its
@@ -846,7 +850,7 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 		}
 	}
 	n := int(s.n)
-	d, _ := p.revivable(i, seg, r0)
+	d := p.revivable(i, seg, r0)
 	// Room on the chain for the mapping about to turn dormant: unmap the
 	// oldest past maxDormant-1 (not the one to revive).
 	if err := p.trimChain(i, d); err != nil {
