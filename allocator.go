@@ -66,7 +66,6 @@ type Allocator struct {
 type counters struct {
 	deviceAllocs, deviceFrees       atomic.Uint64
 	creates, releases, maps, unmaps atomic.Uint64
-	revived                         atomic.Uint64
 	setAccess, reserves, fences     atomic.Uint64
 	handoffs, ooms, retries, trims  atomic.Uint64
 }

@@ -243,7 +243,10 @@ func (p *pool) check() error {
 				} else if c.ready {
 					bad("chunk %d of segment 0x%x is ready without a span", i, seg.base)
 				}
-				if k := c.dormant - 1; k >= 0 {
+				if seg.dormant == nil {
+					continue
+				}
+				if k := seg.dormant[i] - 1; k >= 0 {
 					if c.span >= 0 {
 						bad("chunk %d of segment 0x%x has span %d and dormant mapping %d", i, seg.base, c.span, k)
 					}
@@ -320,13 +323,13 @@ func (p *pool) check() error {
 	for i := range p.spans {
 		s := &p.spans[i]
 		if !s.inUse {
-			if s.dormant != 0 {
+			if p.chains[i] != 0 {
 				bad("free span slot %d has dormant mappings", i)
 			}
 			continue
 		}
 		n := 0
-		for k := s.dormant - 1; k >= 0; k = p.dormants[k].next {
+		for k := p.chains[i] - 1; k >= 0; k = p.dormants[k].next {
 			n++
 			d := &p.dormants[k]
 			if n > len(p.dormants) {
@@ -338,7 +341,7 @@ func (p *pool) check() error {
 				continue
 			}
 			for j := d.c0; j < d.c0+d.n; j++ {
-				if int(j) >= len(d.seg.chunks) || d.seg.chunks[j].dormant != k+1 {
+				if int(j) >= len(d.seg.dormant) || d.seg.dormant[j] != k+1 {
 					bad("dormant mapping %d [%d, %d) of 0x%x: chunk %d does not point back", k, d.c0, d.c0+d.n, d.seg.base, j)
 					break
 				}

@@ -53,8 +53,8 @@ import "github.com/gpumem/gpumem/device"
 //
 // Invariants (checked by checkPool):
 //
-//	chunk.dormant == k+1 ⇔ the chunk lies in dormants[k]'s range
-//	chunk.dormant != 0 ⇒ chunk.span < 0
+//	seg.dormant[c] == k+1 ⇔ chunk c lies in dormants[k]'s range
+//	seg.dormant[c] != 0 ⇒ chunk c's span < 0
 //	dormants[k] in use ⇒ it is on the chain of span dormants[k].owner, which
 //	    is in use, holds the same handle and has the same number of chunks
 //	a span's chain holds at most maxDormant mappings
@@ -90,11 +90,12 @@ func (p *pool) newDormant() int32 {
 func (p *pool) retire(i int32) {
 	s := &p.spans[i]
 	k := p.newDormant()
-	p.dormants[k] = dormant{seg: s.seg, c0: s.c0, n: s.n, owner: i, next: s.dormant - 1, access: s.access, inUse: true}
-	s.dormant = k + 1
+	p.dormants[k] = dormant{seg: s.seg, c0: s.c0, n: s.n, owner: i, next: p.chains[i] - 1, access: s.access, inUse: true}
+	p.chains[i] = k + 1
 	for j := s.c0; j < s.c0+s.n; j++ {
 		c := &s.seg.chunks[j]
-		c.span, c.ready, c.dormant = -1, false, k+1
+		c.span, c.ready = -1, false
+		s.seg.dormant[j] = k + 1
 	}
 	s.seg.ready.set(int(s.c0), int(s.c0+s.n), false) // (which voids no ready cache: see block.nzFrom)
 	p.mappedChunks -= int(s.n)
@@ -106,7 +107,7 @@ func (p *pool) retire(i int32) {
 func (p *pool) trimChain(i, keep int32) error {
 	for {
 		n, last, prev := 0, int32(-1), int32(-1)
-		for d, pd := p.spans[i].dormant-1, int32(-1); d >= 0; pd, d = d, p.dormants[d].next {
+		for d, pd := p.chains[i]-1, int32(-1); d >= 0; pd, d = d, p.dormants[d].next {
 			if d != keep {
 				n++
 				last, prev = d, pd
@@ -124,7 +125,7 @@ func (p *pool) trimChain(i, keep int32) error {
 // revivable returns the dormant mapping of span i's handle over exactly
 // chunks [r0, r0+n) of seg; -1 for none.
 func (p *pool) revivable(i int32, seg *segment, r0 int) int32 {
-	for d := p.spans[i].dormant - 1; d >= 0; d = p.dormants[d].next {
+	for d := p.chains[i] - 1; d >= 0; d = p.dormants[d].next {
 		if dm := &p.dormants[d]; dm.seg == seg && int(dm.c0) == r0 && dm.n == p.spans[i].n {
 			return d
 		}
@@ -138,7 +139,10 @@ func (p *pool) revivable(i int32, seg *segment, r0 int) int32 {
 // emptyToStretch would stretch one); -1 for none. Moving it there revives
 // the mapping: the handle goes back where it was, at no driver cost.
 func (p *pool) revivableAt(seg *segment, r0 int, k int32) int32 {
-	d := seg.chunks[r0].dormant - 1
+	if seg.dormant == nil {
+		return -1
+	}
+	d := seg.dormant[r0] - 1
 	if d < 0 {
 		return -1
 	}
@@ -161,10 +165,10 @@ func (p *pool) unlink(k, prev int32) {
 	if prev >= 0 {
 		p.dormants[prev].next = d.next
 	} else {
-		p.spans[d.owner].dormant = d.next + 1
+		p.chains[d.owner] = d.next + 1
 	}
 	for j := d.c0; j < d.c0+d.n; j++ {
-		d.seg.chunks[j].dormant = 0
+		d.seg.dormant[j] = 0
 	}
 	*d = dormant{next: p.freeDormant - 1}
 	p.freeDormant = k + 1
@@ -186,8 +190,11 @@ func (p *pool) unlinkAndUnmap(k, prev int32) error {
 // evictOver unmaps every dormant mapping over chunks [r0, r1) of seg, so
 // that a span can be mapped there.
 func (p *pool) evictOver(seg *segment, r0, r1 int) error {
+	if seg.dormant == nil {
+		return nil
+	}
 	for j := r0; j < r1; j++ {
-		if k := seg.chunks[j].dormant - 1; k >= 0 {
+		if k := seg.dormant[j] - 1; k >= 0 {
 			if err := p.unlinkAndUnmap(k, p.chainPrev(k)); err != nil {
 				return err
 			}
@@ -200,7 +207,7 @@ func (p *pool) evictOver(seg *segment, r0, r1 int) error {
 // when k is the head.
 func (p *pool) chainPrev(k int32) int32 {
 	prev := int32(-1)
-	for d := p.spans[p.dormants[k].owner].dormant - 1; d != k; prev, d = d, p.dormants[d].next {
+	for d := p.chains[p.dormants[k].owner] - 1; d != k; prev, d = d, p.dormants[d].next {
 	}
 	return prev
 }
@@ -208,8 +215,8 @@ func (p *pool) chainPrev(k int32) int32 {
 // dropDormant unmaps every dormant mapping of span i (before its handle is
 // released or leaves the pool).
 func (p *pool) dropDormant(i int32) error {
-	for p.spans[i].dormant != 0 {
-		if err := p.unlinkAndUnmap(p.spans[i].dormant-1, -1); err != nil {
+	for p.chains[i] != 0 {
+		if err := p.unlinkAndUnmap(p.chains[i]-1, -1); err != nil {
 			return err
 		}
 	}

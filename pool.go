@@ -51,10 +51,14 @@ type pool struct {
 	emptySeq, fencedSeq uint64  // span emptyings so far / covered by the last fence
 	made                []int32 // spans placed by the current back (vm.go)
 	// dormants are mappings left behind by moved spans (dormant.go);
-	// freeDormant is the head of their free list + 1 (0: none).
+	// chains[i] is the newest of span slot i's handle + 1 (0: none), kept
+	// beside spans rather than in them (the span stays 48 bytes for the
+	// hot path); freeDormant is the head of their free list + 1 (0: none).
 	dormants    []dormant
+	chains      []int32
 	freeDormant int32
 	nDormant    int
+	nRevived    uint64 // Stats.Revived
 
 	// search counts findBacked's work, for tests and experiments
 	// (deterministic, unlike its time): searches, those findFewest
@@ -141,6 +145,10 @@ type segment struct {
 	chunks   []chunk  // virtual: one per granule
 	ready    readyMap // virtual: chunks[i].ready, a bit each (readymap.go)
 	hiSpan   int32    // virtual: no span ever covered a chunk above this; -1 for none
+	// dormant: under Config.Compact, per chunk, the dormant mapping over it
+	// (index in pool.dormants + 1; 0 for none; dormant.go). nil otherwise:
+	// the default keeps none, and the chunk array stays 12 bytes a chunk.
+	dormant []int32
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -770,6 +778,9 @@ func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)
 		seg.ready = newReadyMap(int(n))
+		if p.a.compact {
+			seg.dormant = make([]int32, n)
+		}
 		for i := range seg.chunks {
 			seg.chunks[i].span = -1
 		}

@@ -86,6 +86,7 @@ func (a *Allocator) Stats() Stats {
 		s.Streams += p.live
 		s.MappedBytes += uint64(p.mappedChunks) * a.gran
 		s.DormantMappings += p.nDormant
+		s.Revived += p.nRevived
 		for i := p.empty.head; i >= 0; i = p.spans[i].next {
 			s.Releasable += uint64(p.spans[i].n) * a.gran
 		}
@@ -139,7 +140,6 @@ func (a *Allocator) Stats() Stats {
 	s.DeviceAllocs, s.DeviceFrees = c.deviceAllocs.Load(), c.deviceFrees.Load()
 	s.Creates, s.Releases = c.creates.Load(), c.releases.Load()
 	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
-	s.Revived = c.revived.Load()
 	s.Reserves, s.Fences, s.Handoffs = c.reserves.Load(), c.fences.Load(), c.handoffs.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s

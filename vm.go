@@ -67,10 +67,9 @@ import (
 // pointers (indices), so the collector neither scans the arrays nor puts
 // write barriers on the hot path.
 type chunk struct {
-	part    int32 // non-free blocks that overlap the chunk without covering it
-	span    int32 // index in pool.spans; -1 when unmapped
-	dormant int32 // index in pool.dormants + 1 under a dormant mapping (dormant.go); 0 for none
-	ready   bool  // mapped with access: what the cache-hit path checks
+	part  int32 // non-free blocks that overlap the chunk without covering it
+	span  int32 // index in pool.spans; -1 when unmapped
+	ready bool  // mapped with access: what the cache-hit path checks
 }
 
 // A span is one physical handle mapped over chunks [c0, c0+n) of seg.
@@ -84,7 +83,6 @@ type span struct {
 	inUse      bool  // the slot holds a span
 	seq        uint64
 	prev, next int32 // pool.empty, oldest first; -1 for none
-	dormant    int32 // the newest dormant mapping of its handle + 1 (dormant.go); 0 for none
 }
 
 // spanList links a pool's empty spans by index, oldest first.
@@ -131,11 +129,13 @@ func (p *pool) newSlot() int32 {
 		return i
 	}
 	p.spans = append(p.spans, span{})
+	p.chains = append(p.chains, 0)
 	return int32(len(p.spans) - 1)
 }
 
 func (p *pool) freeSlot(i int32) {
 	p.spans[i] = span{prev: -1, next: -1}
+	p.chains[i] = 0
 	p.freeSlots = append(p.freeSlots, i)
 }
 
@@ -867,12 +867,12 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 	if d >= 0 {
 		access := p.dormants[d].access
 		p.unlink(d, p.chainPrev(d))
-		a.c.revived.Add(1)
+		p.nRevived++
 		return p.attach(i, seg, r0, c1, access)
 	}
 	if err := a.vm.Map(device.Ptr(seg.chunkAddr(r0, a.gran)), uint64(n)*a.gran, s.h); err != nil {
 		// Back where it was: revive the mapping just retired.
-		back := s.dormant - 1
+		back := p.chains[i] - 1
 		access := p.dormants[back].access
 		p.unlink(back, -1)
 		if aerr := p.attach(i, oldSeg, oldC0, -1, access); aerr != nil {
