@@ -10,7 +10,9 @@
  *     limit=40GiB,release_after=30s,mode=virtual
  *
  * (keys: device, capacity, mode, limit, preallocate, release_threshold,
- * release_after, span_size, record_sites, check; see gpumem_configure).
+ * release_after, span_size, compact, record_sites, check; see
+ * gpumem_configure and internal/host/config.go; compact=true trades driver
+ * calls for memory, gpumem.Config.Compact).
  *
  * Conventions, after the CUDA driver's and SQLite's:
  *   - Every function that can fail returns a gpumem_status; GPUMEM_SUCCESS
