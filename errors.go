@@ -148,7 +148,8 @@ type OutOfMemoryError struct {
 	Cause       Cause
 	Err         error // the device error, if any
 
-	noVM bool // the device has no virtual memory (WithVirtual is AnswerNo)
+	noVM     bool // the device has no virtual memory (WithVirtual is AnswerNo)
+	suggestC bool // fragmentation in ModeVirtual without Config.Compact: say it exists
 }
 
 // Error is one paragraph: the cause with its numbers, then what would have
@@ -198,6 +199,9 @@ func (e *OutOfMemoryError) Error() string {
 		if e.Cause == CauseFragmentation {
 			fmt.Fprintf(&b, "in use; blocked by %s idle in spans that also hold live buffers and %s free inside partly used chunks",
 				size(e.Pinned-min(e.PinnedInChunks, e.Pinned)), size(e.PinnedInChunks))
+			if e.suggestC {
+				b.WriteString(" (Config.Compact, GPUMEM_CONFIG=compact=true, leaves less of both, at more driver calls: gpumem fit --policy gpumem-compact says whether a recorded trace would fit)")
+			}
 		} else {
 			fmt.Fprintf(&b, "in use; blocked by %s", map[Cause]string{CauseLimit: "the limit", CauseDevice: "the device's free memory"}[e.Cause])
 		}

@@ -84,6 +84,7 @@ func (a *Allocator) oomError(size uint64, s device.Stream, sh *shortage) *OutOfM
 	if a.mode == ModeVirtual {
 		e.WithVirtual = AnswerNotApplicable
 		e.PinnedInChunks = e.Pinned - min(a.idleInLiveSpans(), e.Pinned)
+		e.suggestC = e.Cause == CauseFragmentation && !a.compact
 	} else if vm, ok := device.AsVirtualMemory(a.dev); !ok || vm.Granularity() == 0 {
 		e.WithVirtual, e.noVM = AnswerNo, true
 	} else {

@@ -255,6 +255,26 @@ func TestOOMVerdictVirtualBlocked(t *testing.T) {
 		wantIn(t, oom.Error(), "With virtual-memory spans: in use; blocked by 0 B idle in spans that also hold live buffers and 32.00 MiB free inside partly used chunks")
 		mustAlloc(t, a, oom.WouldFit)
 	})
+	t.Run("chunks, compact", func(t *testing.T) {
+		// Under Config.Compact the verdict does not suggest it.
+		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 64 * miB, Compact: true})
+		var bufs []gpumem.Buffer
+		for range 64 {
+			bufs = append(bufs, mustAlloc(t, a, miB))
+		}
+		for i := 1; i < len(bufs); i += 2 {
+			if err := a.Free(bufs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		oom := mustOOM(t, a, 4*miB)
+		if oom.Cause != gpumem.CauseFragmentation {
+			t.Fatalf("cause %v, want fragmentation", oom.Cause)
+		}
+		if strings.Contains(oom.Error(), "Config.Compact") {
+			t.Errorf("under Compact the verdict suggests Compact: %s", oom.Error())
+		}
+	})
 	t.Run("spans", func(t *testing.T) {
 		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 40 * miB})
 		x := mustAlloc(t, a, 16*miB) // one 16 MiB span
@@ -269,6 +289,7 @@ func TestOOMVerdictVirtualBlocked(t *testing.T) {
 				oom.Cause, oom.Pinned, oom.PinnedInChunks)
 		}
 		wantIn(t, oom.Error(), "blocked by 14.00 MiB idle in spans that also hold live buffers and 0 B free inside partly used chunks")
+		wantIn(t, oom.Error(), "(Config.Compact, GPUMEM_CONFIG=compact=true, leaves less of both")
 		if oom.WouldFit != 14*miB {
 			t.Errorf("would fit %d, want the 14 MiB idle run", oom.WouldFit)
 		}
