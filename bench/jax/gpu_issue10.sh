@@ -20,7 +20,8 @@
 #      gpumem run alternately in separate processes, A/B/A/B (the second
 #      gpumem run trims at once; the first waits for the idle release), as
 #      long as the time allows (--deadline): jax_ab.jsonl, jax_ab.log, and
-#      the tables in jax_ab.md
+#      the tables in jax_ab.md (PROGRAMS=a,b and JAX_MODES=a,b choose others,
+#      such as gpumem-compact)
 #   summary.txt: the machine, the commit, and both parts' tables
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,7 +59,7 @@ run() {
 	local left=$((budget - (SECONDS - t0) - 15))
 	echo "== JAX A/B ($left s left)" >&2
 	timeout $((left + 10)) python3 bench/jax/suite.py --programs "${PROGRAMS:-mlp,lm,rebuild}" \
-		--modes bfc-growth,gpumem,bfc-growth2,gpumem-trim --gpumem "$dir/gpumem" --timeout 150 \
+		--modes "${JAX_MODES:-bfc-growth,gpumem,bfc-growth2,gpumem-trim}" --gpumem "$dir/gpumem" --timeout 150 \
 		--deadline "$left" --ab --out "$out/jax_ab.jsonl" >"$out/jax_ab.md" 2>"$out/jax_ab.log" ||
 		echo "suite.py: exit $?" >>"$out/jax_ab.log"
 	# The tables again, from what was written (suite.py may have been cut off).

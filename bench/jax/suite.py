@@ -8,6 +8,7 @@ each, then the table. Modes:
     cuda-async  XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, preallocation off
     gpumem      gpumem run -- python3 run.py ... (the idle release is timed)
     gpumem-trim the same, gpumem.trim() at once after the cleanup (timed)
+    gpumem-compact  gpumem run with GPUMEM_CONFIG=compact=true (gpumem.Config.Compact)
 
 A mode name ending in "2" is the same mode run again: --modes
 bfc-growth,gpumem,bfc-growth2,gpumem-trim alternates BFC growth and gpumem
@@ -34,6 +35,7 @@ MODES = {
     "cuda-async": {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
     "gpumem": {"GPUMEM_PRELOAD_REPORT": "1"},
     "gpumem-trim": {"GPUMEM_PRELOAD_REPORT": "1"},
+    "gpumem-compact": {"GPUMEM_PRELOAD_REPORT": "1", "GPUMEM_CONFIG": "compact=true"},
 }
 # A mode name ending in "2" is the same mode run again (the run-to-run noise).
 for _m in list(MODES):
@@ -79,7 +81,9 @@ def ab_table(path):
         if line.strip():
             r = json.loads(line)
             if "median_step_ms" in r:
-                base = "gpumem" if r["mode"].startswith("gpumem") else r["mode"].rstrip("2")
+                base = r["mode"].rstrip("2")
+                if base == "gpumem-trim":
+                    base = "gpumem"
                 runs.setdefault(r["program"], {}).setdefault(base, []).append(r)
     out = ["| program | phase | bfc-growth runs (ms) | spread | gpumem runs (ms) | spread | gpumem / bfc-growth (mean of medians) | worst pair |",
            "| --- | --- | --- | ---: | --- | ---: | ---: | ---: |"]
