@@ -23,9 +23,9 @@ import (
 // stream on it). At the end everything is freed, trimmed and closed, and
 // the device must hold nothing.
 //
-// The first byte picks the configuration; then each operation is an opcode
-// byte followed by its argument bytes (see fuzzer.step). Missing bytes read
-// as zero.
+// The first byte picks the configuration (bit 64: Config.Compact); then
+// each operation is an opcode byte followed by its argument bytes (see
+// fuzzer.step). Missing bytes read as zero.
 //
 // Several injected faults may be armed at once (at most three), so that a
 // failure while undoing a failure is explored too.
@@ -38,6 +38,9 @@ func FuzzOps(f *testing.F) {
 	// the 32 MiB limit (memory moves between streams), drain.
 	f.Add([]byte{2, 7, 1, 0, 3, 12, 1, 3, 0, 0, 3, 12, 2, 8, 1, 10})
 	f.Add([]byte{3, 7, 1, 0, 3, 12, 1, 3, 0, 0, 3, 12, 2, 8, 1, 10})
+	// The same under Config.Compact (moves leave dormant mappings).
+	f.Add([]byte{66, 7, 1, 0, 3, 12, 1, 3, 0, 0, 3, 12, 2, 8, 1, 10})
+	f.Add([]byte{64, 0, 0, 0, 0, 1, 9, 1, 0, 2, 3, 0, 3, 2, 2, 0, 5, 0, 4, 0, 10})
 	// RecordStream on a held stream, free, reuse on the owner stream.
 	f.Add([]byte{0, 0, 2, 40, 1, 7, 2, 6, 0, 2, 3, 0, 0, 2, 40, 1, 8, 2, 0, 2, 40, 1, 10})
 	// Scopes with quotas, nested, closed with buffers inside.
@@ -125,6 +128,7 @@ func runOps(t *testing.T, data []byte) {
 	if c&32 != 0 {
 		cfg.SmallSize = 64 * kiB
 	}
+	cfg.Compact = c&64 != 0
 	z.dev = sim.MustNew(sim.Config{Capacity: 64 * miB})
 	a, err := gpumem.New(z.dev, cfg)
 	if err != nil {
