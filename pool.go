@@ -966,7 +966,7 @@ func (p *pool) teardown() error {
 			if n := seg.mappingsIn(p); n > 0 {
 				// Releasing address space with mappings in it is a
 				// precondition violation: keep it, and say so.
-				errs = append(errs, fmt.Errorf("gpumem: Close: %d spans of arena 0x%x could not be unmapped; its address space is kept", n, seg.base))
+				errs = append(errs, fmt.Errorf("gpumem: Close: %d mappings in arena 0x%x could not be unmapped; its address space is kept", n, seg.base))
 				kept = append(kept, seg)
 				continue
 			}

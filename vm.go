@@ -826,11 +826,13 @@ func (p *pool) emptyOfSize(k int32) int32 {
 // fenced first if the span emptied after the last fence (unmapping is not
 // stream-ordered, and the memory changes hands).
 //
-// Within a pool the handle's old mapping stays, dormant (dormant.go), and
-// a dormant mapping of the handle over exactly the new range is revived:
-// no driver call at all. Otherwise the handle is mapped there, after the
-// dormant mappings in the way are unmapped. On failure the span is back
-// where it was, empty, or (mapping failed in another pool) released.
+// By default (and between pools) the handle is unmapped where it was and
+// mapped there. Under Config.Compact, within a pool, its old mapping stays,
+// dormant (dormant.go), and a dormant mapping of the handle over exactly
+// the new range is revived: no driver call at all; otherwise the handle is
+// mapped there, after the dormant mappings in the way are unmapped, and on
+// failure the span is back where it was, empty. (If the mapping fails
+// after an unmap, the handle is released.)
 func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 	if q != p || !p.a.compact {
 		s := q.spans[i]
@@ -844,10 +846,8 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 	}
 	a := p.a
 	s := &p.spans[i]
-	if s.seq > p.fencedSeq {
-		if err := p.fence(); err != nil {
-			return err
-		}
+	if err := p.fenceEmptied(i); err != nil {
+		return err
 	}
 	n := int(s.n)
 	d := p.revivable(i, seg, r0)
@@ -885,16 +885,24 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 	return p.attach(i, seg, r0, c1, false)
 }
 
+// fenceEmptied fences q's streams if empty span i emptied after the last
+// fence: the work that used its memory must be done before the memory is
+// unmapped or changes hands.
+func (q *pool) fenceEmptied(i int32) error {
+	if q.spans[i].seq > q.fencedSeq {
+		return q.fence()
+	}
+	return nil
+}
+
 // unmapSpan fences q's stream if the span emptied after the last fence,
 // unmaps empty span i and frees its slot. Its handle is the caller's; it
 // must have no dormant mapping left (dropDormant).
 func (q *pool) unmapSpan(i int32) error {
 	a := q.a
 	s := &q.spans[i]
-	if s.seq > q.fencedSeq {
-		if err := q.fence(); err != nil {
-			return err
-		}
+	if err := q.fenceEmptied(i); err != nil {
+		return err
 	}
 	size := uint64(s.n) * a.gran
 	if err := a.vm.Unmap(device.Ptr(s.seg.chunkAddr(int(s.c0), a.gran)), size); err != nil {
