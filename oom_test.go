@@ -235,8 +235,11 @@ func TestOOMVerdictNoVirtualMemory(t *testing.T) {
 // live 1 MiB buffer, and idle chunks of a 16 MiB span one of whose chunks
 // is live.
 func TestOOMVerdictVirtualBlocked(t *testing.T) {
-	t.Run("chunks", func(t *testing.T) {
-		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 64 * miB})
+	// 64 buffers of 1 MiB under a limit of 64 MiB, every other one freed:
+	// 32 MiB free in 1 MiB pieces inside chunks that hold live buffers.
+	halfFreed := func(t *testing.T, cfg gpumem.Config) (*gpumem.Allocator, *gpumem.OutOfMemoryError) {
+		cfg.Mode, cfg.Limit = gpumem.ModeVirtual, 64*miB
+		a := newAlloc(t, newSim(1<<30), cfg)
 		var bufs []gpumem.Buffer
 		for range 64 {
 			bufs = append(bufs, mustAlloc(t, a, miB))
@@ -246,7 +249,10 @@ func TestOOMVerdictVirtualBlocked(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		oom := mustOOM(t, a, 4*miB)
+		return a, mustOOM(t, a, 4*miB)
+	}
+	t.Run("chunks", func(t *testing.T) {
+		a, oom := halfFreed(t, gpumem.Config{})
 		if oom.Cause != gpumem.CauseFragmentation || oom.WithVirtual != gpumem.AnswerNotApplicable ||
 			oom.Pinned != 32*miB || oom.PinnedInChunks != 32*miB {
 			t.Fatalf("cause %v, with virtual memory %v, pinned %d (in chunks %d): want fragmentation, n/a, 32 MiB all in chunks",
@@ -257,17 +263,7 @@ func TestOOMVerdictVirtualBlocked(t *testing.T) {
 	})
 	t.Run("chunks, compact", func(t *testing.T) {
 		// Under Config.Compact the verdict does not suggest it.
-		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 64 * miB, Compact: true})
-		var bufs []gpumem.Buffer
-		for range 64 {
-			bufs = append(bufs, mustAlloc(t, a, miB))
-		}
-		for i := 1; i < len(bufs); i += 2 {
-			if err := a.Free(bufs[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		oom := mustOOM(t, a, 4*miB)
+		_, oom := halfFreed(t, gpumem.Config{Compact: true})
 		if oom.Cause != gpumem.CauseFragmentation {
 			t.Fatalf("cause %v, want fragmentation", oom.Cause)
 		}

@@ -184,16 +184,7 @@ func replayProbe(p *probeRecord) (probeScore, error) {
 // them). It asserts only that the model replays every record; the scores
 // are logged, for docs/EXPERIMENTS.md.
 func TestCudaAsyncProbe(t *testing.T) {
-	dir := os.Getenv("GPUMEM_PROBE_DIR")
-	if dir == "" {
-		t.Skip("GPUMEM_PROBE_DIR unset")
-	}
-	paths, _ := filepath.Glob(filepath.Join(dir, "*.npz"))
-	sort.Strings(paths)
-	if len(paths) == 0 {
-		t.Fatalf("no .npz in %s", dir)
-	}
-	for _, path := range paths {
+	for _, path := range probePaths(t) {
 		p, err := loadProbe(path)
 		if err != nil {
 			t.Fatal(err)
@@ -211,21 +202,29 @@ func TestCudaAsyncProbe(t *testing.T) {
 	}
 }
 
+// probePaths returns the probe's records (NAME.npz) in GPUMEM_PROBE_DIR,
+// in name order, skipping the test when it is unset.
+func probePaths(t *testing.T) []string {
+	t.Helper()
+	dir := os.Getenv("GPUMEM_PROBE_DIR")
+	if dir == "" {
+		t.Skip("GPUMEM_PROBE_DIR unset")
+	}
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.npz"))
+	sort.Strings(paths)
+	if len(paths) == 0 {
+		t.Fatalf("no .npz in %s", dir)
+	}
+	return paths
+}
+
 // TestCudaAsyncBacking checks the model's backing rule on the probe's
 // records with the pool's own addresses: a 32 MiB granule is mapped while a
 // live block (rounded to 512 bytes) touches it, and the pool's reserved
 // bytes are the high-water mark of the granules mapped. It must equal
 // RESERVED_MEM_CURRENT after every event of every record.
 func TestCudaAsyncBacking(t *testing.T) {
-	dir := os.Getenv("GPUMEM_PROBE_DIR")
-	if dir == "" {
-		t.Skip("GPUMEM_PROBE_DIR unset")
-	}
-	paths, _ := filepath.Glob(filepath.Join(dir, "*.npz"))
-	if len(paths) == 0 {
-		t.Fatalf("no .npz in %s", dir)
-	}
-	for _, path := range paths {
+	for _, path := range probePaths(t) {
 		p, err := loadProbe(path)
 		if err != nil {
 			t.Fatal(err)
