@@ -358,12 +358,17 @@ func (a *Allocator) addPool(s device.Stream) (*pool, slot, error) {
 	}
 	old := t.all
 	p := newPool(a, s)
+	p.solo = len(old) == 0 && !a.multi.Load()
 	if len(old) > 0 && !a.multi.Load() {
-		// From now on frees publish at once; publish what is held back.
+		// From now on frees publish at once; publish what is held back
+		// (a solo pool's allocated bytes and peaks included).
 		a.multi.Store(true)
 		for _, q := range old {
 			q.mu.Lock()
+			q.solo = false
 			q.flush()
+			maxTo(&a.peakAllocated, q.peakAllocated)
+			maxTo(&a.peakActive, q.peakActive)
 			q.mu.Unlock()
 		}
 	}
@@ -423,6 +428,13 @@ const heldStep = 1 << 20
 // lag (by up to flushBytes per stream) but never overstate.
 func (p *pool) flush() {
 	a := p.a
+	if p.solo {
+		if p.dActive != 0 {
+			a.active.Add(p.dActive)
+			p.dActive = 0
+		}
+		return
+	}
 	// Frees held back count against both gauges (a request is at most
 	// its block: held allocated bytes <= held active bytes).
 	if p.dAllocated != 0 {

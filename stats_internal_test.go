@@ -89,3 +89,83 @@ func largestFreeByChunk(h *heap) uint64 {
 	}
 	return best
 }
+
+// TestSoloPoolPublishing follows the allocator's shared gauges through a
+// pool's solo life (the only pool: flush publishes Active alone, Allocated
+// and the peaks stay with the pool) and its end, when a second stream's
+// pool appears in ModePlain: the first pool then publishes what it held
+// back, and Stats, the shared gauges and the checker agree throughout.
+func TestSoloPoolPublishing(t *testing.T) {
+	const mib = 1 << 20
+	dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
+	a, err := New(dev, Config{Mode: ModePlain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var bufs []Buffer
+	for range 3 {
+		b, err := a.Alloc(8*mib-100, 0) // flushes: past flushBytes
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs = append(bufs, b)
+	}
+	if err := a.Free(bufs[2]); err != nil {
+		t.Fatal(err)
+	}
+	p := a.allPools()[0]
+	if !p.solo {
+		t.Fatal("the first pool of a fresh allocator is not solo")
+	}
+	st := a.Stats()
+	if want := uint64(2 * (8*mib - 100)); st.Allocated != want || st.PeakAllocated != 3*(8*mib-100) {
+		t.Fatalf("solo: Allocated %d, PeakAllocated %d; want %d and %d", st.Allocated, st.PeakAllocated, want, 3*(8*mib-100))
+	}
+	if got := a.allocated.Load(); got != 0 {
+		t.Errorf("solo: shared Allocated %d: a solo pool publishes only Active", got)
+	}
+	if got, want := a.active.Load(), int64(st.Active); got < want-flushBytes || got > want+flushBytes {
+		t.Errorf("solo: shared Active %d, more than flushBytes from the exact %d", got, want)
+	}
+	if err := a.Check(); err != nil {
+		t.Fatal(err)
+	}
+
+	s1, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, err := a.Alloc(mib, s1) // a second pool: the first stops being solo
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.solo || a.allPools()[1].solo {
+		t.Fatal("a pool is still solo beside another")
+	}
+	if got, want := a.allocated.Load(), int64(2*(8*mib-100)); got != want {
+		t.Errorf("after the second pool: shared Allocated %d, want the first pool's %d", got, want)
+	}
+	if got := a.peakAllocated.Load(); got != 3*(8*mib-100) {
+		t.Errorf("after the second pool: shared PeakAllocated %d, want the solo peak %d", got, 3*(8*mib-100))
+	}
+	st = a.Stats()
+	if want := uint64(2*(8*mib-100) + mib); st.Allocated != want || st.PeakAllocated != 3*(8*mib-100) {
+		t.Fatalf("two pools: Allocated %d, PeakAllocated %d; want %d and %d", st.Allocated, st.PeakAllocated, want, 3*(8*mib-100))
+	}
+	if err := a.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []Buffer{bufs[0], bufs[1], b1} {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.ResetPeaks()
+	if st := a.Stats(); st.Allocated != 0 || st.PeakAllocated != 0 {
+		t.Fatalf("all freed, peaks reset: Allocated %d, PeakAllocated %d", st.Allocated, st.PeakAllocated)
+	}
+	if err := a.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
