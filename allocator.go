@@ -33,6 +33,7 @@ type Allocator struct {
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
 	spanChunks  int
 	compact     bool // Config.Compact, in ModeVirtual
+	noChurn     bool // tests only: the policy without the churn guard (churn.go)
 	check       bool // run the checker after every operation
 	checkSearch bool // compare every findBacked answer with findFewest's (check, or tests)
 

@@ -668,6 +668,20 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
 			return p.moveSpan(i, p, seg, r0, c1)
 		}
 	}
+	if p.slack(size) {
+		// New memory beside the empty spans, which stay where they are
+		// (churn.go); if the device or the limit refuses it, an empty
+		// span moves after all.
+		var sh *shortage
+		err := p.createSpan(seg, r0, r1, c1, size)
+		if !errors.As(err, &sh) {
+			if err == nil {
+				p.churn.taken++
+			}
+			return err
+		}
+		p.churn.refused++
+	}
 	if q, i := p.findEmpty(k); q != nil {
 		err := q.moveSpan(i, p, seg, r0, c1)
 		if q != p {
@@ -679,6 +693,13 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
 		return p.moveSpan(i, p, seg, r0, c1)
 	}
 	p.makeRoom(size)
+	return p.createSpan(seg, r0, r1, c1, size)
+}
+
+// createSpan backs chunks [r0, r1) of seg with a new handle of size bytes
+// (see newSpan): a *shortage when the limit or the device refuses it.
+func (p *pool) createSpan(seg *segment, r0, r1, c1 int, size uint64) error {
+	a := p.a
 	if !a.takeBudget(size) {
 		return &shortage{cause: CauseLimit}
 	}

@@ -1,0 +1,214 @@
+package gpumem
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/gpumem/gpumem/device/sim"
+)
+
+// randomFree runs a program that frees at random (bench/synth's rand, made
+// smaller): sizes log-uniform from 512 B to maxSize, each step frees a
+// random live buffer while live bytes are over target, else allocates. It
+// reports the peak of live bytes and the allocation failures; a failure
+// other than running out of memory fails the test.
+func randomFree(t *testing.T, a *Allocator, seed uint64, steps int, target, maxSize uint64) (peakLive uint64, ooms int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	type live struct {
+		b    Buffer
+		size uint64
+	}
+	var bufs []live
+	var cur uint64
+	for range steps {
+		if cur > target {
+			k := rng.IntN(len(bufs))
+			if err := a.Free(bufs[k].b); err != nil {
+				t.Fatal(err)
+			}
+			cur -= bufs[k].size
+			bufs[k] = bufs[len(bufs)-1]
+			bufs = bufs[:len(bufs)-1]
+			continue
+		}
+		size := uint64(math.Exp(math.Log(512) + rng.Float64()*(math.Log(float64(maxSize))-math.Log(512))))
+		b, err := a.Alloc(size, 0)
+		if errors.Is(err, ErrOutOfMemory) {
+			ooms++
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs = append(bufs, live{b, size})
+		cur += size
+		peakLive = max(peakLive, cur)
+	}
+	for _, l := range bufs {
+		if err := a.Free(l.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return peakLive, ooms
+}
+
+// TestChurnGuardRandomFree runs the same random-free program with and
+// without the churn guard: with it the slack rises, the driver makes far
+// fewer calls, and the memory held stays within the slack's bound.
+func TestChurnGuardRandomFree(t *testing.T) {
+	const steps, target, maxSize = 30000, 8 << 30, 512 << 20
+	run := func(off bool) (Stats, uint64, int) {
+		a, err := New(sim.MustNew(sim.Config{}), Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		a.noChurn = off
+		peak, ooms := randomFree(t, a, 7, steps, target, maxSize)
+		if ooms != 0 {
+			t.Fatalf("%d OOMs on an 80 GiB device", ooms)
+		}
+		if err := a.Check(); err != nil {
+			t.Fatal(err)
+		}
+		return a.Stats(), peak, a.allPools()[0].churn.level
+	}
+	without, peak, level0 := run(true)
+	with, peak2, level := run(false)
+	if peak != peak2 {
+		t.Fatalf("the two runs differ: peak live %d and %d", peak, peak2)
+	}
+	t.Logf("without the guard: %d driver calls, %.4f x peak live (slack level %d); with it: %d, %.4f (level %d)",
+		without.DeviceCalls(), float64(without.PeakReserved)/float64(peak), level0,
+		with.DeviceCalls(), float64(with.PeakReserved)/float64(peak), level)
+	if level0 != 0 {
+		t.Errorf("the guard's level rose to %d while switched off", level0)
+	}
+	if level == 0 {
+		t.Error("the slack never rose on a program that frees at random")
+	}
+	if with.DeviceCalls()*4 > without.DeviceCalls()*3 {
+		t.Errorf("driver calls %d with the guard, %d without: expected at least a quarter fewer", with.DeviceCalls(), without.DeviceCalls())
+	}
+	// The slack holds at most churnMaxLevel/16 of the bytes in use beyond
+	// them, besides what the policy holds without it (chunks in part used,
+	// a request's own span).
+	if bound := float64(without.PeakReserved)/float64(peak) + float64(churnMaxLevel)/16; float64(with.PeakReserved)/float64(peak) > bound {
+		t.Errorf("with the guard %.4f x peak live, over the bound %.4f", float64(with.PeakReserved)/float64(peak), bound)
+	}
+}
+
+// TestChurnGuardQuiet: a program whose requests repeat (every free leaves
+// room the next request fits) never raises the slack, and neither does
+// Config.Compact on a random-free one.
+func TestChurnGuardQuiet(t *testing.T) {
+	a, err := New(sim.MustNew(sim.Config{}), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	sizes := []uint64{96 << 20, 3 << 20, 40 << 20, 7 << 10, 200 << 20}
+	for step := range 2000 {
+		var bufs []Buffer
+		for _, s := range sizes {
+			b, err := a.Alloc(s+uint64(step%7)<<20, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bufs = append(bufs, b)
+		}
+		for _, b := range bufs {
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if g := a.allPools()[0].churn; g.level != 0 {
+		t.Errorf("slack level %d on a repeating program", g.level)
+	}
+
+	c, err := New(sim.MustNew(sim.Config{}), Config{Compact: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	randomFree(t, c, 9, 5000, 1<<30, 128<<20)
+	if g := c.allPools()[0].churn; g.level != 0 || g.n != 0 {
+		t.Errorf("under Compact the guard counted %d requests and rose to level %d", g.n, g.level)
+	}
+}
+
+// TestChurnGuardRefused: when the device refuses the slack's new memory
+// (another process took it), the request moves an empty span instead and
+// succeeds (the invariants checked after every operation); near a limit
+// the slack takes nothing.
+func TestChurnGuardRefused(t *testing.T) {
+	dev := sim.MustNew(sim.Config{Capacity: 16 << 30})
+	a, err := New(dev, Config{CheckInvariants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	randomFree(t, a, 11, 16000, 8<<30, 512<<20)
+	p := a.allPools()[0]
+	if p.churn.level == 0 {
+		t.Fatalf("the slack did not rise: nothing to refuse (%+v, %d allocs, %d maps, %d creates)", p.churn, p.nallocs, a.Stats().Maps, a.Stats().Creates)
+	}
+	// Leave the device no free memory: every new handle is refused.
+	_, total, err := dev.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, _, _ := dev.MemInfo()
+	if err := dev.Shrink(free); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats()
+	refused := p.churn.refused
+	_, ooms := randomFree(t, a, 12, 4000, 8<<30, 512<<20)
+	after := a.Stats()
+	t.Logf("device of %d bytes, none free: %d OOMs; %d slack requests refused, %d served; creates %d, maps %d during the run",
+		total, ooms, p.churn.refused-refused, p.churn.taken, after.Creates-before.Creates, after.Maps-before.Maps)
+	if p.churn.refused == refused {
+		t.Fatal("no slack request was refused: the test exercised nothing")
+	}
+	if ooms != 0 {
+		t.Errorf("%d OOMs: a request the slack could not serve must move an empty span", ooms)
+	}
+	if after.Maps == before.Maps {
+		t.Error("no span moved while the device had no free memory")
+	}
+	if err := dev.Grow(free); err != nil {
+		t.Fatal(err)
+	}
+
+	// Near a limit the slack steps aside (it needs a quarter of what is
+	// reserved free under the limit): the same program with and without
+	// the guard makes the same calls and meets the same OOMs.
+	const limit = 9 << 30
+	var calls [2]uint64
+	var oomsOf [2]int
+	for k, off := range []bool{true, false} {
+		l, err := New(sim.MustNew(sim.Config{}), Config{Limit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.noChurn = off
+		_, oomsOf[k] = randomFree(t, l, 13, 30000, 8<<30, 512<<20)
+		st, g := l.Stats(), l.allPools()[0].churn
+		calls[k] = st.DeviceCalls()
+		if st.PeakReserved > limit {
+			t.Errorf("peak reserved %d over the limit %d", st.PeakReserved, limit)
+		}
+		if g.taken != 0 {
+			t.Errorf("the slack served %d requests within a quarter of the limit", g.taken)
+		}
+		l.Close()
+	}
+	if calls[0] != calls[1] || oomsOf[0] != oomsOf[1] {
+		t.Errorf("near the limit: %d calls and %d OOMs without the guard, %d and %d with it", calls[0], oomsOf[0], calls[1], oomsOf[1])
+	}
+}
