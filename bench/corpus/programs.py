@@ -1314,7 +1314,7 @@ PROGRAMS = {
     "maskrcnn_train": (maskrcnn_train, "tune", "detection with variable images and targets"),
     # The second holdout (see above).
     "gan_dcgan": (gan_dcgan, "holdout", "adversarial training, two models and optimizers alternating"),
-    "spec_decode": (spec_decode, "holdout", "speculative decoding, two KV caches grown and cut back"),
+    "spec_decode": (spec_decode, "tune", "speculative decoding, two KV caches grown and cut back"),
     "lstm_lm_varlen": (lstm_lm_varlen, "holdout", "cuDNN LSTM, truncated BPTT at random lengths"),
     "bart_train_generate": (bart_train_generate, "holdout", "encoder-decoder training with generate() inside"),
     "ppo_rollouts": (ppo_rollouts, "holdout", "RL rollouts kept in lists, GAE, shuffled minibatches"),
