@@ -121,8 +121,11 @@ func TestCorpusManifest(t *testing.T) {
 }
 
 // TestCorpusReplay replays every recorded corpus trace on the simulated
-// 80 GiB device in the default configuration with the allocator's checker
-// on: no invariant may break and no request may run out of memory. Each
+// 80 GiB device in the default configuration and runs the allocator's
+// checker (Allocator.Check) once the replay is done: no invariant may be
+// broken then and no request may have run out of memory. (The checker
+// after every operation is too slow for whole traces; TestReadyCacheChecked
+// and the conformance suite run it so.) Each
 // trace must be a program of the manifest and use the streams it says. The
 // ratio is logged, not judged: the bars of issue 11 are reported by
 // summary.py, tune and holdout apart. Skips when no trace has been
