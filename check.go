@@ -361,6 +361,11 @@ func (p *pool) check() error {
 	if onChain != inUse || inUse != p.nDormant {
 		bad("dormant mappings: %d on chains, %d in use, pool counts %d", onChain, inUse, p.nDormant)
 	}
+	if g := &p.churn; g.level < 0 || g.level > churnMaxLevel || g.start > p.nallocs || g.n < 0 ||
+		((a.compact || a.noChurn) && (g.level != 0 || g.taken != 0)) {
+		bad("churn guard: level %d (0..%d), window from allocation %d of %d with %d counted, %d served (compact %v)",
+			g.level, churnMaxLevel, g.start, p.nallocs, g.n, g.taken, a.compact)
+	}
 	ne, prevI, lastSeq := 0, int32(-1), uint64(0)
 	for i := p.empty.head; i >= 0; prevI, i = i, p.spans[i].next {
 		s := &p.spans[i]

@@ -44,6 +44,10 @@ package gpumem
 //
 // Guarded by the pool's mu. Not used under Config.Compact, whose user
 // chose memory over driver calls.
+//
+// Invariants (checked by checkPool): 0 <= level <= churnMaxLevel; the
+// window starts at or before the pool's allocation count; under Compact
+// the level stays 0 and the slack serves nothing.
 type churnGuard struct {
 	start   uint64 // pool.nallocs when the window began
 	n       int    // requests of the window that met an empty span in newSpan
