@@ -90,6 +90,9 @@ func TestChurnGuardRandomFree(t *testing.T) {
 	if level == 0 {
 		t.Error("the slack never rose on a program that frees at random")
 	}
+	if without.SlackCreates != 0 || with.SlackCreates == 0 || with.SlackCreates > with.Creates {
+		t.Errorf("Stats.SlackCreates: %d without the guard, %d with it (of %d creates)", without.SlackCreates, with.SlackCreates, with.Creates)
+	}
 	if with.DeviceCalls()*4 > without.DeviceCalls()*3 {
 		t.Errorf("driver calls %d with the guard, %d without: expected at least a quarter fewer", with.DeviceCalls(), without.DeviceCalls())
 	}

@@ -55,6 +55,7 @@ type Stats struct {
 	Releases      uint64 // physical handles released (cuMemRelease)
 	Maps, Unmaps  uint64 // chunk mappings made and undone (cuMemMap, cuMemUnmap)
 	Revived       uint64 // spans moved back onto a dormant mapping of their handle: no driver call (dormant.go)
+	SlackCreates  uint64 // new memory taken by the churn guard where an empty span would have moved (churn.go)
 	SetAccess     uint64 // access grants, one per contiguous run (cuMemSetAccess)
 	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
 	Fences        uint64 // host waits for a stream or the device before unmapping or freeing
@@ -87,6 +88,7 @@ func (a *Allocator) Stats() Stats {
 		s.MappedBytes += uint64(p.mappedChunks) * a.gran
 		s.DormantMappings += p.nDormant
 		s.Revived += p.nRevived
+		s.SlackCreates += p.churn.taken
 		for i := p.empty.head; i >= 0; i = p.spans[i].next {
 			s.Releasable += uint64(p.spans[i].n) * a.gran
 		}
