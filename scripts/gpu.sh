@@ -29,11 +29,14 @@ bin=build/gpu
 build() {
 	mkdir -p "$bin"
 	export CGO_ENABLED=0
-	go test -c -o "$bin/cuda.test" ./device/cuda
-	go test -c -o "$bin/nvml.test" ./nvml
-	go test -c -o "$bin/gputest.test" ./internal/gputest
-	go test -c -o "$bin/gpumem_pkg.test" .
-	go build -o "$bin/gpumem" ./cmd/gpumem
+	# Stripped (-s -w): what the device tool carries shares 64 MiB with the
+	# tree (about 40 MiB of traces and results); carry the parts a run needs.
+	local ld=(-ldflags="-s -w")
+	go test -c "${ld[@]}" -o "$bin/cuda.test" ./device/cuda
+	go test -c "${ld[@]}" -o "$bin/nvml.test" ./nvml
+	go test -c "${ld[@]}" -o "$bin/gputest.test" ./internal/gputest
+	go test -c "${ld[@]}" -o "$bin/gpumem_pkg.test" .
+	go build "${ld[@]}" -o "$bin/gpumem" ./cmd/gpumem
 	scripts/lib.sh # build/libgpumem.so and its copy in python/gpumem/ (cgo)
 	git describe --always --dirty >"$bin/COMMIT" 2>/dev/null || true
 	ls -l "$bin"
