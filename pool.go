@@ -90,14 +90,6 @@ type pool struct {
 	allocated, active         uint64
 	peakAllocated, peakActive uint64
 	dAllocated, dActive       int64 // not yet flushed to the allocator
-	// solo: this is the allocator's only pool, and it has never shared the
-	// allocator with another (ModeVirtual always: one arena for all
-	// streams). Its own peaks are then the allocator's, exact (Stats takes
-	// them), so flush publishes only Active, which cached() reads without
-	// locks, and leaves Allocated to accumulate in dAllocated until a second
-	// pool appears (addPool clears solo and flushes): one locked
-	// instruction per flush instead of two, and no peak updates.
-	solo bool
 
 	heldBound int64 // what held says, under mu
 
