@@ -211,6 +211,34 @@ func TestReplayOOM(t *testing.T) {
 	if code != 0 || errs != "" || !strings.Contains(out, want) || !strings.Contains(out, "largest request that would have fit: 2.00 MiB") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want the first OOM's verdict", code, out, errs)
 	}
+	// Over three passes the same request fails in each: the later passes'
+	// OOMs are counted and the first of them is told, with its pass.
+	code, out, errs = run(t, nil, "replay", "--device", "sim", "--capacity", "8MiB", "--passes", "3", "--json", "testdata/tiny.trace")
+	var rp struct {
+		OOMs     int `json:"ooms"`
+		FirstOOM struct {
+			Pass, Event int
+		} `json:"first_oom"`
+		Passes struct {
+			OOMsLater     int `json:"ooms_later"`
+			FirstOOMLater struct {
+				Pass, Event int
+				ID          uint64
+			} `json:"first_oom_later"`
+		} `json:"passes"`
+	}
+	if err := json.Unmarshal([]byte(out), &rp); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if rp.OOMs != 1 || rp.FirstOOM.Pass != 1 || rp.Passes.OOMsLater != 2 || rp.Passes.FirstOOMLater.Pass != 2 ||
+		rp.Passes.FirstOOMLater.Event != 7 || rp.Passes.FirstOOMLater.ID != 4 {
+		t.Errorf("3 passes on 8 MiB: %+v; want 1 OOM in pass 1, 2 later, the first later in pass 2 at event 7 (request 4)", rp)
+	}
+	code, out, errs = run(t, nil, "replay", "--device", "sim", "--capacity", "8MiB", "--passes", "3", "testdata/tiny.trace")
+	if want := "tiny: 2 OOMs in the passes after the first; the first in pass 2 at event 7 (request 4): gpumem: out of memory"; code != 0 || errs != "" ||
+		!strings.Contains(out, "OOMs (later passes)") || !strings.Contains(out, want) {
+		t.Errorf("3 passes, table: exit %d, stdout %q, stderr %q; want the later OOMs' column and %q", code, out, errs, want)
+	}
 	code, out, errs = run(t, nil, "replay", "--device", "sim", "--limit", "4MiB", "--json", "testdata/tiny.trace")
 	if code != 0 || errs != "" || strings.Contains(out, `"ooms":0,`) {
 		t.Errorf("--limit 4MiB: exit %d, stdout %q, stderr %q", code, out, errs)

@@ -39,12 +39,15 @@ device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
 ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
 peak_active_bytes and end_reserved_bytes; with --warm or --passes also
 passes: {n, peak_reserved_bytes and ratio over all passes, creates_later,
-maps_later, releases_later, ns_per_op_later}; when a request ran out of
-memory, first_oom: {event, id, verdict}, the verdict of the first (the
-fields of gpumem.h's gpumem_oom, cause and answers as words, and the
+maps_later, releases_later, ooms_later, ns_per_op_later, and
+first_oom_later when a later pass ran out of memory}; when a request ran out
+of memory, first_oom: {pass, event, id, verdict}, the verdict of the first
+(the fields of gpumem.h's gpumem_oom, cause and answers as words, and the
 message). Without --json, each trace's first OOM is printed after the
 table: its cause with the numbers, and what would have fit (after a trim,
-with virtual-memory spans, a smaller request). The first-pass ratio is what
+with virtual-memory spans, a smaller request); so is the first OOM of the
+later passes. A capacity the first pass fitted in may not hold a later
+pass: --passes with --capacity or --limit says whether it does. The first-pass ratio is what
 a program as long as its trace holds; passes.ratio is what it holds if it
 goes on doing the same (its peak may rise as its cache is rearranged).
 
@@ -255,7 +258,7 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 		passes = passes || r.Passes != nil
 	}
 	if passes {
-		t.header = append(t.header, "passes", "ratio (all passes)", "maps (later passes)")
+		t.header = append(t.header, "passes", "ratio (all passes)", "maps (later passes)", "OOMs (later passes)")
 	}
 	for _, r := range results {
 		row := []string{
@@ -270,9 +273,9 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 			strconv.FormatFloat(r.NsPerOp, 'f', 1, 64),
 		}
 		if ps := r.Passes; ps != nil {
-			row = append(row, strconv.Itoa(ps.N), strconv.FormatFloat(ps.Ratio, 'f', 3, 64), strconv.FormatUint(ps.MapsLater, 10))
+			row = append(row, strconv.Itoa(ps.N), strconv.FormatFloat(ps.Ratio, 'f', 3, 64), strconv.FormatUint(ps.MapsLater, 10), strconv.Itoa(ps.OOMsLater))
 		} else if passes {
-			row = append(row, "1", "", "")
+			row = append(row, "1", "", "", "")
 		}
 		t.rows = append(t.rows, row)
 	}
@@ -302,6 +305,13 @@ func policyOOMs(tr *trace.Trace, capacity uint64) ([]replay.PolicyOOMs, error) {
 // policies: one paragraph each, after the table.
 func writeFirstOOMs(w io.Writer, results []replay.Result) error {
 	for _, r := range results {
+		if ps := r.Passes; ps != nil && ps.FirstOOMLater != nil {
+			o := ps.FirstOOMLater
+			if _, err := fmt.Fprintf(w, "\n%s: %d OOM%s in the passes after the first; the first in pass %d at event %d (request %d): %v\n",
+				r.Trace, ps.OOMsLater, map[bool]string{true: "s"}[ps.OOMsLater > 1], o.Pass, o.Event, o.ID, o.Verdict); err != nil {
+				return err
+			}
+		}
 		o := r.FirstOOM
 		if o == nil {
 			continue

@@ -79,6 +79,7 @@ type Result struct {
 
 // OOM is a request of a trace that ran out of memory in a replay.
 type OOM struct {
+	Pass    int                      `json:"pass"`    // the pass it happened in, from 1
 	Event   int                      `json:"event"`   // its index among the trace's events
 	ID      uint64                   `json:"id"`      // its request id in the trace
 	Verdict *gpumem.OutOfMemoryError `json:"verdict"` // the allocator's
@@ -108,6 +109,12 @@ type PassesResult struct {
 	CreatesLater      uint64  `json:"creates_later"`       // in the passes after the first
 	MapsLater         uint64  `json:"maps_later"`
 	ReleasesLater     uint64  `json:"releases_later"`
+	// OOMsLater counts the requests of the passes after the first that ran
+	// out of memory (a capacity or limit the first pass fitted in may not
+	// hold a later pass whose layout has drifted); FirstOOMLater is the
+	// first of them, with its pass.
+	OOMsLater     int  `json:"ooms_later"`
+	FirstOOMLater *OOM `json:"first_oom_later,omitempty"`
 	// NsPerOpLater is the time per event of the passes after the first,
 	// together (with Options.Repeat, the median over the runs): the
 	// allocator's speed in a program's steady state.
@@ -151,10 +158,11 @@ func Run(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Re
 	return first, nil
 }
 
-// decisions is p without its time.
+// decisions is p without its time (and its first later OOM, a pointer:
+// the count is compared).
 func (p *PassesResult) decisions() PassesResult {
 	d := *p
-	d.NsPerOpLater = 0
+	d.NsPerOpLater, d.FirstOOMLater = 0, nil
 	return d
 }
 
@@ -211,7 +219,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	bufs := make([]gpumem.Buffer, tr.Requests)
 	before := a.Stats()
 	var first *OOM
-	elapsed, ooms, err := pass(tr, a, streams, bufs, opt, &first)
+	elapsed, ooms, err := pass(tr, a, streams, bufs, opt, 1, &first)
 	if err != nil {
 		return Result{}, err
 	}
@@ -247,6 +255,8 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		passes = max(passes, 2)
 	}
 	var later time.Duration
+	var oomsLater int
+	var firstLater *OOM
 	for n := 2; n <= passes; n++ {
 		for i, b := range bufs {
 			if !b.IsZero() {
@@ -256,11 +266,12 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 				bufs[i] = gpumem.Buffer{}
 			}
 		}
-		took, _, err := pass(tr, a, streams, bufs, opt, nil)
+		took, o, err := pass(tr, a, streams, bufs, opt, n, &firstLater)
 		if err != nil {
 			return Result{}, fmt.Errorf("pass %d of %d: %w", n, passes, err)
 		}
 		later += took
+		oomsLater += o
 		if n == 2 && opt.Warm && len(tr.Events) > 0 {
 			r.NsPerOpWarm = float64(took.Nanoseconds()) / float64(len(tr.Events))
 		}
@@ -271,7 +282,8 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	if passes > 1 {
 		end := a.Stats()
 		r.Passes = &PassesResult{N: passes, PeakReservedBytes: end.PeakReserved,
-			CreatesLater: end.Creates - st.Creates, MapsLater: end.Maps - st.Maps, ReleasesLater: end.Releases - st.Releases}
+			CreatesLater: end.Creates - st.Creates, MapsLater: end.Maps - st.Maps, ReleasesLater: end.Releases - st.Releases,
+			OOMsLater: oomsLater, FirstOOMLater: firstLater}
 		if r.PeakLiveBytes > 0 {
 			r.Passes.Ratio = float64(end.PeakReserved) / float64(r.PeakLiveBytes)
 		}
@@ -282,10 +294,10 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	return r, nil
 }
 
-// pass replays every event of tr once, timing the loop, and leaves the
-// requests the trace never frees in bufs. If first is not nil, the first
-// request that runs out of memory is recorded there.
-func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, first **OOM) (time.Duration, int, error) {
+// pass replays every event of tr once (pass number n, from 1), timing the
+// loop, and leaves the requests the trace never frees in bufs. The first
+// request that runs out of memory is recorded in *first if that is nil.
+func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
 	ooms := 0
 	start := time.Now()
 	for i, ev := range tr.Events {
@@ -297,8 +309,8 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 				if errors.Is(err, gpumem.ErrOutOfMemory) {
 					ooms++
 					var v *gpumem.OutOfMemoryError
-					if first != nil && *first == nil && errors.As(err, &v) {
-						*first = &OOM{Event: i, ID: ev.ID, Verdict: v}
+					if *first == nil && errors.As(err, &v) {
+						*first = &OOM{Pass: n, Event: i, ID: ev.ID, Verdict: v}
 					}
 					continue
 				}
