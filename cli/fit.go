@@ -30,6 +30,13 @@ not; where it is below "fits on", some capacity between them fails.
 tf-bfc-prealloc is XLA's default: 75% of the GPU is taken at start and is
 the limit, so it fits a GPU whose 75% holds the program's pool.
 
+With --passes N the program runs its trace N times on one allocator (as
+gpumem replay --passes: what a pass leaves live is freed before the next),
+and fits only where no pass runs out of memory: the capacity for a job that
+repeats its trace (a training run of many epochs, a server's many
+batches). An allocator whose layout drifts from pass to pass can fail a
+later pass on a capacity its first pass fitted in.
+
 A progress bar goes to stderr when stderr is a terminal.`
 
 func (e *env) fit(args []string) int {
@@ -38,9 +45,13 @@ func (e *env) fit(args []string) int {
 	fs.Var(&gpu, "gpu", "also say whether it fits a GPU of `SIZE` (e.g. 24GiB)")
 	pol := fs.String("policy", "all", "the `policy`: "+strings.Join(policy.Names(), ", ")+" or all")
 	dev := fs.Int("device", -1, "of a snapshot with several devices, the `index` of the one to fit (-1: the first)")
+	passes := fs.Int("passes", 1, "fit `n` passes of the trace on one allocator (what a pass leaves live is freed before the next): every pass must run without OOM")
 	paths, code := e.parse(fs, args)
 	if code >= 0 {
 		return code
+	}
+	if *passes < 1 {
+		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --passes: want 1 or more", *passes))
 	}
 	if len(paths) != 1 {
 		return e.usageError(fs, "fit takes one trace or snapshot")
@@ -64,7 +75,7 @@ func (e *env) fit(args []string) int {
 	}
 	var fit, need []string
 	for i, n := range names {
-		f, err := policy.Fit(tr, n, func(done, total int) { bar.update(i, done, total) })
+		f, err := policy.Fit(tr, n, *passes, func(done, total int) { bar.update(i, done, total) })
 		if err != nil {
 			bar.done()
 			fmt.Fprintf(e.stderr, "gpumem fit: %v\n", err)
@@ -72,7 +83,7 @@ func (e *env) fit(args []string) int {
 		}
 		row := []string{n, units.Format(f.Capacity), strconv.FormatFloat(float64(f.Capacity)/float64(max(tr.PeakLiveBytes, 1)), 'f', 3, 64), units.Format(f.Least)}
 		if gpu > 0 {
-			ok, err := policy.Fits(tr, n, uint64(gpu))
+			ok, err := policy.Fits(tr, n, uint64(gpu), *passes)
 			if err != nil {
 				bar.done()
 				fmt.Fprintf(e.stderr, "gpumem fit: %v\n", err)
@@ -88,7 +99,11 @@ func (e *env) fit(args []string) int {
 		t.rows = append(t.rows, row)
 	}
 	bar.done()
-	fmt.Fprintf(e.stdout, "%s: peak live %s\n", tr.Name, units.Format(tr.PeakLiveBytes))
+	if *passes > 1 {
+		fmt.Fprintf(e.stdout, "%s: peak live %s, %d passes\n", tr.Name, units.Format(tr.PeakLiveBytes), *passes)
+	} else {
+		fmt.Fprintf(e.stdout, "%s: peak live %s\n", tr.Name, units.Format(tr.PeakLiveBytes))
+	}
 	if err := t.write(e.stdout); err != nil {
 		return ExitFail
 	}

@@ -3,6 +3,8 @@ package policy
 import (
 	"fmt"
 	"testing"
+
+	"github.com/gpumem/gpumem/trace"
 )
 
 // TestFitGpumem holds gpumem's fit to within 3% of each shipped trace's peak
@@ -17,7 +19,7 @@ func TestFitGpumem(t *testing.T) {
 		t.Skip("bisects every shipped trace")
 	}
 	for _, tr := range shipped(t) {
-		f, err := Fit(tr, "gpumem", nil)
+		f, err := Fit(tr, "gpumem", 1, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tr.Name, err)
 		}
@@ -26,7 +28,7 @@ func TestFitGpumem(t *testing.T) {
 		if f.Least > f.Capacity {
 			t.Errorf("%s: least %d above the capacity %d", tr.Name, f.Least, f.Capacity)
 		}
-		if ok, _ := Fits(tr, "gpumem", f.Least-FitGranularity); ok && f.Least-FitGranularity >= tr.PeakLiveBytes {
+		if ok, _ := Fits(tr, "gpumem", f.Least-FitGranularity, 1); ok && f.Least-FitGranularity >= tr.PeakLiveBytes {
 			t.Errorf("%s: fits on %d bytes too: the bisection did not stop at a boundary", tr.Name, f.Least-FitGranularity)
 		}
 		if over < 0 || over > 0.03 {
@@ -40,15 +42,15 @@ func TestFitEmulations(t *testing.T) {
 	tr := mustTrace(t, "a 0 1048576 0 0\na 1 4194304 0 10\na 2 3000000 0 20\nf 1 30\na 3 4194304 0 40\nf 0 50\nf 2 60\na 4 10485760 0 70\n")
 	for _, n := range Names() {
 		calls := 0
-		f, err := Fit(tr, n, func(done, total int) { calls++ })
+		f, err := Fit(tr, n, 1, func(done, total int) { calls++ })
 		if err != nil {
 			t.Fatalf("%s: %v", n, err)
 		}
 		c := f.Capacity
-		if ok, _ := Fits(tr, n, c); !ok || c < tr.PeakLiveBytes || c%FitGranularity != 0 {
+		if ok, _ := Fits(tr, n, c, 1); !ok || c < tr.PeakLiveBytes || c%FitGranularity != 0 {
 			t.Errorf("%s: fit %d does not fit, or is below the peak live %d, or not a multiple of 2 MiB", n, c, tr.PeakLiveBytes)
 		}
-		if ok, _ := Fits(tr, n, f.Least-FitGranularity); ok {
+		if ok, _ := Fits(tr, n, f.Least-FitGranularity, 1); ok {
 			t.Errorf("%s: fits on %d too", n, f.Least-FitGranularity)
 		}
 		if calls != f.Replays+1 { // once per replay, and once at the end
@@ -58,7 +60,7 @@ func TestFitEmulations(t *testing.T) {
 	}
 	// torch-native holds 22 MiB at its peak (the CLI's test works it out);
 	// tf-bfc-prealloc needs a device whose 75% holds its pool.
-	if f, _ := Fit(tr, "torch-native", nil); f.Capacity != 22<<20 || f.Least != 22<<20 {
+	if f, _ := Fit(tr, "torch-native", 1, nil); f.Capacity != 22<<20 || f.Least != 22<<20 {
 		t.Errorf("torch-native fits %+v, want 22 MiB", f)
 	}
 }
@@ -96,7 +98,7 @@ func TestFitNotMonotone(t *testing.T) {
 		return &banded{Allocator: newTorchNative(c), refuse: c >= 30<<20 && c < 34<<20}, nil
 	})
 	tr := mustTrace(t, "a 0 1048576 0 0\na 1 4194304 0 10\na 2 3000000 0 20\nf 1 30\na 3 4194304 0 40\nf 0 50\nf 2 60\na 4 10485760 0 70\n")
-	f, err := Fit(tr, "banded", nil)
+	f, err := Fit(tr, "banded", 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,16 +106,87 @@ func TestFitNotMonotone(t *testing.T) {
 		t.Fatalf("fit %d MiB, least %d MiB; want 34 and 22", f.Capacity>>20, f.Least>>20)
 	}
 	for c := f.Capacity; c <= f.Capacity+FitWindow(f.Capacity); c += FitGranularity {
-		if ok, _ := Fits(tr, "banded", c); !ok {
+		if ok, _ := Fits(tr, "banded", c, 1); !ok {
 			t.Errorf("does not fit on %d MiB, in the window above the answer", c>>20)
 		}
 	}
-	if ok, _ := Fits(tr, "banded", f.Capacity-FitGranularity); ok {
+	if ok, _ := Fits(tr, "banded", f.Capacity-FitGranularity, 1); ok {
 		t.Errorf("fits on %d MiB: the answer is not the least", (f.Capacity-FitGranularity)>>20)
 	}
 	// Doubling (14, 28), bisection (20, 24, 22), then the scan from 24 MiB
 	// to 34+16 MiB: the failures at 30 and 32 moved the window up.
 	if want := 2 + 3 + (50-22)/2; f.Replays != want {
 		t.Errorf("%d replays, want %d", f.Replays, want)
+	}
+}
+
+// TestFitsPasses: with several passes a trace fits only if every pass does,
+// and what a pass leaves live is freed before the next. The trace keeps
+// 4 MiB live to its end and peaks at 14 MiB. gpumem (either placement)
+// fits three passes on 16 MiB (had pass 1's 4 MiB stayed, pass 2 would
+// need 18), and on 12 MiB the 10 MiB request fails once in each pass. Every
+// policy fits three passes of this trace where it fits one (no layout to
+// drift in three requests).
+func TestFitsPasses(t *testing.T) {
+	tr := mustTrace(t, "a 0 4194304 0 0\na 1 10485760 0 10\nf 1 20\n")
+	for _, n := range []string{"gpumem", "gpumem-compact"} {
+		if ok, err := Fits(tr, n, 16<<20, 3); !ok || err != nil {
+			t.Errorf("%s: 3 passes on 16 MiB: fits %v, %v; want fits (the leftover freed between passes)", n, ok, err)
+		}
+		a := mustNew(t, n, 12<<20)
+		ooms, err := oomsOver(tr, a, 3)
+		closeAllocator(a)
+		if ooms != 3 || err != nil {
+			t.Errorf("%s: 3 passes on 12 MiB: %d OOMs, %v; want 3, one a pass", n, ooms, err)
+		}
+	}
+	for _, n := range Names() {
+		f, err := Fit(tr, n, 1, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		if ok, err := Fits(tr, n, f.Capacity, 3); !ok || err != nil {
+			t.Errorf("%s: 3 passes do not fit on %d, where one does: %v", n, f.Capacity, err)
+		}
+	}
+}
+
+// TestFitPassesDrift: the default placement's layout drifts over passes on
+// gpt2_generate (docs/EXPERIMENTS.md, "Ten passes: where the drift comes
+// from"), so ten passes need more than one: the capacity its first pass
+// fits in fails a later pass. Compact placement repeats its first pass
+// and fits ten passes where it fits one. (If the default stops drifting,
+// the first check goes: that is the aim of issue 11's bounded long run.)
+func TestFitPassesDrift(t *testing.T) {
+	if testing.Short() {
+		t.Skip("bisects a shipped trace ten passes at a time")
+	}
+	var gen *trace.Trace
+	for _, tr := range shipped(t) {
+		if tr.Name == "gpt2_generate" {
+			gen = tr
+		}
+	}
+	if gen == nil {
+		t.Fatal("no gpt2_generate among the shipped traces")
+	}
+	one, err := Fit(gen, "gpumem", 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ten, err := Fit(gen, "gpumem", 10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("gpumem: one pass %d MiB, ten passes %d MiB", one.Capacity>>20, ten.Capacity>>20)
+	if ok, _ := Fits(gen, "gpumem", one.Capacity, 10); ok || ten.Capacity <= one.Capacity {
+		t.Errorf("gpumem: ten passes fit on the one-pass capacity %d (fits %v) or need no more (%d): want the drift seen", one.Capacity, ok, ten.Capacity)
+	}
+	c1, err := Fit(gen, "gpumem-compact", 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := Fits(gen, "gpumem-compact", c1.Capacity, 10); !ok || err != nil {
+		t.Errorf("gpumem-compact: ten passes do not fit on its one-pass capacity %d: %v", c1.Capacity, err)
 	}
 }
