@@ -207,3 +207,47 @@ func TestCompactFaults(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactFrontierBet: under Config.Compact growth at the frontier
+// takes exact spans until the allocator holds 1 GiB (compactFrontierAfter
+// spans), so a program under 1 GiB holds exactly the chunks its blocks
+// cover; past it, a frontier span may map chunks ahead of its block (the
+// bet of the default placement), at most a doubled span and a span ahead,
+// 12 MiB. The default bets from 256 MiB. 6 MiB blocks, never freed: each
+// covers three whole chunks.
+func TestCompactFrontierBet(t *testing.T) {
+	const block = 6 << 20
+	grow := func(compact bool, upTo uint64, check func(live, reserved uint64)) {
+		a, err := gpumem.New(sim.MustNew(sim.Config{}), gpumem.Config{Compact: compact, CheckInvariants: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		for live := uint64(block); live <= upTo; live += block {
+			if _, err := a.Alloc(block, 0); err != nil {
+				t.Fatal(err)
+			}
+			check(live, a.Stats().Reserved)
+		}
+	}
+	grow(true, 1000<<20, func(live, reserved uint64) {
+		if reserved != live {
+			t.Fatalf("compact, %d MiB live: %d MiB reserved; want exactly the blocks' chunks under 1 GiB", live>>20, reserved>>20)
+		}
+	})
+	bet := false
+	grow(true, 1536<<20, func(live, reserved uint64) {
+		if reserved < live || reserved > live+12<<20 {
+			t.Fatalf("compact, %d MiB live: %d MiB reserved; want at most 12 MiB ahead", live>>20, reserved>>20)
+		}
+		bet = bet || reserved > live
+	})
+	if !bet {
+		t.Error("compact past 1 GiB: no frontier span mapped ahead of its block; want the bet there")
+	}
+	ahead := false
+	grow(false, 512<<20, func(live, reserved uint64) { ahead = ahead || (live >= 256<<20 && reserved > live) })
+	if !ahead {
+		t.Error("default past 256 MiB: no frontier span mapped ahead of its block; want the bet there")
+	}
+}

@@ -586,11 +586,19 @@ const (
 // "Growth at the frontier"): about half the creates of a first pass on the
 // shipped traces and five synthetic families, every shipped ratio at most
 // 1.0153; the cost is fit on programs that free at random (up to 2%).
+//
+// Under Config.Compact the threshold is compactFrontierAfter: its user
+// chose memory over driver calls, so the bet waits until it is a small
+// share of what is held.
 func (p *pool) runEnd(seg *segment, i, c1 int) int {
 	a := p.a
 	ch := seg.chunks
 	limit := a.spanChunks
-	grown := a.reserved.Load() >= frontierAfter*uint64(a.spanChunks)*a.gran
+	after := uint64(frontierAfter)
+	if a.compact {
+		after = compactFrontierAfter
+	}
+	grown := a.reserved.Load() >= after*uint64(a.spanChunks)*a.gran
 	if grown && i > int(seg.hiSpan) {
 		limit *= 2
 	}
@@ -620,6 +628,17 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 // frontierAfter is how many spans' worth an allocator must hold before
 // growth at the frontier takes larger spans (runEnd).
 const frontierAfter = 16
+
+// compactFrontierAfter is frontierAfter under Config.Compact: 256 of its
+// 4 MiB spans, 1 GiB. A frontier bet holds at most a doubled span and a
+// span ahead (12 MiB), so from there it is under 1.2% of what is held.
+// With 16 (64 MiB) the bet was what the two smallest programs of the
+// corpus held beyond 1.02 times their peak: infer_server (952 MiB live)
+// 1.0221 and streaming_kv (604 MiB) 1.0338, against 1.0179 and 1.0173
+// with 256; on every other program of the corpus compact held the same
+// or less, for 3-28% more driver calls in a first pass, about 250-500
+// (docs/EXPERIMENTS.md, "Compact on small programs").
+const compactFrontierAfter = 256
 
 // aheadShare: the chunks a frontier span maps ahead of its block take at
 // most 1/aheadShare of the room left under the limit (runEnd). Far from the
