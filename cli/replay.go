@@ -71,7 +71,7 @@ the share of the requests of passes 2..N that got the address the same
 request had in the pass before (1.000: every pass repeats the last; XLA's
 command buffers are traced again when a step's addresses change); with
 --json, passes: {n, compared, same, same_address, peak_reserved_bytes,
-ratio}. The flags that configure gpumem or the GPU do not apply to it.
+ratio, ooms_later}. The flags that configure gpumem or the GPU do not apply to it.
 
 A trace that cannot be read is reported and skipped; a replay that fails
 stops the command. Either way the exit status is 1. SIZE is bytes with an
@@ -420,7 +420,7 @@ func writePolicyTable(w io.Writer, results []policy.Result) error {
 	t := table{header: []string{"trace", "policy", "events", "peak live", "peak reserved", "ratio", "OOMs", "end reserved"}}
 	passes := results[0].Passes != nil
 	if passes {
-		t.header = append(t.header, "passes", "ratio (all passes)", "same address (later passes)")
+		t.header = append(t.header, "passes", "ratio (all passes)", "same address (later passes)", "OOMs (later passes)")
 	}
 	for _, r := range results {
 		row := []string{
@@ -434,7 +434,7 @@ func writePolicyTable(w io.Writer, results []policy.Result) error {
 			units.Format(r.EndReservedBytes),
 		}
 		if p := r.Passes; p != nil {
-			row = append(row, strconv.Itoa(p.Passes), strconv.FormatFloat(p.Ratio, 'f', 3, 64), strconv.FormatFloat(p.SameFraction, 'f', 3, 64))
+			row = append(row, strconv.Itoa(p.Passes), strconv.FormatFloat(p.Ratio, 'f', 3, 64), strconv.FormatFloat(p.SameFraction, 'f', 3, 64), strconv.Itoa(p.OOMsLater))
 		}
 		t.rows = append(t.rows, row)
 	}

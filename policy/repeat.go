@@ -39,6 +39,10 @@ type Repetition struct {
 	// trace's peak live bytes.
 	PeakReservedBytes uint64  `json:"peak_reserved_bytes"`
 	Ratio             float64 `json:"ratio"`
+	// OOMsLater counts the requests of passes 2..n the allocator refused
+	// (as package replay's passes.ooms_later): a layout that drifts can
+	// refuse in a later pass what the first pass served.
+	OOMsLater int `json:"ooms_later"`
 }
 
 // Repeat replays tr passes times (at least 2) under the named policy on a
@@ -97,6 +101,9 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 			switch {
 			case errors.Is(err, ErrOutOfMemory):
 				addr = 0
+				if n > 1 {
+					r.OOMsLater++
+				}
 			case err != nil:
 				return r, fmt.Errorf("pass %d, event %d (a %d %d): %w", n, i, ev.ID, ev.Size, err)
 			case addr == 0:

@@ -48,8 +48,8 @@ func TestRepeatCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Passes != 3 || r.Compared != 10 || r.Same != 10 || r.SameFraction != 1 {
-		t.Errorf("tf-bfc: %+v, want 10 of 10 compared requests at the same address", r)
+	if r.Passes != 3 || r.Compared != 10 || r.Same != 10 || r.SameFraction != 1 || r.OOMsLater != 0 {
+		t.Errorf("tf-bfc: %+v, want 10 of 10 compared requests at the same address, no OOM", r)
 	}
 	if r.PeakReservedBytes < tr.PeakLiveBytes || r.Ratio < 1 {
 		t.Errorf("tf-bfc: peak %d (ratio %v) below the trace's peak live %d", r.PeakReservedBytes, r.Ratio, tr.PeakLiveBytes)
@@ -61,8 +61,8 @@ func TestRepeatCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Compared != 8 || r.Same != 0 || r.SameFraction != 0 {
-		t.Errorf("bump allocator: %+v, want 8 compared, none at the same address", r)
+	if r.Compared != 8 || r.Same != 0 || r.SameFraction != 0 || r.OOMsLater != 2 {
+		t.Errorf("bump allocator: %+v, want 8 compared, none at the same address, and the refused request counted in passes 2 and 3", r)
 	}
 	if len(b.live) != 1 {
 		t.Errorf("bump allocator: %d requests live after the last pass, want 1 (the one the trace leaves live)", len(b.live))
