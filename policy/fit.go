@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/gpumem/gpumem/trace"
@@ -40,68 +39,18 @@ func FitWindow(c uint64) uint64 {
 
 // Fits reports whether tr replays under the named policy on a device of
 // capacity bytes without an out-of-memory error, in each of passes passes
-// on one allocator (0 and 1 mean one; see oomsOver).
+// on one allocator (0 and 1 mean one). Several passes replay as Repeat
+// does (what a pass leaves live is freed before the next): a program that
+// runs longer than its trace needs every pass to fit, and a policy whose
+// layout drifts from pass to pass can refuse in a later pass what it
+// served in the first.
 func Fits(tr *trace.Trace, name string, capacity uint64, passes int) (bool, error) {
 	if passes <= 1 {
 		r, err := Run(tr, name, capacity, false, Options{})
 		return err == nil && r.OOMs == 0, err
 	}
-	a, err := New(name, capacity)
-	if err != nil {
-		return false, err
-	}
-	defer closeAllocator(a)
-	ooms, err := oomsOver(tr, a, passes)
-	return err == nil && ooms == 0, err
-}
-
-// oomsOver replays tr passes times on a, as gpumem replay --passes does
-// (what a pass leaves live is freed before the next, and the device
-// synchronized between passes, as Repeat does), and counts the requests
-// refused in all passes: a program that runs longer than its trace needs
-// every pass to fit, and a policy whose layout drifts from pass to pass
-// can refuse in a later pass what it served in the first.
-func oomsOver(tr *trace.Trace, a Allocator, passes int) (int, error) {
-	live := make([]uint64, tr.Requests)
-	ooms := 0
-	for n := 1; n <= passes; n++ {
-		if n > 1 {
-			for i, addr := range live {
-				if addr != 0 {
-					if err := a.Free(addr); err != nil {
-						return ooms, fmt.Errorf("replay %s: freeing what pass %d left: %w", tr.Name, n-1, err)
-					}
-					live[i] = 0
-				}
-			}
-			synchronize(a)
-		}
-		for i := range tr.Events {
-			ev := &tr.Events[i]
-			slot := tr.Slot[i]
-			if ev.Kind != trace.Alloc {
-				if addr := live[slot]; addr != 0 {
-					if err := a.Free(addr); err != nil {
-						return ooms, fmt.Errorf("replay %s: pass %d, event %d (f %d): %w", tr.Name, n, i, ev.ID, err)
-					}
-					live[slot] = 0
-				}
-				continue
-			}
-			addr, err := a.Alloc(ev.Size, ev.Stream)
-			switch {
-			case errors.Is(err, ErrOutOfMemory):
-				ooms++
-			case err != nil:
-				return ooms, fmt.Errorf("replay %s: pass %d, event %d (a %d %d): %w", tr.Name, n, i, ev.ID, ev.Size, err)
-			case addr == 0:
-				return ooms, fmt.Errorf("replay %s: pass %d, event %d (a %d %d): the allocator returned address 0", tr.Name, n, i, ev.ID, ev.Size)
-			default:
-				live[slot] = addr
-			}
-		}
-	}
-	return ooms, nil
+	r, err := Repeat(tr, name, capacity, passes)
+	return err == nil && r.oomsFirst == 0 && r.OOMsLater == 0, err
 }
 
 // Fit finds the capacity on which tr fits under the named policy, in two

@@ -133,11 +133,12 @@ func TestFitsPasses(t *testing.T) {
 		if ok, err := Fits(tr, n, 16<<20, 3); !ok || err != nil {
 			t.Errorf("%s: 3 passes on 16 MiB: fits %v, %v; want fits (the leftover freed between passes)", n, ok, err)
 		}
-		a := mustNew(t, n, 12<<20)
-		ooms, err := oomsOver(tr, a, 3)
-		closeAllocator(a)
-		if ooms != 3 || err != nil {
-			t.Errorf("%s: 3 passes on 12 MiB: %d OOMs, %v; want 3, one a pass", n, ooms, err)
+		r, err := Repeat(tr, n, 12<<20, 3)
+		if r.oomsFirst != 1 || r.OOMsLater != 2 || err != nil {
+			t.Errorf("%s: 3 passes on 12 MiB: %d OOMs in the first pass and %d later, %v; want one a pass", n, r.oomsFirst, r.OOMsLater, err)
+		}
+		if ok, _ := Fits(tr, n, 12<<20, 3); ok {
+			t.Errorf("%s: 3 passes fit on 12 MiB", n)
 		}
 	}
 	for _, n := range Names() {

@@ -43,6 +43,9 @@ type Repetition struct {
 	// (as package replay's passes.ooms_later): a layout that drifts can
 	// refuse in a later pass what the first pass served.
 	OOMsLater int `json:"ooms_later"`
+	// oomsFirst counts the refused requests of pass 1 (Fits needs every
+	// pass; the first pass's figures are Result's).
+	oomsFirst int
 }
 
 // Repeat replays tr passes times (at least 2) under the named policy on a
@@ -103,6 +106,8 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 				addr = 0
 				if n > 1 {
 					r.OOMsLater++
+				} else {
+					r.oomsFirst++
 				}
 			case err != nil:
 				return r, fmt.Errorf("pass %d, event %d (a %d %d): %w", n, i, ev.ID, ev.Size, err)
