@@ -3,8 +3,6 @@ package policy
 import (
 	"fmt"
 	"testing"
-
-	"github.com/gpumem/gpumem/trace"
 )
 
 // TestFitGpumem holds gpumem's fit to within 3% of each shipped trace's peak
@@ -33,6 +31,20 @@ func TestFitGpumem(t *testing.T) {
 		}
 		if over < 0 || over > 0.03 {
 			t.Errorf("%s: gpumem fits on %d bytes, %+.2f%% from the peak live %d; want within 3%%", tr.Name, f.Capacity, 100*over, tr.PeakLiveBytes)
+		}
+		if tr.Name == "gpt2_generate" {
+			// The default placement's layout drifts over passes here
+			// (docs/EXPERIMENTS.md, "Ten passes: where the drift comes
+			// from"): three passes fail on the capacity one fits in, and
+			// compact placement, which repeats its first pass, fits three
+			// there. (If the default stops drifting, the first check goes:
+			// the aim of issue 11's bounded long run.)
+			if ok, err := Fits(tr, "gpumem", f.Capacity, 3); ok || err != nil {
+				t.Errorf("gpumem: three passes fit on the one-pass capacity %d (%v): want the drift seen", f.Capacity, err)
+			}
+			if ok, err := Fits(tr, "gpumem-compact", f.Capacity, 3); !ok || err != nil {
+				t.Errorf("gpumem-compact: three passes do not fit on %d: %v", f.Capacity, err)
+			}
 		}
 	}
 }
@@ -149,45 +161,5 @@ func TestFitsPasses(t *testing.T) {
 		if ok, err := Fits(tr, n, f.Capacity, 3); !ok || err != nil {
 			t.Errorf("%s: 3 passes do not fit on %d, where one does: %v", n, f.Capacity, err)
 		}
-	}
-}
-
-// TestFitPassesDrift: the default placement's layout drifts over passes on
-// gpt2_generate (docs/EXPERIMENTS.md, "Ten passes: where the drift comes
-// from"), so ten passes need more than one: the capacity its first pass
-// fits in fails a later pass. Compact placement repeats its first pass
-// and fits ten passes where it fits one. (If the default stops drifting,
-// the first check goes: that is the aim of issue 11's bounded long run.)
-func TestFitPassesDrift(t *testing.T) {
-	if testing.Short() {
-		t.Skip("bisects a shipped trace ten passes at a time")
-	}
-	var gen *trace.Trace
-	for _, tr := range shipped(t) {
-		if tr.Name == "gpt2_generate" {
-			gen = tr
-		}
-	}
-	if gen == nil {
-		t.Fatal("no gpt2_generate among the shipped traces")
-	}
-	one, err := Fit(gen, "gpumem", 1, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ten, err := Fit(gen, "gpumem", 10, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("gpumem: one pass %d MiB, ten passes %d MiB", one.Capacity>>20, ten.Capacity>>20)
-	if ok, _ := Fits(gen, "gpumem", one.Capacity, 10); ok || ten.Capacity <= one.Capacity {
-		t.Errorf("gpumem: ten passes fit on the one-pass capacity %d (fits %v) or need no more (%d): want the drift seen", one.Capacity, ok, ten.Capacity)
-	}
-	c1, err := Fit(gen, "gpumem-compact", 1, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := Fits(gen, "gpumem-compact", c1.Capacity, 10); !ok || err != nil {
-		t.Errorf("gpumem-compact: ten passes do not fit on its one-pass capacity %d: %v", c1.Capacity, err)
 	}
 }

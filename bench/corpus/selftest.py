@@ -83,7 +83,7 @@ class Summary(unittest.TestCase):
         self.assertIn("1.0200 / 1.0300", tune)
         self.assertNotIn("vit_train |", tune)
         self.assertIn("| vit_train | 10 | 2.000 | 1.0500 |", holdout)
-        self.assertIn("Not replayed: infer_server", holdout)
+        self.assertIn("Not replayed: moe_top2_train", holdout)
 
     def test_passes_column(self):
         rc, out, _ = self.run_summary([self.line("vit_train", 1.05, passes={"n": 10, "ratio": 1.07})])
