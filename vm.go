@@ -635,9 +635,9 @@ const frontierAfter = 16
 // With 16 (64 MiB) the bet was what the two smallest programs of the
 // corpus held beyond 1.02 times their peak: infer_server (952 MiB live)
 // 1.0221 and streaming_kv (604 MiB) 1.0338, against 1.0179 and 1.0173
-// with 256; on every other program of the corpus compact held the same
-// or less, for 3-28% more driver calls in a first pass, about 250-500
-// (docs/EXPERIMENTS.md, "Compact on small programs").
+// with 256. Of the 36 other real programs 33 held the same or less and
+// none more than 0.0022 more (gpt2_generate), for 2-36% more driver calls
+// in a first pass (docs/EXPERIMENTS.md, "Compact on small programs").
 const compactFrontierAfter = 256
 
 // aheadShare: the chunks a frontier span maps ahead of its block take at

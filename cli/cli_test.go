@@ -239,6 +239,9 @@ func TestReplayOOM(t *testing.T) {
 		!strings.Contains(out, "OOMs (later passes)") || !strings.Contains(out, want) {
 		t.Errorf("3 passes, table: exit %d, stdout %q, stderr %q; want the later OOMs' column and %q", code, out, errs, want)
 	}
+	if first, later := strings.Index(out, "tiny: first OOM at event 7"), strings.Index(out, "tiny: 2 OOMs in the passes after the first"); first < 0 || later < first {
+		t.Errorf("3 passes: the first pass's OOM at %d, the later passes' at %d; want the first pass's first:\n%s", first, later, out)
+	}
 	code, out, errs = run(t, nil, "replay", "--device", "sim", "--limit", "4MiB", "--json", "testdata/tiny.trace")
 	if code != 0 || errs != "" || strings.Contains(out, `"ooms":0,`) {
 		t.Errorf("--limit 4MiB: exit %d, stdout %q, stderr %q", code, out, errs)

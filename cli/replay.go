@@ -45,11 +45,12 @@ of memory, first_oom: {pass, event, id, verdict}, the verdict of the first
 (the fields of gpumem.h's gpumem_oom, cause and answers as words, and the
 message). Without --json, each trace's first OOM is printed after the
 table: its cause with the numbers, and what would have fit (after a trim,
-with virtual-memory spans, a smaller request); so is the first OOM of the
+with virtual-memory spans, a smaller request), then the first OOM of the
 later passes. A capacity the first pass fitted in may not hold a later
-pass: --passes with --capacity or --limit says whether it does. The first-pass ratio is what
-a program as long as its trace holds; passes.ratio is what it holds if it
-goes on doing the same (its peak may rise as its cache is rearranged).
+pass: --passes with --capacity or --limit says whether it does. The
+first-pass ratio is what a program as long as its trace holds;
+passes.ratio is what it holds if it goes on doing the same (its peak may
+rise as its cache is rearranged).
 
 --policy NAME replays under another allocator's policy, emulated on the
 simulated device of --capacity bytes (see package policy): tf-bfc and
@@ -305,6 +306,9 @@ func policyOOMs(tr *trace.Trace, capacity uint64) ([]replay.PolicyOOMs, error) {
 // policies: one paragraph each, after the table.
 func writeFirstOOMs(w io.Writer, results []replay.Result) error {
 	for _, r := range results {
+		if err := writeFirstOOM(w, r); err != nil {
+			return err
+		}
 		if ps := r.Passes; ps != nil && ps.FirstOOMLater != nil {
 			o := ps.FirstOOMLater
 			if _, err := fmt.Fprintf(w, "\n%s: %d OOM%s in the passes after the first; the first in pass %d at event %d (request %d): %v\n",
@@ -312,36 +316,40 @@ func writeFirstOOMs(w io.Writer, results []replay.Result) error {
 				return err
 			}
 		}
-		o := r.FirstOOM
-		if o == nil {
-			continue
-		}
-		if _, err := fmt.Fprintf(w, "\n%s: first OOM at event %d (request %d): %v\n", r.Trace, o.Event, o.ID, o.Verdict); err != nil {
-			return err
-		}
-		if len(o.Policies) == 0 {
-			continue
-		}
-		var ok, failed []string
-		for _, p := range o.Policies {
-			if p.OOMs == 0 {
-				ok = append(ok, p.Policy)
-			} else {
-				failed = append(failed, fmt.Sprintf("%s (%d OOM%s)", p.Policy, p.OOMs, map[bool]string{true: "s"}[p.OOMs > 1]))
-			}
-		}
-		if len(ok) == 0 {
-			ok = []string{"none"}
-		}
-		if len(failed) == 0 {
-			failed = []string{"none"}
-		}
-		if _, err := fmt.Fprintf(w, "%s: under emulated policies on a device of %s (gpumem's in its default configuration): ran without OOM: %s; ran out of memory: %s\n",
-			r.Trace, units.Format(o.Policies[0].Capacity), strings.Join(ok, ", "), strings.Join(failed, ", ")); err != nil {
-			return err
-		}
 	}
 	return nil
+}
+
+// writeFirstOOM writes the verdict of r's first OOM, if any, and how the
+// trace fared under the emulated policies.
+func writeFirstOOM(w io.Writer, r replay.Result) error {
+	o := r.FirstOOM
+	if o == nil {
+		return nil
+	}
+	if _, err := fmt.Fprintf(w, "\n%s: first OOM at event %d (request %d): %v\n", r.Trace, o.Event, o.ID, o.Verdict); err != nil {
+		return err
+	}
+	if len(o.Policies) == 0 {
+		return nil
+	}
+	var ok, failed []string
+	for _, p := range o.Policies {
+		if p.OOMs == 0 {
+			ok = append(ok, p.Policy)
+		} else {
+			failed = append(failed, fmt.Sprintf("%s (%d OOM%s)", p.Policy, p.OOMs, map[bool]string{true: "s"}[p.OOMs > 1]))
+		}
+	}
+	if len(ok) == 0 {
+		ok = []string{"none"}
+	}
+	if len(failed) == 0 {
+		failed = []string{"none"}
+	}
+	_, err := fmt.Fprintf(w, "%s: under emulated policies on a device of %s (gpumem's in its default configuration): ran without OOM: %s; ran out of memory: %s\n",
+		r.Trace, units.Format(o.Policies[0].Capacity), strings.Join(ok, ", "), strings.Join(failed, ", "))
+	return err
 }
 
 // gpumemOnly are the replay flags that configure gpumem's allocator or a
