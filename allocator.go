@@ -33,12 +33,20 @@ type Allocator struct {
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
 	spanChunks  int
 	compact     bool // Config.Compact, in ModeVirtual
+	defrag      bool // Config.Defrag, in ModeVirtual with a Copier, not compact
+	copier      device.Copier
 	noChurn     bool // tests only: the policy without the churn guard (churn.go)
 	check       bool // run the checker after every operation
 	checkSearch bool // compare every findBacked answer with findFewest's (check, or tests)
 
 	pools atomic.Pointer[poolTable] // copy on write, under mu
 	mu    sync.Mutex                // guards pool creation, closing, idle
+
+	// The scratch address range that split copies through, and scratch
+	// mappings the driver refused to unmap (defrag.go).
+	scratchMu            sync.Mutex
+	scratch, scratchSize uint64
+	lostScratch          []scratchMapping
 
 	// handles holds physical handles unmapped but not released (the driver
 	// refused; retried by Trim and Close), guarded by handlesMu.
@@ -69,6 +77,7 @@ type counters struct {
 	creates, releases, maps, unmaps atomic.Uint64
 	setAccess, reserves, fences     atomic.Uint64
 	handoffs, ooms, retries, trims  atomic.Uint64
+	splits, copies, copiedBytes     atomic.Uint64
 }
 
 // New makes an allocator over dev.
@@ -117,6 +126,9 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 		}
 	}
 	a.compact = cfg.Compact && a.mode == ModeVirtual
+	if c, ok := device.AsCopier(dev); ok && cfg.Defrag && a.mode == ModeVirtual && !a.compact {
+		a.defrag, a.copier = true, c
+	}
 	span := cfg.SpanSize
 	if span == 0 {
 		span = defaultSpanSize
@@ -650,6 +662,12 @@ func (a *Allocator) giveBackAll(first error) error {
 		errs = append(errs, err)
 		clean = false
 	}
+	a.scratchMu.Lock()
+	if err := a.releaseScratch(); err != nil {
+		errs = append(errs, err)
+		clean = false
+	}
+	a.scratchMu.Unlock()
 	a.closedClean = clean
 	return errors.Join(errs...)
 }

@@ -100,6 +100,15 @@ type Config struct {
 	// 0.8-5 times (docs/EXPERIMENTS.md, "Compact placement"). For programs
 	// that run out of memory; the default is for speed.
 	Compact bool
+	// Defrag lets the allocator move live memory, in ModeVirtual on a
+	// device that can copy: when growth would take it past its peak of
+	// active bytes plus 1%, and no empty span is left to give back, it
+	// splits a sparsely used span into new handles for its live chunks
+	// alone, copies their bytes over, maps them at the same addresses and
+	// gives the rest back (defrag.go). Pointers do not change. Each move
+	// synchronizes the device, so while an Alloc runs no other thread may
+	// enqueue work on this allocator's memory. Ignored under Compact.
+	Defrag bool
 	// RecordSites captures the call stack of every allocation, so leak
 	// reports from Scope.Close and Close say where each leaked buffer was
 	// allocated. It costs an allocation per Alloc.

@@ -50,6 +50,7 @@ type pool struct {
 	mappedChunks        int
 	emptySeq, fencedSeq uint64     // span emptyings so far / covered by the last fence
 	made                []int32    // spans placed by the current back (vm.go)
+	backing             *block     // the block the current back backs (live, not yet marked so)
 	churn               churnGuard // slack against moving spans on every few requests (churn.go)
 	// dormants are mappings left behind by moved spans (dormant.go);
 	// chains[i] is the newest of span slot i's handle + 1 (0: none), kept

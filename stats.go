@@ -63,6 +63,10 @@ type Stats struct {
 	OOMs          uint64 // requests that failed for want of memory (quota included)
 	Retries       uint64 // allocations retried after releasing the cache
 	Trims         uint64 // Trim calls
+	// Splits counts sparse spans whose live chunks moved to handles of
+	// their own (Config.Defrag); Copies and CopiedBytes, the copies that
+	// moved them (cuMemcpyDtoD).
+	Splits, Copies, CopiedBytes uint64
 }
 
 // DeviceCalls is the number of memory-management calls made to the driver.
@@ -143,6 +147,7 @@ func (a *Allocator) Stats() Stats {
 	s.Creates, s.Releases = c.creates.Load(), c.releases.Load()
 	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
 	s.Reserves, s.Fences, s.Handoffs = c.reserves.Load(), c.fences.Load(), c.handoffs.Load()
+	s.Splits, s.Copies, s.CopiedBytes = c.splits.Load(), c.copies.Load(), c.copiedBytes.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s
 }

@@ -505,6 +505,8 @@ func (p *pool) back(b *block) error {
 		}
 	}
 	p.made = p.made[:0] // place records the spans this call creates or moves here
+	p.backing = b
+	defer func() { p.backing = nil }()
 	var err error
 	for i := c0; i <= c1 && err == nil; {
 		c := &ch[i]
@@ -710,6 +712,11 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
 	}
 	if i := p.emptyToStretch(seg, r0, k); i >= 0 {
 		return p.moveSpan(i, p, seg, r0, c1)
+	}
+	if a.defrag {
+		if err := p.defrag(size); err != nil {
+			return err
+		}
 	}
 	p.makeRoom(size)
 	return p.createSpan(seg, r0, r1, c1, size)

@@ -101,6 +101,7 @@ func (e *env) replay(args []string) int {
 	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what a pass leaves live is freed before the next) and report the peak over all passes (passes.ratio): a program that runs longer than its trace")
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
 	compact := fs.Bool("compact", false, "best-fit placement that holds the least memory, at more driver calls (gpumem.Config.Compact)")
+	defrag := fs.Bool("defrag", false, "move live chunks out of sparse spans rather than grow past peak active + 1% (gpumem.Config.Defrag; synchronizes the device at each move)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replays (runtime/pprof) to `file`: where the time per event goes")
 	pol := fs.String("policy", "gpumem", "the allocation `policy`: gpumem, or another allocator's emulated on the simulated device ("+strings.Join(policy.Names()[1:], ", ")+"), or all")
 
@@ -147,6 +148,7 @@ func (e *env) replay(args []string) int {
 		SmallSize:           uint64(small),
 		SpanSize:            uint64(span),
 		Compact:             *compact,
+		Defrag:              *defrag,
 	}
 	m, err := gpumem.ParseMode(*mode)
 	if err != nil {
@@ -355,7 +357,7 @@ func writeFirstOOM(w io.Writer, r replay.Result) error {
 // gpumemOnly are the replay flags that configure gpumem's allocator or a
 // real GPU: under another policy they mean nothing.
 var gpumemOnly = []string{"device", "gpu", "granularity", "mode", "limit", "preallocate", "preallocate-fraction",
-	"release-threshold", "small-size", "span", "compact", "touch", "warm", "repeat"}
+	"release-threshold", "small-size", "span", "compact", "defrag", "touch", "warm", "repeat"}
 
 // replayPolicies is gpumem replay --policy NAME (or all) for a policy other
 // than gpumem alone: every trace under the policy, or under each, on the

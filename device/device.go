@@ -13,6 +13,7 @@
 //	VirtualMemory.SetAccess      cuMemSetAccess (read-write, this device)
 //	Events.*                     cuEventCreate / cuEventRecord / cuEventQuery /
 //	                             cuEventSynchronize / cuStreamWaitEvent
+//	Copier.Copy                  cuMemcpyDtoD, then cuCtxSynchronize
 //
 // Only Device is required. Optional capabilities are discovered by type
 // assertion (see AsVirtualMemory, AsEvents, AsStreams); the allocator works
@@ -20,7 +21,8 @@
 //
 //	without VirtualMemory: plain segments only (no chunk-granular growth);
 //	without Events:        a block freed on one stream is never handed to
-//	                       another stream without a full Synchronize.
+//	                       another stream without a full Synchronize;
+//	without Copier:        live memory is never moved (Config.Defrag is off).
 //
 // Preconditions common to every backend (a backend may check them and return
 // ErrInvalid, but callers must not rely on it):
@@ -136,6 +138,21 @@ type Streams interface {
 	DestroyStream(s Stream) error
 	// SynchronizeStream waits until all work on s has completed.
 	SynchronizeStream(s Stream) error
+}
+
+// Copier is the optional capability of copying device memory, with which the
+// allocator moves live chunks to new physical memory (Config.Defrag).
+type Copier interface {
+	// Copy copies n bytes from src to dst and returns when the copy is
+	// complete. Both ranges must be mapped with access, each inside one
+	// mapping, and must not overlap; work using either must have completed.
+	Copy(dst, src Ptr, n uint64) error
+}
+
+// AsCopier returns d's copy capability, if it has one.
+func AsCopier(d Device) (Copier, bool) {
+	c, ok := d.(Copier)
+	return c, ok
 }
 
 // AsVirtualMemory returns d's virtual-memory capability, if it has one.

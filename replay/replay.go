@@ -61,7 +61,11 @@ type Result struct {
 	Creates           uint64  `json:"creates"`
 	Releases          uint64  `json:"releases"`
 	Fences            uint64  `json:"fences"`
-	PeakActiveBytes   uint64  `json:"peak_active_bytes"`
+	// Splits and CopiedBytes: sparse spans whose live chunks moved, and
+	// the bytes copied to move them (gpumem.Config.Defrag; else 0).
+	Splits          uint64 `json:"splits,omitempty"`
+	CopiedBytes     uint64 `json:"copied_bytes,omitempty"`
+	PeakActiveBytes uint64 `json:"peak_active_bytes"`
 	// EndReservedBytes is what the allocator still held after the last
 	// event, before Close.
 	EndReservedBytes uint64 `json:"end_reserved_bytes"`
@@ -115,6 +119,8 @@ type PassesResult struct {
 	// first of them, with its pass.
 	OOMsLater     int  `json:"ooms_later"`
 	FirstOOMLater *OOM `json:"first_oom_later,omitempty"`
+	// SplitsLater counts the later passes' splits (Result.Splits).
+	SplitsLater uint64 `json:"splits_later,omitempty"`
 	// NsPerOpLater is the time per event of the passes after the first,
 	// together (with Options.Repeat, the median over the runs): the
 	// allocator's speed in a program's steady state.
@@ -244,6 +250,8 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		Creates:           st.Creates - before.Creates,
 		Releases:          st.Releases - before.Releases,
 		Fences:            st.Fences - before.Fences,
+		Splits:            st.Splits - before.Splits,
+		CopiedBytes:       st.CopiedBytes - before.CopiedBytes,
 		PeakActiveBytes:   st.PeakActive,
 		EndReservedBytes:  st.Reserved,
 	}
@@ -283,7 +291,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		end := a.Stats()
 		r.Passes = &PassesResult{N: passes, PeakReservedBytes: end.PeakReserved,
 			CreatesLater: end.Creates - st.Creates, MapsLater: end.Maps - st.Maps, ReleasesLater: end.Releases - st.Releases,
-			OOMsLater: oomsLater, FirstOOMLater: firstLater}
+			OOMsLater: oomsLater, FirstOOMLater: firstLater, SplitsLater: end.Splits - st.Splits}
 		if r.PeakLiveBytes > 0 {
 			r.Passes.Ratio = float64(end.PeakReserved) / float64(r.PeakLiveBytes)
 		}

@@ -35,6 +35,7 @@ type driver struct {
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize uintptr
 
 	cuMemsetD8, cuMemsetD8Async, cuMemcpyHtoD, cuMemcpyDtoH uintptr
+	cuMemcpyDtoD                                            uintptr
 
 	cuModuleLoadDataEx, cuModuleGetFunction, cuModuleUnload, cuLaunchKernel uintptr
 }
@@ -80,6 +81,7 @@ func (d *driver) symbols() []dl.Symbol {
 		{Addr: &d.cuMemsetD8Async, Names: []string{"cuMemsetD8Async"}},
 		{Addr: &d.cuMemcpyHtoD, Names: []string{"cuMemcpyHtoD_v2"}},
 		{Addr: &d.cuMemcpyDtoH, Names: []string{"cuMemcpyDtoH_v2"}},
+		{Addr: &d.cuMemcpyDtoD, Names: []string{"cuMemcpyDtoD_v2"}},
 		{Addr: &d.cuModuleLoadDataEx, Names: []string{"cuModuleLoadDataEx"}},
 		{Addr: &d.cuModuleGetFunction, Names: []string{"cuModuleGetFunction"}},
 		{Addr: &d.cuModuleUnload, Names: []string{"cuModuleUnload"}},

@@ -106,6 +106,9 @@ type handleRec struct {
 	size     uint64
 	mapCount int
 	released bool
+	// words: what Poke wrote and Copy copied into the chunk, by offset (the
+	// content model: a word per address written, nil until one is).
+	words map[uint64]uint64
 }
 
 // New returns a simulated device, or an error if cfg is nonsense: a
@@ -303,6 +306,7 @@ type Stats struct {
 	StreamWaits                      uint64
 	Synchronizes                     uint64 // Synchronize and SynchronizeStream
 	Touches                          uint64
+	Copies, CopiedBytes              uint64
 	Injected                         uint64 // failures injected by FailNth and FailOOM
 	LiveAllocs, LiveHandles          int    // plain allocations and handles (incl. released but mapped)
 	LiveMappings, LiveReservations   int

@@ -114,7 +114,7 @@ const (
 // Configurations lists the configurations the suite runs under for dev:
 // virtual (if dev has virtual memory) and plain, each default, with a Limit,
 // with Preallocate, with ReleaseThreshold and with CheckInvariants, and
-// virtual with Compact (invariants checked).
+// virtual with Compact and with Defrag under the limit (invariants checked).
 func Configurations(dev device.Device) []Configuration {
 	modes := []gpumem.Mode{gpumem.ModePlain}
 	if _, ok := device.AsVirtualMemory(dev); ok {
@@ -134,7 +134,8 @@ func Configurations(dev device.Device) []Configuration {
 			Configuration{m.String() + "/check-invariants", gpumem.Config{Mode: m, CheckInvariants: true}},
 		)
 		if m == gpumem.ModeVirtual {
-			out = append(out, Configuration{m.String() + "/compact", gpumem.Config{Mode: m, Compact: true, CheckInvariants: true}})
+			out = append(out, Configuration{m.String() + "/compact", gpumem.Config{Mode: m, Compact: true, CheckInvariants: true}},
+				Configuration{m.String() + "/defrag", gpumem.Config{Mode: m, Defrag: true, Limit: limit, CheckInvariants: true}})
 		}
 	}
 	return out

@@ -353,6 +353,10 @@ func statsIdentities(st gpumem.Stats) error {
 	if st.Releasable > st.Cached || st.Releasable < st.SpareBytes {
 		bad("want SpareBytes %d <= Releasable %d <= Cached %d", st.SpareBytes, st.Releasable, st.Cached)
 	}
+	// A split copies at least one live run, of whole chunks.
+	if st.Copies < st.Splits || (st.Copies == 0) != (st.CopiedBytes == 0) || st.Copies > st.Creates {
+		bad("Splits %d, Copies %d, CopiedBytes %d, Creates %d: want Splits <= Copies <= Creates, and bytes with copies", st.Splits, st.Copies, st.CopiedBytes, st.Creates)
+	}
 	// Every mapping the driver holds is a span's or a dormant one
 	// (Config.Compact); with no span mapped there is neither.
 	if st.Maps < st.Unmaps || uint64(max(st.DormantMappings, 0)) > st.Maps-st.Unmaps || st.DormantMappings < 0 {

@@ -17,7 +17,7 @@ var DeviceOps = []string{
 	"Alloc", "Free", "MemInfo", "Synchronize",
 	"Reserve", "ReleaseAddress", "Create", "Release", "Map", "SetAccess", "Unmap",
 	"NewEvent", "DestroyEvent", "Record", "Query", "Wait", "StreamWait",
-	"NewStream", "DestroyStream", "SynchronizeStream",
+	"NewStream", "DestroyStream", "SynchronizeStream", "Copy",
 }
 
 // Injector holds the armed faults of one device. Operations are named by

@@ -213,6 +213,112 @@ func TestGPUCompactDataReadsBack(t *testing.T) {
 	}
 }
 
+// TestGPUDefragDataReadsBack: under Config.Defrag, on the real driver, live
+// buffers whose chunks were copied to new handles and mapped back at the
+// same addresses (a split) read back every byte written to them: first
+// stranded spans split for sure (eight 16 MiB spans with one live 2 MiB
+// buffer each, then a 100 MiB request), then a random workload under a
+// limit.
+func TestGPUDefragDataReadsBack(t *testing.T) {
+	d := openGPU(t)
+	if !d.VirtualMemorySupported() {
+		t.Skip("device lacks virtual memory management")
+	}
+	a, err := gpumem.New(d, gpumem.Config{Defrag: true, CheckInvariants: true, Limit: 400 * miB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var live []written
+	verify := func(step int) {
+		t.Helper()
+		for _, w := range live {
+			got := make([]byte, w.b.Size())
+			if err := d.CopyToHost(got, w.b.Ptr()); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, pat(w.b.Size(), w.seed)) {
+				t.Fatalf("step %d: buffer 0x%x (%d bytes) did not read back what was written", step, w.b.Ptr(), w.b.Size())
+			}
+		}
+	}
+	alloc := func(n uint64, seed byte) (gpumem.Buffer, error) {
+		b, err := a.Alloc(n, 0)
+		if err != nil {
+			return b, err
+		}
+		return b, d.CopyFromHost(b.Ptr(), pat(n, seed))
+	}
+	var big []gpumem.Buffer
+	for i := 0; i < 8; i++ {
+		b, err := a.Alloc(16*miB, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		big = append(big, b)
+	}
+	for _, b := range big {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 64; i++ {
+		b, err := alloc(2*miB, byte(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%8 == 3 {
+			live = append(live, written{b, byte(i)})
+		} else if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := alloc(100*miB, 0x5a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live = append(live, written{b, 0x5a})
+	verify(0)
+	if st := a.Stats(); st.Splits == 0 {
+		t.Fatalf("no span was split (%d maps, %d creates): the test did not exercise Defrag", st.Maps, st.Creates)
+	}
+	rng := rand.New(rand.NewPCG(6, 10))
+	for i := 0; i < 2000; i++ {
+		if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 30) {
+			j := rng.IntN(len(live))
+			if err := a.Free(live[j].b); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live[:j], live[j+1:]...)
+			continue
+		}
+		n := uint64(1+rng.IntN(24))*miB/2 + uint64(rng.IntN(4096))
+		if rng.IntN(8) == 0 {
+			n = uint64(16+rng.IntN(48)) * miB
+		}
+		seed := byte(i)
+		b, err := alloc(n, seed)
+		if errors.Is(err, gpumem.ErrOutOfMemory) {
+			continue
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, written{b, seed})
+		if i%100 == 99 {
+			verify(i)
+		}
+	}
+	verify(-1)
+	st := a.Stats()
+	t.Logf("%d splits, %d copies of %d bytes, %d maps, %d unmaps, %d fences; peak reserved %d, peak active %d",
+		st.Splits, st.Copies, st.CopiedBytes, st.Maps, st.Unmaps, st.Fences, st.PeakReserved, st.PeakActive)
+	for _, w := range live {
+		if err := a.Free(w.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // written is a buffer and the seed of the pattern (pat) written to it.
 type written struct {
 	b    gpumem.Buffer

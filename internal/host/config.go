@@ -37,6 +37,9 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	span_size          a size (gpumem.Config.SpanSize)
 //	compact            true or false: best-fit placement that holds the
 //	                   least memory, at more driver calls (gpumem.Config.Compact)
+//	defrag             true or false: move live chunks out of sparse spans
+//	                   rather than grow (gpumem.Config.Defrag); only for
+//	                   programs that launch from one thread at a time
 //	record_sites       true or false: allocation call stacks in leak reports
 //	check              true or false: run the invariant checker after every
 //	                   operation (slow)
@@ -147,6 +150,8 @@ func (c *Config) set(key, val string) error {
 		c.Alloc.SpanSize, err = units.ParseBare(val)
 	case "compact":
 		c.Alloc.Compact, err = strconv.ParseBool(val)
+	case "defrag":
+		c.Alloc.Defrag, err = strconv.ParseBool(val)
 	case "record_sites":
 		c.Alloc.RecordSites, err = strconv.ParseBool(val)
 	case "check":
@@ -157,7 +162,7 @@ func (c *Config) set(key, val string) error {
 		}
 		c.Serve = val
 	default:
-		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, record_sites, check or serve)")
+		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, defrag, record_sites, check or serve)")
 	}
 	return err
 }
