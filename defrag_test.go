@@ -223,6 +223,7 @@ func TestDefragChurn(t *testing.T) {
 // the books hold, and after the faults are cleared everything goes back.
 func TestDefragFaults(t *testing.T) {
 	const mib = 1 << 20
+	var splits uint64
 	for _, op := range []string{"Create", "Map", "SetAccess", "Synchronize", "Copy", "Unmap", "Release", "Reserve"} {
 		for _, n := range []int{1, 2, 4, 9, 30, 80} {
 			dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
@@ -234,16 +235,18 @@ func TestDefragFaults(t *testing.T) {
 			// The stranded spans first, then the fault, then the large
 			// request that splits them.
 			spans(t, a)
-			var live []marked
+			var all, live []marked
 			for i := 0; i < 64; i++ {
 				b, err := a.Alloc(2*mib, 0)
 				if err != nil {
 					t.Fatal(err)
 				}
-				m := mark(t, dev, b, uint64(i+1))
+				all = append(all, mark(t, dev, b, uint64(i+1)))
+			}
+			for i, m := range all {
 				if i%8 == 3 {
 					live = append(live, m)
-				} else if err := a.Free(b); err != nil {
+				} else if err := a.Free(m.b); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -257,6 +260,7 @@ func TestDefragFaults(t *testing.T) {
 				t.Fatalf("%s: the large Alloc failed with %v", label, err)
 			}
 			readBack(t, dev, live, label+", after the large block")
+			splits += a.Stats().Splits
 			live = append(live, churn(t, dev, a, uint64(n), allowed, label)...)
 			dev.ClearFaults()
 			for _, m := range live {
@@ -277,5 +281,8 @@ func TestDefragFaults(t *testing.T) {
 				t.Errorf("%s: after Close %d mappings, %d reservations and %d handles remain", label, s.LiveMappings, s.LiveReservations, s.LiveHandles)
 			}
 		}
+	}
+	if splits == 0 {
+		t.Error("no large request split a span under any fault: the test does not exercise the moves")
 	}
 }
