@@ -58,6 +58,14 @@
 // 1.1-9.7 times the default's first-pass time on an H100
 // (docs/EXPERIMENTS.md, "Compact placement").
 //
+// Config.Defrag keeps the default placement and moves live memory instead:
+// before growth would take the allocator past its peak of active bytes plus
+// 1%, it splits sparsely used spans, copying their live chunks to new
+// handles mapped at the same addresses, and gives the rest back
+// (defrag.go). Each move synchronizes the device, so it is for programs
+// that launch from one thread at a time (docs/EXPERIMENTS.md, "Moving live
+// chunks").
+//
 // ModePlain takes segments with Device.Alloc, as PyTorch's caching
 // allocator does (plainSegmentSize), for devices without virtual memory.
 //
