@@ -123,8 +123,16 @@ func (e *env) run(args []string) int {
 			cfg = joinConfig(cfg, kv)
 		}
 	}
-	if _, err := host.ParseConfig(cfg); err != nil {
+	parsed, err := host.ParseConfig(cfg)
+	if err != nil {
 		fmt.Fprintf(e.stderr, "gpumem run: %v\n", err)
+		return ExitUsage
+	}
+	if parsed.Alloc.Defrag {
+		// A move unmaps live memory for a moment after a synchronize;
+		// XLA enqueues work from several threads, so a kernel could find
+		// its memory gone (gpumem.Config.Defrag).
+		fmt.Fprintf(e.stderr, "gpumem run: GPUMEM_CONFIG defrag=true is not supported here: it needs a program that launches GPU work from one thread at a time, and XLA and TensorFlow launch from several\n")
 		return ExitUsage
 	}
 	lib, err := findLibrary(*library, "GPUMEM_LIBRARY", "libgpumem.so")
