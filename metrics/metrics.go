@@ -84,6 +84,8 @@ var metricsList = []metric{
 	counter("retries_total", "Allocations retried after giving the cache back.", func(s gpumem.Stats) uint64 { return s.Retries }),
 	counter("trims_total", "Trims (every unused byte given back on request).", func(s gpumem.Stats) uint64 { return s.Trims }),
 	counter("fences_total", "Host waits for a stream before memory was unmapped or freed.", func(s gpumem.Stats) uint64 { return s.Fences }),
+	counter("splits_total", "Sparse spans whose live chunks moved to handles of their own (Config.Defrag).", func(s gpumem.Stats) uint64 { return s.Splits }),
+	counter("copied_bytes_total", "Bytes copied to move live chunks (Config.Defrag).", func(s gpumem.Stats) uint64 { return s.CopiedBytes }),
 	{prometheus.NewDesc("gpumem_fragmentation_ratio", "1 - largest_free_bytes / cached_bytes: 0 when the cache is one piece.", labels, nil),
 		prometheus.GaugeValue, func(s gpumem.Stats, _ *gpumem.Allocator) float64 { return s.Fragmentation }},
 	{prometheus.NewDesc("gpumem_limit_bytes", "The cap on reserved_bytes.", labels, nil),

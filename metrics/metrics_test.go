@@ -97,6 +97,12 @@ func TestScrape(t *testing.T) {
 	if got := value("gpumem_device_calls_total", "0", "call", "create"); got != float64(sa.Creates) || got == 0 {
 		t.Errorf("device_calls_total{call=create} = %v, want %d", got, sa.Creates)
 	}
+	if got := value("gpumem_splits_total", "0"); got != float64(sa.Splits) {
+		t.Errorf("splits_total{device=0} = %v, want %d", got, sa.Splits)
+	}
+	if got := value("gpumem_copied_bytes_total", "1"); got != float64(sb.CopiedBytes) {
+		t.Errorf("copied_bytes_total{device=1} = %v, want %d", got, sb.CopiedBytes)
+	}
 	if got := value("gpumem_process_outside_bytes", "1"); got != 560<<20 {
 		t.Errorf("process_outside_bytes{device=1} = %v, want %d", got, 560<<20)
 	}
