@@ -42,11 +42,12 @@ type Allocator struct {
 	pools atomic.Pointer[poolTable] // copy on write, under mu
 	mu    sync.Mutex                // guards pool creation, closing, idle
 
-	// The scratch address range that split copies through, and scratch
-	// mappings the driver refused to unmap (defrag.go).
-	scratchMu            sync.Mutex
-	scratch, scratchSize uint64
-	lostScratch          []scratchMapping
+	// The scratch address range that split copies through, scratch
+	// mappings the driver refused to unmap, and the ranges they lie in
+	// (defrag.go).
+	scratchMu               sync.Mutex
+	scratch, scratchSize    uint64
+	lostScratch, lostRanges []scratchMapping
 
 	// handles holds physical handles unmapped but not released (the driver
 	// refused; retried by Trim and Close), guarded by handlesMu.
@@ -579,6 +580,11 @@ func (a *Allocator) Trim() error {
 	if err := a.releaseHandles(); err != nil {
 		errs = append(errs, err)
 	}
+	a.scratchMu.Lock()
+	if err := a.releaseLost(); err != nil {
+		errs = append(errs, err)
+	}
+	a.scratchMu.Unlock()
 	return errors.Join(errs...)
 }
 

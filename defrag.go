@@ -59,8 +59,10 @@ const scratchMin = 64 << 20
 
 // defrag frees physical memory by splitting sparse spans of p before size
 // bytes are taken from the device, while growth would take the allocator
-// past its bound. Errors from a split stop it (the growth goes on); only a
-// split that could not restore a live span returns its error.
+// past its bound: first empty spans go (makeRoom, as newSpan does again
+// before it creates, for size bytes each time), then live chunks move.
+// Errors from a split stop it (the growth goes on); only a split that
+// could not restore a live span returns its error.
 func (p *pool) defrag(size uint64) error {
 	a := p.a
 	live := max(a.peakActive.Load(), p.peakActive, p.active)
@@ -163,7 +165,7 @@ func (p *pool) liveRuns(i int32) [][2]int {
 
 // split moves the live runs of sparse span i to handles of their own at the
 // same addresses and releases the span's handle (see the overview above).
-func (p *pool) split(i int32) (err error) {
+func (p *pool) split(i int32) error {
 	a := p.a
 	s := &p.spans[i]
 	seg, c0, n, old := s.seg, int(s.c0), int(s.n), s.h
@@ -186,16 +188,21 @@ func (p *pool) split(i int32) (err error) {
 	hs := make([]device.Handle, 0, len(runs))
 	mapped := 0 // runs mapped at scratch
 	undo := func() {
-		for k := 0; k < mapped; k++ {
-			if a.vm.Unmap(device.Ptr(tmp(runs[k])), size(runs[k])) != nil {
-				a.scratch, a.scratchSize = 0, 0 // leave it, mapped, to Close
-				a.lostScratch = append(a.lostScratch, scratchMapping{tmp(runs[k]), size(runs[k])})
-			} else {
+		for k, h := range hs {
+			if k < mapped {
+				if a.vm.Unmap(device.Ptr(tmp(runs[k])), size(runs[k])) != nil {
+					// Left mapped, with its handle, its bytes counted,
+					// and the range, for Close (releaseScratch).
+					a.lostScratch = append(a.lostScratch, scratchMapping{tmp(runs[k]), size(runs[k]), h})
+					continue
+				}
 				a.c.unmaps.Add(1)
 			}
-		}
-		for k, h := range hs {
 			a.dropHandle(h, size(runs[k]))
+		}
+		if len(a.lostScratch) > 0 && a.scratchSize > 0 {
+			a.lostRanges = append(a.lostRanges, scratchMapping{p: a.scratch, size: a.scratchSize})
+			a.scratch, a.scratchSize = 0, 0
 		}
 	}
 	for _, r := range runs {
@@ -257,7 +264,7 @@ func (p *pool) split(i int32) (err error) {
 	// or the old one back.
 	final := 0
 	for k, r := range runs {
-		err = a.vm.Map(device.Ptr(at(r)), size(r), hs[k])
+		err := a.vm.Map(device.Ptr(at(r)), size(r), hs[k])
 		if err == nil {
 			a.c.maps.Add(1)
 			final++
@@ -330,9 +337,13 @@ func (p *pool) restore(i int32, runs [][2]int, final int, hs []device.Handle, ca
 	return cause
 }
 
-// scratchMapping is a scratch mapping whose unmap the driver refused: Close
-// tries again.
-type scratchMapping struct{ p, size uint64 }
+// scratchMapping is a scratch mapping whose unmap the driver refused, with
+// its handle (Close unmaps it, then releases the handle), or a scratch
+// range that held one (Close releases it once nothing is mapped there).
+type scratchMapping struct {
+	p, size uint64
+	h       device.Handle
+}
 
 // scratchRange returns the scratch address range for split, at least size
 // bytes, reserving it (again, larger) if need be. Called with a.scratchMu.
@@ -357,24 +368,43 @@ func (a *Allocator) scratchRange(size uint64) (uint64, error) {
 	return a.scratch, nil
 }
 
-// releaseScratch gives back the scratch range, after unmapping what a
-// failed split left mapped (Close). Called with a.scratchMu.
-func (a *Allocator) releaseScratch() error {
+// releaseLost retries the scratch mappings a failed split left mapped
+// (their handles count in Stats.SpareBytes), releases their handles, and
+// once none is left, the ranges they lay in (Trim, Close). Called with
+// a.scratchMu.
+func (a *Allocator) releaseLost() error {
 	var errs []error
 	kept := a.lostScratch[:0]
 	for _, m := range a.lostScratch {
 		if err := a.vm.Unmap(device.Ptr(m.p), m.size); err != nil {
 			errs = append(errs, err)
 			kept = append(kept, m)
+			continue
 		}
+		a.c.unmaps.Add(1)
+		a.dropHandle(m.h, m.size)
 	}
 	a.lostScratch = kept
-	if a.scratchSize > 0 {
-		if err := a.vm.ReleaseAddress(device.Ptr(a.scratch), a.scratchSize); err != nil {
-			errs = append(errs, err)
-		} else {
-			a.scratch, a.scratchSize = 0, 0
+	if len(kept) == 0 {
+		for _, r := range a.lostRanges {
+			if err := a.vm.ReleaseAddress(device.Ptr(r.p), r.size); err != nil {
+				errs = append(errs, err)
+			}
 		}
+		a.lostRanges = nil
 	}
 	return errors.Join(errs...)
+}
+
+// releaseScratch gives back what releaseLost does and the scratch range
+// (Close). Called with a.scratchMu.
+func (a *Allocator) releaseScratch() error {
+	err := a.releaseLost()
+	if a.scratchSize > 0 {
+		if rerr := a.vm.ReleaseAddress(device.Ptr(a.scratch), a.scratchSize); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		a.scratch, a.scratchSize = 0, 0
+	}
+	return err
 }

@@ -286,3 +286,67 @@ func TestDefragFaults(t *testing.T) {
 		t.Error("no large request split a span under any fault: the test does not exercise the moves")
 	}
 }
+
+// TestDefragLostScratch: when the driver refuses twice to unmap a copy's
+// scratch mapping, the split is abandoned (the request is served by new
+// memory), the stuck handle counts in Stats.SpareBytes, and Trim gives it
+// and its scratch range back once the driver relents; nothing is left on
+// the device after Close.
+func TestDefragLostScratch(t *testing.T) {
+	const mib = 1 << 20
+	dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
+	a, err := gpumem.New(dev, gpumem.Config{Defrag: true, CheckInvariants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spans(t, a)
+	var all, live []marked
+	for i := 0; i < 64; i++ {
+		b, err := a.Alloc(2*mib, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, mark(t, dev, b, uint64(i+1)))
+	}
+	for i, m := range all {
+		if i%8 == 3 {
+			live = append(live, m)
+		} else if err := a.Free(m.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first split's first Unmap is its scratch mapping's (after the
+	// copy); undo tries it again: both fail.
+	dev.FailNth("Unmap", 1)
+	dev.FailNth("Unmap", 2)
+	b, err := a.Alloc(100*mib, 0)
+	if err != nil {
+		t.Fatalf("the large Alloc: %v", err)
+	}
+	live = append(live, mark(t, dev, b, 1000))
+	readBack(t, dev, live, "after the abandoned split")
+	st := a.Stats()
+	if st.SpareBytes != 2*mib || st.Reserved != st.PlainBytes+st.MappedBytes+st.SpareBytes {
+		t.Errorf("stuck scratch mapping: SpareBytes %d (want 2 MiB), Reserved %d = Plain %d + Mapped %d + Spare %d?",
+			st.SpareBytes, st.Reserved, st.PlainBytes, st.MappedBytes, st.SpareBytes)
+	}
+	dev.ClearFaults()
+	if err := a.Trim(); err != nil {
+		t.Fatalf("Trim: %v", err)
+	}
+	if st := a.Stats(); st.SpareBytes != 0 {
+		t.Errorf("after Trim: SpareBytes %d", st.SpareBytes)
+	}
+	readBack(t, dev, live, "after Trim")
+	for _, m := range live {
+		if err := a.Free(m.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s := dev.Stats(); s.LiveMappings != 0 || s.LiveReservations != 0 || s.LiveHandles != 0 || s.Used != 0 {
+		t.Errorf("after Close: %d mappings, %d reservations, %d handles, %d bytes", s.LiveMappings, s.LiveReservations, s.LiveHandles, s.Used)
+	}
+}

@@ -34,7 +34,7 @@ type Stats struct {
 	// (dormant.go): address space mapped to a handle counted in MappedBytes
 	// where it lies now, so they hold no memory of their own.
 	DormantMappings int
-	SpareBytes      uint64 // bytes of handles unmapped whose release the driver refused (retried by Trim)
+	SpareBytes      uint64 // bytes of handles the driver refused to release, or to unmap from a split's scratch range (retried by Trim)
 	AddressSpace    uint64 // bytes of virtual address space reserved
 	LiveBuffers     uint64
 	Segments        int // plain segments and virtual arenas
@@ -119,8 +119,13 @@ func (a *Allocator) Stats() Stats {
 	for _, hh := range a.handles {
 		s.SpareBytes += hh.size
 	}
-	s.Releasable += s.SpareBytes
 	a.handlesMu.Unlock()
+	a.scratchMu.Lock()
+	for _, m := range a.lostScratch {
+		s.SpareBytes += m.size
+	}
+	a.scratchMu.Unlock()
+	s.Releasable += s.SpareBytes
 	// A flushed peak can lag the exact sum by flushBytes per stream; never
 	// report a peak below what is live now.
 	s.PeakAllocated = max(s.PeakAllocated, a.peakAllocated.Load(), s.Allocated)
