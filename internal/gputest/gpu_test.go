@@ -87,15 +87,7 @@ func TestGPUDataReadsBack(t *testing.T) {
 				}
 				// Read everything back, then free every other buffer so the
 				// next round reuses their memory.
-				for _, w := range bufs {
-					got := make([]byte, w.b.Size())
-					if err := d.CopyToHost(got, w.b.Ptr()); err != nil {
-						t.Fatal(err)
-					}
-					if !bytes.Equal(got, pat(w.b.Size(), w.seed)) {
-						t.Fatalf("round %d: buffer 0x%x (%d bytes) did not read back what was written", round, w.b.Ptr(), w.b.Size())
-					}
-				}
+				readBack(t, d, bufs, round)
 				var keep []written
 				for i, w := range bufs {
 					if i%2 == 0 {
@@ -132,17 +124,6 @@ func TestGPUCompactDataReadsBack(t *testing.T) {
 	defer a.Close()
 	rng := rand.New(rand.NewPCG(5, 9))
 	var live []written
-	verify := func(step int) {
-		for _, w := range live {
-			got := make([]byte, w.b.Size())
-			if err := d.CopyToHost(got, w.b.Ptr()); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, pat(w.b.Size(), w.seed)) {
-				t.Fatalf("step %d: buffer 0x%x (%d bytes) did not read back what was written", step, w.b.Ptr(), w.b.Size())
-			}
-		}
-	}
 	// First moves back and forth that revive for sure (as on the
 	// simulated device: TestCompactCloseUnmapsDormant), with a live buffer
 	// written beside them; then a random workload.
@@ -173,7 +154,7 @@ func TestGPUCompactDataReadsBack(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		verify(round)
+		readBack(t, d, live, round)
 	}
 	for i := 0; i < 3000; i++ {
 		if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 30) {
@@ -197,10 +178,10 @@ func TestGPUCompactDataReadsBack(t *testing.T) {
 			live = append(live, written{b, seed})
 		}
 		if i%100 == 99 {
-			verify(i)
+			readBack(t, d, live, i)
 		}
 	}
-	verify(-1)
+	readBack(t, d, live, -1)
 	st := a.Stats()
 	if st.Revived == 0 {
 		t.Errorf("no dormant mapping was revived (%d maps, %d unmaps): the test did not exercise them", st.Maps, st.Unmaps)
@@ -230,18 +211,6 @@ func TestGPUDefragDataReadsBack(t *testing.T) {
 	}
 	defer a.Close()
 	var live []written
-	verify := func(step int) {
-		t.Helper()
-		for _, w := range live {
-			got := make([]byte, w.b.Size())
-			if err := d.CopyToHost(got, w.b.Ptr()); err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got, pat(w.b.Size(), w.seed)) {
-				t.Fatalf("step %d: buffer 0x%x (%d bytes) did not read back what was written", step, w.b.Ptr(), w.b.Size())
-			}
-		}
-	}
 	alloc := func(n uint64, seed byte) (gpumem.Buffer, error) {
 		b, err := a.Alloc(n, 0)
 		if err != nil {
@@ -282,7 +251,7 @@ func TestGPUDefragDataReadsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	live = append(live, written{b, 0x5a})
-	verify(0)
+	readBack(t, d, live, 0)
 	if st := a.Stats(); st.Splits == 0 {
 		t.Fatalf("no span was split: the test did not exercise Defrag; stats %+v", st)
 	}
@@ -309,16 +278,31 @@ func TestGPUDefragDataReadsBack(t *testing.T) {
 		}
 		live = append(live, written{b, seed})
 		if i%100 == 99 {
-			verify(i)
+			readBack(t, d, live, i)
 		}
 	}
-	verify(-1)
+	readBack(t, d, live, -1)
 	st := a.Stats()
 	t.Logf("%d splits, %d copies of %d bytes, %d maps, %d unmaps, %d fences; peak reserved %d, peak active %d",
 		st.Splits, st.Copies, st.CopiedBytes, st.Maps, st.Unmaps, st.Fences, st.PeakReserved, st.PeakActive)
 	for _, w := range live {
 		if err := a.Free(w.b); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// readBack fails t unless every buffer of live reads back the pattern
+// written to it; step says when, in the message.
+func readBack(t *testing.T, d *cuda.Device, live []written, step int) {
+	t.Helper()
+	for _, w := range live {
+		got := make([]byte, w.b.Size())
+		if err := d.CopyToHost(got, w.b.Ptr()); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, pat(w.b.Size(), w.seed)) {
+			t.Fatalf("step %d: buffer 0x%x (%d bytes) did not read back what was written", step, w.b.Ptr(), w.b.Size())
 		}
 	}
 }
