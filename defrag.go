@@ -3,8 +3,10 @@ package gpumem
 // See doc.go for the overview.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -28,21 +30,29 @@ import (
 // most for the least copying is split, again until the growth fits or no
 // span is sparse.
 //
-// How (split): the live runs get new handles, mapped at a scratch address
-// range; the device is synchronized (every stream: no kernel may use the
-// live bytes while they move), the runs are copied there, the scratch
-// mappings are undone, the old span is unmapped, the new handles are mapped
-// at the old addresses and granted access, and the old handle is released.
-// Until the old span is unmapped any failure leaves everything as it was;
-// after, a failure maps the old handle back, and if even that fails the
-// allocator is marked broken (as the checker does): a live buffer has lost
-// its memory, and the error says so.
+// How (split): the live runs get new handles, and the device is
+// synchronized (every stream: no kernel may use the live bytes while they
+// move). The live bytes are copied to free memory of the pool that is
+// mapped with access (whole free chunks outside the span: staging), the
+// old span is unmapped, the new handles are mapped at the old addresses
+// and granted access, the bytes are copied back, and the old handle is
+// released. Where the pool has too little such free memory, the new
+// handles are filled at a scratch address range instead (mapped, granted,
+// filled, unmapped) and then mapped at the old addresses. Until the old
+// span is unmapped any failure leaves everything as it was; after, a
+// failure maps the old handle back, and if even that fails the allocator
+// is marked broken (as the checker does): a live buffer has lost its
+// memory, and the error says so.
 //
-// The cost: a device synchronize and, per live run, a create, two maps, two
-// grants, two unmaps and a copy, plus an unmap and a release; so a split is
-// done only when the bound needs it, and copies while the device is full
-// are taken only where they fit under max(bound, peak reserved): moving
-// bytes must not raise the peak it is meant to cut.
+// The cost: a device synchronize and, per live run, a create, a map and a
+// grant, and two copies per staged piece (through the scratch range: two
+// maps, two grants, an unmap and one copy), plus an unmap and a release.
+// The grants and unmaps are most of it (tens of microseconds each on an
+// H100, docs/EXPERIMENTS.md "What the driver costs"), so staging halves
+// them. A split is done only when the bound needs it, and copies while the
+// device is full are taken only where the new handles fit under
+// max(bound, peak reserved): moving bytes must not raise the peak it is
+// meant to cut.
 //
 // The contract: while an allocation runs, no other thread may enqueue work
 // that uses this allocator's memory (the synchronize would not cover it,
@@ -168,24 +178,212 @@ func (p *pool) liveRuns(i int32) [][2]int {
 func (p *pool) split(i int32) error {
 	a := p.a
 	s := &p.spans[i]
-	seg, c0, n, old := s.seg, int(s.c0), int(s.n), s.h
-	base := seg.chunkAddr(c0, a.gran)
 	runs := p.liveRuns(i)
 	if len(runs) == 0 {
-		return fmt.Errorf("gpumem: span at 0x%x counts %d live chunks but no live block overlaps it", base, s.occupied)
+		return fmt.Errorf("gpumem: span at 0x%x counts %d live chunks but no live block overlaps it", s.seg.chunkAddr(int(s.c0), a.gran), s.occupied)
 	}
+	hs, err := p.runHandles(runs)
+	if err != nil {
+		return err
+	}
+	if moves := p.staging(i, runs); moves != nil {
+		err = p.splitStaged(i, runs, hs, moves)
+	} else {
+		err = p.splitScratch(i, runs, hs)
+	}
+	if err == nil {
+		a.c.splits.Add(1)
+	}
+	return err
+}
+
+// runHandles creates a handle for each run (chunk offsets [r0, r1)),
+// within the limit; on failure it releases those it made.
+func (p *pool) runHandles(runs [][2]int) ([]device.Handle, error) {
+	a := p.a
+	hs := make([]device.Handle, 0, len(runs))
+	for _, r := range runs {
+		size := uint64(r[1]-r[0]) * a.gran
+		if !a.takeBudget(size) {
+			p.dropHandles(runs, hs)
+			return nil, &shortage{cause: CauseLimit}
+		}
+		h, err := a.vm.Create(size)
+		if err != nil {
+			a.giveBudget(size)
+			p.dropHandles(runs, hs)
+			return nil, err
+		}
+		a.c.creates.Add(1)
+		hs = append(hs, h)
+	}
+	return hs, nil
+}
+
+// dropHandles releases hs, the unmapped handles of the first len(hs) runs.
+func (p *pool) dropHandles(runs [][2]int, hs []device.Handle) {
+	for k, h := range hs {
+		p.a.dropHandle(h, uint64(runs[k][1]-runs[k][0])*p.a.gran)
+	}
+}
+
+// A stagedMove is a piece of a live run and the free memory that holds
+// its bytes while the run's addresses are remapped (splitStaged).
+type stagedMove struct {
+	at, stage, n uint64
+}
+
+// staging plans where the live runs of span i wait while split remaps
+// them: in free blocks of the pool over chunks mapped with access, outside
+// span i, each piece inside one span (a copy's range lies in one mapping),
+// among the stageScan largest free blocks, the largest pieces first, at
+// most stagePieces per run. The moves follow
+// the runs in address order. nil if the pool has not that much such memory
+// in that few pieces (split then goes through the scratch range). Nothing
+// else can take that memory meanwhile: the pool's mu is held, and the
+// device is synchronized before the first copy, so no kernel still uses a
+// block freed in stream order.
+func (p *pool) staging(i int32, runs [][2]int) []stagedMove {
+	a := p.a
+	s := &p.spans[i]
+	base := s.seg.chunkAddr(int(s.c0), a.gran)
+	var need uint64
+	for _, r := range runs {
+		need += uint64(r[1]-r[0]) * a.gran
+	}
+	pieces := p.stagePieces[:0]
+	var have uint64
+	scanned := 0
+scan:
+	for k := range p.heaps {
+		x := &p.heaps[k].free
+		for j := x.prevBin(numBins - 1); j >= 0; j = x.prevBin(j - 1) {
+			for b := x.heads[j]; b != nil; b = b.fnext {
+				if have >= need && len(pieces) <= stagePieces*len(runs) || scanned == stageScan {
+					break scan
+				}
+				scanned++
+				seg := b.seg
+				if !seg.virtual || b == p.backing {
+					continue
+				}
+				last := int32(-1) // the span of the piece being extended
+				c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
+				for c := c0; c <= c1; c++ {
+					ch := &seg.chunks[c]
+					if !ch.ready || ch.span == i {
+						last = -1
+						continue
+					}
+					lo := max(b.addr, seg.chunkAddr(c, a.gran))
+					hi := min(b.end(), seg.chunkAddr(c+1, a.gran))
+					if k := len(pieces) - 1; k >= 0 && last == ch.span && pieces[k].at+pieces[k].n == lo {
+						pieces[k].n += hi - lo
+					} else {
+						pieces = append(pieces, stagedMove{at: lo, n: hi - lo})
+					}
+					last = ch.span
+					have += hi - lo
+				}
+			}
+		}
+	}
+	p.stagePieces = pieces
+	slices.SortFunc(pieces, func(x, y stagedMove) int { return cmp.Compare(y.n, x.n) })
+	have = 0
+	k := 0
+	for k < len(pieces) && k < stagePieces*len(runs) && have < need {
+		have += pieces[k].n
+		k++
+	}
+	if have < need {
+		return nil
+	}
+	var moves []stagedMove
+	k, used := 0, uint64(0) // the piece, and its bytes already planned
+	for _, r := range runs {
+		at, end := base+uint64(r[0])*a.gran, base+uint64(r[1])*a.gran
+		for at < end {
+			n := min(end-at, pieces[k].n-used)
+			moves = append(moves, stagedMove{at, pieces[k].at + used, n})
+			at += n
+			if used += n; used == pieces[k].n {
+				k, used = k+1, 0
+			}
+		}
+	}
+	return moves
+}
+
+// stagePieces bounds the pieces of free memory a run is staged in: each
+// costs two copies, a few microseconds each on an H100, against the map,
+// grant and unmap (about 100 us) that staging saves per run. stageScan
+// bounds the free blocks staging examines, largest first, so that its
+// search costs a few microseconds of CPU, not a walk of the whole pool.
+const (
+	stagePieces = 8
+	stageScan   = 64
+)
+
+// splitStaged moves span i's live runs to the new handles hs through free
+// memory of the pool: their bytes are copied there, the span's addresses are
+// remapped to hs, and the bytes are copied back. Per run: a create, a map
+// and a grant, and two copies per piece; the span: an unmap and a release.
+func (p *pool) splitStaged(i int32, runs [][2]int, hs []device.Handle, moves []stagedMove) error {
+	a := p.a
+	if err := a.syncDevice(); err != nil {
+		p.dropHandles(runs, hs)
+		return err
+	}
+	copies := func(dst, src func(stagedMove) uint64) error {
+		for _, m := range moves {
+			if err := p.copy(dst(m), src(m), m.n); err != nil {
+				_ = a.syncDevice() // no copy may still run when the caller undoes
+				return err
+			}
+		}
+		return a.syncDevice()
+	}
+	at := func(m stagedMove) uint64 { return m.at }
+	stage := func(m stagedMove) uint64 { return m.stage }
+	if err := copies(stage, at); err != nil {
+		p.dropHandles(runs, hs)
+		return err
+	}
+	return p.remap(i, runs, hs, func() error { return copies(at, stage) })
+}
+
+// copy enqueues a copy of n bytes from src to dst and counts it; it is
+// complete once the device is synchronized.
+func (p *pool) copy(dst, src, n uint64) error {
+	if err := p.a.copier.Copy(device.Ptr(dst), device.Ptr(src), n); err != nil {
+		return err
+	}
+	p.a.c.copies.Add(1)
+	p.a.c.copiedBytes.Add(n)
+	return nil
+}
+
+// splitScratch moves span i's live runs to the new handles hs through a
+// scratch address range, where the pool has too little free memory mapped
+// with access to stage them: hs are mapped and granted there, filled, and
+// unmapped, then remapped at the span's addresses. Per run: a create, two
+// maps, two grants, an unmap and a copy; the span: an unmap and a release.
+func (p *pool) splitScratch(i int32, runs [][2]int, hs []device.Handle) error {
+	a := p.a
+	s := &p.spans[i]
+	base := s.seg.chunkAddr(int(s.c0), a.gran)
 	a.scratchMu.Lock()
 	defer a.scratchMu.Unlock()
-	scratch, err := a.scratchRange(uint64(n) * a.gran)
+	scratch, err := a.scratchRange(uint64(s.n) * a.gran)
 	if err != nil {
+		p.dropHandles(runs, hs)
 		return err
 	}
 	size := func(r [2]int) uint64 { return uint64(r[1]-r[0]) * a.gran }
 	at := func(r [2]int) uint64 { return base + uint64(r[0])*a.gran }
 	tmp := func(r [2]int) uint64 { return scratch + uint64(r[0])*a.gran }
 
-	// New handles, mapped at the scratch range, with the live bytes.
-	hs := make([]device.Handle, 0, len(runs))
 	mapped := 0 // runs mapped at scratch
 	undo := func() {
 		for k, h := range hs {
@@ -205,20 +403,6 @@ func (p *pool) split(i int32) error {
 			a.scratch, a.scratchSize = 0, 0
 		}
 	}
-	for _, r := range runs {
-		if !a.takeBudget(size(r)) {
-			undo()
-			return &shortage{cause: CauseLimit}
-		}
-		h, err := a.vm.Create(size(r))
-		if err != nil {
-			a.giveBudget(size(r))
-			undo()
-			return err
-		}
-		a.c.creates.Add(1)
-		hs = append(hs, h)
-	}
 	for k, r := range runs {
 		if err := a.vm.Map(device.Ptr(tmp(r)), size(r), hs[k]); err != nil {
 			undo()
@@ -237,12 +421,15 @@ func (p *pool) split(i int32) error {
 		return err
 	}
 	for _, r := range runs {
-		if err := a.copier.Copy(device.Ptr(tmp(r)), device.Ptr(at(r)), size(r)); err != nil {
+		if err := p.copy(tmp(r), at(r), size(r)); err != nil {
+			_ = a.syncDevice() // no copy may still run when undo unmaps
 			undo()
 			return err
 		}
-		a.c.copies.Add(1)
-		a.c.copiedBytes.Add(size(r))
+	}
+	if err := a.syncDevice(); err != nil {
+		undo()
+		return err
 	}
 	// The copies are done: the scratch mappings go, the handles stay.
 	for mapped > 0 {
@@ -254,8 +441,22 @@ func (p *pool) split(i int32) error {
 		a.c.unmaps.Add(1)
 		mapped--
 	}
+	return p.remap(i, runs, hs, nil)
+}
+
+// remap unmaps span i, maps the unmapped handles hs at its live runs with
+// access, calls fill (which puts the live bytes in them; nil if they hold
+// them already), and does the books: each run a span of its own, wholly
+// occupied, with access; the old handle released. Before the span is
+// unmapped a failure releases hs and leaves span i as it was; after, the
+// old handle is mapped back (restore).
+func (p *pool) remap(i int32, runs [][2]int, hs []device.Handle, fill func() error) error {
+	a := p.a
+	s := &p.spans[i]
+	seg, c0, n, old := s.seg, int(s.c0), int(s.n), s.h
+	base := seg.chunkAddr(c0, a.gran)
 	if err := a.vm.Unmap(device.Ptr(base), uint64(n)*a.gran); err != nil {
-		undo()
+		p.dropHandles(runs, hs)
 		return err
 	}
 	a.c.unmaps.Add(1)
@@ -264,11 +465,12 @@ func (p *pool) split(i int32) error {
 	// or the old one back.
 	final := 0
 	for k, r := range runs {
-		err := a.vm.Map(device.Ptr(at(r)), size(r), hs[k])
+		at, size := base+uint64(r[0])*a.gran, uint64(r[1]-r[0])*a.gran
+		err := a.vm.Map(device.Ptr(at), size, hs[k])
 		if err == nil {
 			a.c.maps.Add(1)
 			final++
-			if err = a.vm.SetAccess(device.Ptr(at(r)), size(r)); err == nil {
+			if err = a.vm.SetAccess(device.Ptr(at), size); err == nil {
 				a.c.setAccess.Add(1)
 			}
 		}
@@ -276,8 +478,11 @@ func (p *pool) split(i int32) error {
 			return p.restore(i, runs, final, hs, err)
 		}
 	}
-	// Books: the old span's chunks are unmapped, each run is a span of
-	// its own, wholly occupied, with access.
+	if fill != nil {
+		if err := fill(); err != nil {
+			return p.restore(i, runs, final, hs, err)
+		}
+	}
 	for j := c0; j < c0+n; j++ {
 		c := &seg.chunks[j]
 		c.span, c.ready = -1, false
@@ -293,7 +498,6 @@ func (p *pool) split(i int32) error {
 			return err // (attach with access makes no driver call)
 		}
 	}
-	a.c.splits.Add(1)
 	return nil
 }
 

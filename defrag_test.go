@@ -48,45 +48,58 @@ func readBack(t *testing.T, dev *sim.Device, live []marked, when string) {
 	}
 }
 
-// strand maps eight 16 MiB spans (one buffer each, freed), fills them with
-// 2 MiB buffers, frees all but one of each eight (so that every span keeps
-// one live chunk), then asks for a block larger than any hole. Without Defrag the large block is new memory beside
-// the stranded spans; with it, the lone live chunks move to spans of their
-// own and the rest of their spans goes back first.
-func strand(t *testing.T, dev *sim.Device, a *gpumem.Allocator) []marked {
+// strand maps n 16 MiB spans (one buffer each, freed), fills them with
+// 2 MiB buffers and frees all but one of each eight, so that every span
+// keeps one live chunk (its fourth; its last when n is 1), and returns the
+// live buffers. A block larger than any hole then makes Defrag split them.
+// With eight spans a split stages the live chunk in the free chunks of the
+// other spans; with one the pool has no free memory mapped outside the
+// span, and the split goes through the scratch range.
+func strand(t *testing.T, dev *sim.Device, a *gpumem.Allocator, n int) []marked {
 	t.Helper()
 	const mib = 1 << 20
-	spans(t, a)
-	var all []marked
-	for i := 0; i < 64; i++ {
+	spans(t, a, n)
+	keep := 3
+	if n == 1 {
+		keep = 7
+	}
+	var live []marked
+	var freed []gpumem.Buffer
+	for i := 0; i < 8*n; i++ {
 		b, err := a.Alloc(2*mib, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		all = append(all, mark(t, dev, b, uint64(i+1)))
-	}
-	var live []marked
-	for i, m := range all {
-		if i%8 == 3 {
+		m := mark(t, dev, b, uint64(i+1))
+		if i%8 == keep {
 			live = append(live, m)
-			continue
+		} else {
+			freed = append(freed, b)
 		}
-		if err := a.Free(m.b); err != nil {
+	}
+	for _, b := range freed {
+		if err := a.Free(b); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b, err := a.Alloc(100*mib, 0)
+	return live
+}
+
+// large asks for a 100 MiB block after strand and adds it to live.
+func large(t *testing.T, dev *sim.Device, a *gpumem.Allocator, live []marked) []marked {
+	t.Helper()
+	b, err := a.Alloc(100<<20, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return append(live, mark(t, dev, b, 1000))
 }
 
-// spans leaves eight empty 16 MiB spans mapped.
-func spans(t *testing.T, a *gpumem.Allocator) {
+// spans leaves n empty 16 MiB spans mapped.
+func spans(t *testing.T, a *gpumem.Allocator, n int) {
 	t.Helper()
 	var bs []gpumem.Buffer
-	for i := 0; i < 8; i++ {
+	for i := 0; i < n; i++ {
 		b, err := a.Alloc(16<<20, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -103,54 +116,73 @@ func spans(t *testing.T, a *gpumem.Allocator) {
 // TestDefragMovesLiveChunks: with Config.Defrag the stranded spans give
 // back their empty chunks before the allocator grows, every live buffer
 // reads back what was written to it, and the books hold (CheckInvariants).
-// Without it the same program holds the stranded chunks.
+// Without it the same program holds the stranded chunks. With eight
+// stranded spans each split stages its live chunk in the free chunks of
+// the others (two copies, no scratch range); with one it goes through
+// the scratch range (one copy, one more reservation).
 func TestDefragMovesLiveChunks(t *testing.T) {
 	const mib = 1 << 20
-	peaks := map[bool]uint64{}
-	for _, defrag := range []bool{false, true} {
-		dev := sim.MustNew(sim.Config{Capacity: 4 << 30})
-		a, err := gpumem.New(dev, gpumem.Config{Defrag: defrag, CheckInvariants: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		live := strand(t, dev, a)
-		readBack(t, dev, live, "after the large block")
-		st := a.Stats()
-		peaks[defrag] = st.PeakReserved
-		if !defrag {
-			if st.Splits != 0 || st.Copies != 0 {
-				t.Errorf("without Defrag: %d splits, %d copies", st.Splits, st.Copies)
+	for _, n := range []int{8, 1} {
+		t.Run(fmt.Sprintf("%d spans", n), func(t *testing.T) {
+			var peaks, reserves [2]uint64
+			for k, defrag := range []bool{false, true} {
+				dev := sim.MustNew(sim.Config{Capacity: 4 << 30})
+				a, err := gpumem.New(dev, gpumem.Config{Defrag: defrag, CheckInvariants: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				live := large(t, dev, a, strand(t, dev, a, n))
+				readBack(t, dev, live, "after the large block")
+				st := a.Stats()
+				peaks[k], reserves[k] = st.PeakReserved, st.Reserves
+				switch {
+				case !defrag:
+					if st.Splits != 0 || st.Copies != 0 {
+						t.Errorf("without Defrag: %d splits, %d copies", st.Splits, st.Copies)
+					}
+				case n == 8:
+					// Each split moves one live 2 MiB chunk and gives
+					// 14 MiB back; the span under the large block stays.
+					if st.Splits < 6 || st.Copies != 2*st.Splits || st.CopiedBytes != st.Splits*4*mib {
+						t.Errorf("staged: %d splits, %d copies of %d bytes; want at least 6, two copies of 2 MiB each", st.Splits, st.Copies, st.CopiedBytes)
+					}
+				default:
+					if st.Splits != 1 || st.Copies != 1 || st.CopiedBytes != 2*mib {
+						t.Errorf("through the scratch range: %d splits, %d copies of %d bytes; want one copy of 2 MiB", st.Splits, st.Copies, st.CopiedBytes)
+					}
+				}
+				if defrag && dev.Stats().Copies != st.Copies {
+					t.Errorf("the allocator counts %d copies, the device %d", st.Copies, dev.Stats().Copies)
+				}
+				for _, m := range live {
+					if err := a.Free(m.b); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if free, total, _ := dev.MemInfo(); free != total {
+					t.Errorf("defrag=%v: after Close the device has %d of %d bytes free", defrag, free, total)
+				}
+				if s := dev.Stats(); s.LiveMappings != 0 || s.LiveReservations != 0 {
+					t.Errorf("defrag=%v: after Close %d mappings and %d reservations remain", defrag, s.LiveMappings, s.LiveReservations)
+				}
 			}
-		} else {
-			// Eight stranded spans of one live 2 MiB chunk each: each
-			// split copies that chunk and gives 14 MiB back.
-			if st.Splits < 6 || st.CopiedBytes != st.Splits*2*mib {
-				t.Errorf("with Defrag: %d splits copying %d bytes, want at least 6 copying 2 MiB each", st.Splits, st.CopiedBytes)
+			if scratch := reserves[1] - reserves[0]; (n == 8) != (scratch == 0) {
+				t.Errorf("%d spans: %d scratch ranges reserved", n, scratch)
 			}
-			if dev.Stats().Copies != st.Copies {
-				t.Errorf("the allocator counts %d copies, the device %d", st.Copies, dev.Stats().Copies)
+			// Eight spans: peak live 128 MiB (the eight 16 MiB buffers),
+			// then 8 x 2 MiB + 100 MiB = 116 MiB. Without Defrag the
+			// large block comes beside the stranded 128 MiB; with it,
+			// those spans keep 16 MiB between them. One span: 14 MiB of
+			// the 16 go back.
+			want := map[int][2]uint64{8: {200 * mib, 140 * mib}, 1: {116 * mib, 104 * mib}}[n]
+			if peaks[0] < want[0] || peaks[1] > want[1] {
+				t.Errorf("peak reserved: %d MiB without Defrag, %d MiB with it; want at least %d and at most %d MiB",
+					peaks[0]/mib, peaks[1]/mib, want[0]/mib, want[1]/mib)
 			}
-		}
-		for _, m := range live {
-			if err := a.Free(m.b); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := a.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if free, total, _ := dev.MemInfo(); free != total {
-			t.Errorf("defrag=%v: after Close the device has %d of %d bytes free", defrag, free, total)
-		}
-		if s := dev.Stats(); s.LiveMappings != 0 || s.LiveReservations != 0 {
-			t.Errorf("defrag=%v: after Close %d mappings and %d reservations remain", defrag, s.LiveMappings, s.LiveReservations)
-		}
-	}
-	// Peak live: 128 MiB (the eight 16 MiB buffers), then 8 x 2 MiB +
-	// 100 MiB = 116 MiB. Without Defrag the large block comes beside the
-	// stranded 128 MiB; with it, those spans keep 16 MiB between them.
-	if peaks[false] < 200*mib || peaks[true] > 140*mib {
-		t.Errorf("peak reserved: %d MiB without Defrag, %d MiB with it; want the stranded 112 MiB given back with it", peaks[false]/mib, peaks[true]/mib)
+		})
 	}
 }
 
@@ -223,33 +255,19 @@ func TestDefragChurn(t *testing.T) {
 // the books hold, and after the faults are cleared everything goes back.
 func TestDefragFaults(t *testing.T) {
 	const mib = 1 << 20
-	var splits uint64
+	var splits [9]uint64 // by stranded spans
 	for _, op := range []string{"Create", "Map", "SetAccess", "Synchronize", "Copy", "Unmap", "Release", "Reserve"} {
-		for _, n := range []int{1, 2, 4, 9, 30, 80} {
+		for _, c := range []struct{ n, spans int }{{1, 8}, {2, 8}, {4, 8}, {9, 8}, {30, 8}, {80, 8}, {1, 1}, {2, 1}, {3, 1}, {4, 1}} {
+			n, spans := c.n, c.spans
 			dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
 			a, err := gpumem.New(dev, gpumem.Config{Defrag: true, CheckInvariants: true, Limit: 400 * mib})
 			if err != nil {
 				t.Fatal(err)
 			}
-			label := fmt.Sprintf("%s #%d", op, n)
+			label := fmt.Sprintf("%s #%d, %d stranded spans", op, n, spans)
 			// The stranded spans first, then the fault, then the large
 			// request that splits them.
-			spans(t, a)
-			var all, live []marked
-			for i := 0; i < 64; i++ {
-				b, err := a.Alloc(2*mib, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				all = append(all, mark(t, dev, b, uint64(i+1)))
-			}
-			for i, m := range all {
-				if i%8 == 3 {
-					live = append(live, m)
-				} else if err := a.Free(m.b); err != nil {
-					t.Fatal(err)
-				}
-			}
+			live := strand(t, dev, a, spans)
 			dev.FailNth(op, n)
 			allowed := func(err error) bool {
 				return errors.Is(err, gpumem.ErrOutOfMemory) || errors.Is(err, device.ErrInjected)
@@ -260,7 +278,7 @@ func TestDefragFaults(t *testing.T) {
 				t.Fatalf("%s: the large Alloc failed with %v", label, err)
 			}
 			readBack(t, dev, live, label+", after the large block")
-			splits += a.Stats().Splits
+			splits[spans] += a.Stats().Splits
 			live = append(live, churn(t, dev, a, uint64(n), allowed, label)...)
 			dev.ClearFaults()
 			for _, m := range live {
@@ -282,8 +300,8 @@ func TestDefragFaults(t *testing.T) {
 			}
 		}
 	}
-	if splits == 0 {
-		t.Error("no large request split a span under any fault: the test does not exercise the moves")
+	if splits[8] == 0 || splits[1] == 0 {
+		t.Errorf("splits under faults: %d with eight stranded spans (staged), %d with one (scratch); want some of both", splits[8], splits[1])
 	}
 }
 
@@ -299,23 +317,8 @@ func TestDefragLostScratch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spans(t, a)
-	var all, live []marked
-	for i := 0; i < 64; i++ {
-		b, err := a.Alloc(2*mib, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, mark(t, dev, b, uint64(i+1)))
-	}
-	for i, m := range all {
-		if i%8 == 3 {
-			live = append(live, m)
-		} else if err := a.Free(m.b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The first split's first Unmap is its scratch mapping's (after the
+	live := strand(t, dev, a, 1)
+	// The split's first Unmap is its scratch mapping's (after the
 	// copy); undo tries it again: both fail.
 	dev.FailNth("Unmap", 1)
 	dev.FailNth("Unmap", 2)

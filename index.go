@@ -118,6 +118,28 @@ func bestIn(b *block, size uint64) *block {
 	return best
 }
 
+// prevBin returns the last non-empty bin ≤ i, or -1.
+func (x *freeIndex) prevBin(i int) int {
+	if i < 0 {
+		return -1
+	}
+	i = min(i, numBins-1)
+	w := i / 64
+	m := x.words[w]
+	if s := i % 64; s < 63 {
+		m &= 1<<(s+1) - 1
+	}
+	if m != 0 {
+		return w*64 + bits.Len64(m) - 1
+	}
+	t := x.top & (1<<w - 1)
+	if t == 0 {
+		return -1
+	}
+	w = bits.Len64(t) - 1
+	return w*64 + bits.Len64(x.words[w]) - 1
+}
+
 // nextBin returns the first non-empty bin ≥ i, or -1.
 func (x *freeIndex) nextBin(i int) int {
 	if i >= numBins {

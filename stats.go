@@ -65,7 +65,8 @@ type Stats struct {
 	Trims         uint64 // Trim calls
 	// Splits counts sparse spans whose live chunks moved to handles of
 	// their own (Config.Defrag); Copies and CopiedBytes, the copies that
-	// moved them (cuMemcpyDtoD).
+	// moved them (cuMemcpyDtoD): two per piece of a run staged in free
+	// memory, one per run filled through the scratch range (defrag.go).
 	Splits, Copies, CopiedBytes uint64
 }
 

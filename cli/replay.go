@@ -37,8 +37,9 @@ only.
 With --json, each trace is one JSON object on one line, with the keys trace,
 device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
 ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
-peak_active_bytes and end_reserved_bytes, and with --defrag splits and
-copied_bytes (the spans whose live chunks moved, the bytes copied); with
+peak_active_bytes and end_reserved_bytes, and with --defrag splits, copies
+and copied_bytes (the spans whose live chunks moved, the runs of live
+chunks copied, the bytes copied); with
 --warm or --passes also passes: {n, peak_reserved_bytes and ratio over all
 passes, creates_later, maps_later, releases_later, ooms_later,
 ns_per_op_later, splits_later with --defrag, and first_oom_later when a

@@ -13,7 +13,7 @@
 //	VirtualMemory.SetAccess      cuMemSetAccess (read-write, this device)
 //	Events.*                     cuEventCreate / cuEventRecord / cuEventQuery /
 //	                             cuEventSynchronize / cuStreamWaitEvent
-//	Copier.Copy                  cuMemcpyDtoD, then cuCtxSynchronize
+//	Copier.Copy                  cuMemcpyDtoD (asynchronous to the host)
 //
 // Only Device is required. Optional capabilities are discovered by type
 // assertion (see AsVirtualMemory, AsEvents, AsStreams); the allocator works
@@ -143,9 +143,11 @@ type Streams interface {
 // Copier is the optional capability of copying device memory, with which the
 // allocator moves live chunks to new physical memory (Config.Defrag).
 type Copier interface {
-	// Copy copies n bytes from src to dst and returns when the copy is
-	// complete. Both ranges must be mapped with access, each inside one
-	// mapping, and must not overlap; work using either must have completed.
+	// Copy enqueues a copy of n bytes from src to dst, in order with the
+	// other copies; it is complete once Device.Synchronize returns (a
+	// backend may finish it sooner). Both ranges must be mapped with
+	// access, each inside one mapping, and must not overlap, until then;
+	// work using either must have completed before the call.
 	Copy(dst, src Ptr, n uint64) error
 }
 

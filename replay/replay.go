@@ -61,9 +61,11 @@ type Result struct {
 	Creates           uint64  `json:"creates"`
 	Releases          uint64  `json:"releases"`
 	Fences            uint64  `json:"fences"`
-	// Splits and CopiedBytes: sparse spans whose live chunks moved, and
-	// the bytes copied to move them (gpumem.Config.Defrag; else 0).
+	// Splits, Copies and CopiedBytes: sparse spans whose live chunks
+	// moved, the runs of live chunks copied (each a new handle) and their
+	// bytes (gpumem.Config.Defrag; else 0).
 	Splits          uint64 `json:"splits,omitempty"`
+	Copies          uint64 `json:"copies,omitempty"`
 	CopiedBytes     uint64 `json:"copied_bytes,omitempty"`
 	PeakActiveBytes uint64 `json:"peak_active_bytes"`
 	// EndReservedBytes is what the allocator still held after the last
@@ -251,6 +253,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		Releases:          st.Releases - before.Releases,
 		Fences:            st.Fences - before.Fences,
 		Splits:            st.Splits - before.Splits,
+		Copies:            st.Copies - before.Copies,
 		CopiedBytes:       st.CopiedBytes - before.CopiedBytes,
 		PeakActiveBytes:   st.PeakActive,
 		EndReservedBytes:  st.Reserved,

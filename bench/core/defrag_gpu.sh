@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Config.Defrag on the H100, in one device call of at most 10 minutes.
 #
-#   bench/core/defrag_gpu.sh build   here: build/dg/ (the CLI and the GPU
+#   bench/core/defrag_gpu.sh build [BASE]
+#                                    here: build/dg/ (the CLI and the GPU
 #                                    test binaries, stripped and gzipped:
-#                                    they share 64 MiB with the tree)
+#                                    they share 64 MiB with the tree); with
+#                                    BASE (a commit) also that commit's CLI,
+#                                    which run replays with --defrag beside
+#                                    the working tree's (base.jsonl)
 #   bench/core/defrag_gpu.sh run     there, from the repository root: the
 #                                    GPU tests of Defrag and the conformance
 #                                    suite (its virtual/defrag configuration
@@ -18,7 +22,7 @@
 #                                    seconds (default 540) are spent
 #
 # Writes $OUT/tests.txt, $OUT/default.jsonl, $OUT/defrag.jsonl,
-# $OUT/peers.jsonl and $OUT/run.log; tables from bench/core/speed_table.py.
+# $OUT/base.jsonl (with BASE), $OUT/peers.jsonl and $OUT/run.log; tables from bench/core/speed_table.py.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-}" in
@@ -28,6 +32,14 @@ build)
 	CGO_ENABLED=0 go test -c -ldflags="-s -w" -o build/dg/gputest.test ./internal/gputest
 	gzip -9 build/dg/gpumem build/dg/gputest.test
 	git describe --always --dirty >build/dg/COMMIT
+	if [ -n "${2:-}" ]; then
+		tmp=$(mktemp -d)
+		git worktree add --detach "$tmp" "$2" >/dev/null
+		(cd "$tmp" && CGO_ENABLED=0 go build -ldflags="-s -w" -o "$OLDPWD/build/dg/base" ./cmd/gpumem)
+		git worktree remove --force "$tmp"
+		gzip -9 build/dg/base
+		git rev-parse --short "$2" >>build/dg/COMMIT
+	fi
 	;;
 run)
 	out=${OUT:-bench/out/defrag_gpu}
@@ -36,6 +48,11 @@ run)
 	start=$SECONDS
 	gunzip -kf build/dg/*.gz
 	chmod +x build/dg/gpumem build/dg/gputest.test
+	modes="default defrag"
+	if [ -f build/dg/base ]; then
+		chmod +x build/dg/base
+		modes="$modes base"
+	fi
 	{
 		date -u
 		nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -51,10 +68,11 @@ PY
 ) $(ls testdata/traces/*.trace.gz)}
 	for r in $(seq "$rounds"); do
 		for t in $traces; do
-			for mode in default defrag; do
-				args=""
-				[ "$mode" = defrag ] && args=--defrag
-				timeout 120 build/dg/gpumem replay --device cuda --json --passes 10 $args "$t" >>"$out/$mode.jsonl" 2>>"$out/run.log" ||
+			for mode in $modes; do
+				args="" bin=build/dg/gpumem
+				[ "$mode" != default ] && args=--defrag
+				[ "$mode" = base ] && bin=build/dg/base
+				timeout 120 $bin replay --device cuda --json --passes 10 $args "$t" >>"$out/$mode.jsonl" 2>>"$out/run.log" ||
 					echo "$mode failed on $t: $?" >>"$out/run.log"
 			done
 			echo "[$((SECONDS - start))s] round $r $t" >>"$out/run.log"

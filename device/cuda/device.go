@@ -412,14 +412,14 @@ func (d *Device) MemsetAsync(p device.Ptr, value byte, n uint64, s device.Stream
 	return nil
 }
 
-// Copy copies n bytes from src to dst on the device (cuMemcpyDtoD) and
-// waits for the copy (cuCtxSynchronize: a copy between device addresses does
-// not block the host by itself).
+// Copy enqueues a copy of n bytes from src to dst (cuMemcpyDtoD, on the
+// legacy default stream: copies run in order, and a copy between device
+// addresses does not block the host); Synchronize waits for it.
 func (d *Device) Copy(dst, src device.Ptr, n uint64) error {
 	if r := d.call(d.drv.cuMemcpyDtoD, uintptr(dst), uintptr(src), uintptr(n)); r != cudaSuccess {
 		return d.fail("cuMemcpyDtoD", r, "dst=%#x, src=%#x, n=%d", uint64(dst), uint64(src), n)
 	}
-	return d.Synchronize()
+	return nil
 }
 
 // CopyToHost copies len(dst) bytes from device address src into dst
