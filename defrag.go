@@ -267,23 +267,24 @@ scan:
 				if !seg.virtual || b == p.backing {
 					continue
 				}
-				last := int32(-1) // the span of the piece being extended
+				// Ready chunks come in whole spans; each span's part of
+				// b is one piece. No chunk past hiSpan was ever mapped.
 				c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
-				for c := c0; c <= c1; c++ {
-					ch := &seg.chunks[c]
-					if !ch.ready || ch.span == i {
-						last = -1
-						continue
+				c1 = min(c1, int(seg.hiSpan))
+				for c := c0; c <= c1; {
+					if c = seg.ready.nextReady(c, c1); c < 0 {
+						break
 					}
-					lo := max(b.addr, seg.chunkAddr(c, a.gran))
-					hi := min(b.end(), seg.chunkAddr(c+1, a.gran))
-					if k := len(pieces) - 1; k >= 0 && last == ch.span && pieces[k].at+pieces[k].n == lo {
-						pieces[k].n += hi - lo
-					} else {
+					si := seg.chunks[c].span
+					sp := &p.spans[si]
+					e := min(int(sp.c0+sp.n)-1, c1)
+					if si != i {
+						lo := max(b.addr, seg.chunkAddr(c, a.gran))
+						hi := min(b.end(), seg.chunkAddr(e+1, a.gran))
 						pieces = append(pieces, stagedMove{at: lo, n: hi - lo})
+						have += hi - lo
 					}
-					last = ch.span
-					have += hi - lo
+					c = e + 1
 				}
 			}
 		}
