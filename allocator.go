@@ -79,6 +79,7 @@ type counters struct {
 	setAccess, reserves, fences     atomic.Uint64
 	handoffs, ooms, retries, trims  atomic.Uint64
 	splits, copies, copiedBytes     atomic.Uint64
+	splitNanos                      atomic.Uint64
 }
 
 // New makes an allocator over dev.

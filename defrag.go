@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -89,7 +90,10 @@ func (p *pool) defrag(size uint64) error {
 		if i < 0 {
 			return nil
 		}
-		if err := p.split(i); err != nil {
+		t0 := time.Now()
+		err := p.split(i)
+		a.c.splitNanos.Add(uint64(time.Since(t0)))
+		if err != nil {
 			if a.broken.Load() {
 				return err
 			}

@@ -66,8 +66,10 @@ type Stats struct {
 	// Splits counts sparse spans whose live chunks moved to handles of
 	// their own (Config.Defrag); Copies and CopiedBytes, the copies that
 	// moved them (cuMemcpyDtoD): two per piece of a run staged in free
-	// memory, one per run filled through the scratch range (defrag.go).
-	Splits, Copies, CopiedBytes uint64
+	// memory, one per run filled through the scratch range (defrag.go);
+	// SplitNanos, the wall time the splits took, driver calls and device
+	// synchronizes included.
+	Splits, Copies, CopiedBytes, SplitNanos uint64
 }
 
 // DeviceCalls is the number of memory-management calls made to the driver.
@@ -153,7 +155,7 @@ func (a *Allocator) Stats() Stats {
 	s.Creates, s.Releases = c.creates.Load(), c.releases.Load()
 	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
 	s.Reserves, s.Fences, s.Handoffs = c.reserves.Load(), c.fences.Load(), c.handoffs.Load()
-	s.Splits, s.Copies, s.CopiedBytes = c.splits.Load(), c.copies.Load(), c.copiedBytes.Load()
+	s.Splits, s.Copies, s.CopiedBytes, s.SplitNanos = c.splits.Load(), c.copies.Load(), c.copiedBytes.Load(), c.splitNanos.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s
 }

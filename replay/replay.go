@@ -64,9 +64,11 @@ type Result struct {
 	// Splits, Copies and CopiedBytes: sparse spans whose live chunks
 	// moved, the runs of live chunks copied (each a new handle) and their
 	// bytes (gpumem.Config.Defrag; else 0).
-	Splits          uint64 `json:"splits,omitempty"`
-	Copies          uint64 `json:"copies,omitempty"`
-	CopiedBytes     uint64 `json:"copied_bytes,omitempty"`
+	Splits      uint64 `json:"splits,omitempty"`
+	Copies      uint64 `json:"copies,omitempty"`
+	CopiedBytes uint64 `json:"copied_bytes,omitempty"`
+	// SplitNs is the wall time the splits took (gpumem.Stats.SplitNanos).
+	SplitNs         uint64 `json:"split_ns,omitempty"`
 	PeakActiveBytes uint64 `json:"peak_active_bytes"`
 	// EndReservedBytes is what the allocator still held after the last
 	// event, before Close.
@@ -121,8 +123,10 @@ type PassesResult struct {
 	// first of them, with its pass.
 	OOMsLater     int  `json:"ooms_later"`
 	FirstOOMLater *OOM `json:"first_oom_later,omitempty"`
-	// SplitsLater counts the later passes' splits (Result.Splits).
-	SplitsLater uint64 `json:"splits_later,omitempty"`
+	// SplitsLater counts the later passes' splits (Result.Splits), and
+	// SplitNsLater is the time they took (Result.SplitNs).
+	SplitsLater  uint64 `json:"splits_later,omitempty"`
+	SplitNsLater uint64 `json:"split_ns_later,omitempty"`
 	// NsPerOpLater is the time per event of the passes after the first,
 	// together (with Options.Repeat, the median over the runs): the
 	// allocator's speed in a program's steady state.
@@ -254,6 +258,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		Fences:            st.Fences - before.Fences,
 		Splits:            st.Splits - before.Splits,
 		Copies:            st.Copies - before.Copies,
+		SplitNs:           st.SplitNanos - before.SplitNanos,
 		CopiedBytes:       st.CopiedBytes - before.CopiedBytes,
 		PeakActiveBytes:   st.PeakActive,
 		EndReservedBytes:  st.Reserved,
@@ -294,7 +299,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		end := a.Stats()
 		r.Passes = &PassesResult{N: passes, PeakReservedBytes: end.PeakReserved,
 			CreatesLater: end.Creates - st.Creates, MapsLater: end.Maps - st.Maps, ReleasesLater: end.Releases - st.Releases,
-			OOMsLater: oomsLater, FirstOOMLater: firstLater, SplitsLater: end.Splits - st.Splits}
+			OOMsLater: oomsLater, FirstOOMLater: firstLater, SplitsLater: end.Splits - st.Splits, SplitNsLater: end.SplitNanos - st.SplitNanos}
 		if r.PeakLiveBytes > 0 {
 			r.Passes.Ratio = float64(end.PeakReserved) / float64(r.PeakLiveBytes)
 		}

@@ -353,9 +353,15 @@ func statsIdentities(st gpumem.Stats) error {
 	if st.Releasable > st.Cached || st.Releasable < st.SpareBytes {
 		bad("want SpareBytes %d <= Releasable %d <= Cached %d", st.SpareBytes, st.Releasable, st.Cached)
 	}
-	// A split copies at least one live run, of whole chunks.
-	if st.Copies < st.Splits || (st.Copies == 0) != (st.CopiedBytes == 0) || st.Copies > st.Creates {
-		bad("Splits %d, Copies %d, CopiedBytes %d, Creates %d: want Splits <= Copies <= Creates, and bytes with copies", st.Splits, st.Copies, st.CopiedBytes, st.Creates)
+	// A split copies at least one live run, into a handle of its own:
+	// once (through the scratch range) or twice per piece of free memory
+	// it is staged in, at most eight pieces a run (defrag.go).
+	if st.Copies < st.Splits || (st.Copies == 0) != (st.CopiedBytes == 0) || st.Copies > 16*st.Creates {
+		bad("Splits %d, Copies %d, CopiedBytes %d, Creates %d: want Splits <= Copies <= 16 Creates, and bytes with copies", st.Splits, st.Copies, st.CopiedBytes, st.Creates)
+	}
+	// Splits take time (SplitNanos counts failed ones too).
+	if st.Splits > 0 && st.SplitNanos == 0 {
+		bad("Splits %d took SplitNanos %d", st.Splits, st.SplitNanos)
 	}
 	// Every mapping the driver holds is a span's or a dormant one
 	// (Config.Compact); with no span mapped there is neither.
