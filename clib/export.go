@@ -180,7 +180,9 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		largest_free: C.uint64_t(s.LargestFree), fragmentation: C.double(s.Fragmentation),
 		live_buffers: C.uint64_t(s.LiveBuffers), allocs: C.uint64_t(s.Allocs), frees: C.uint64_t(s.Frees),
 		device_calls: C.uint64_t(s.DeviceCalls()), ooms: C.uint64_t(s.OOMs), trims: C.uint64_t(s.Trims),
-		limit: C.uint64_t(limit),
+		limit:  C.uint64_t(limit),
+		splits: C.uint64_t(s.Splits), copies: C.uint64_t(s.Copies),
+		copied_bytes: C.uint64_t(s.CopiedBytes), split_ns: C.uint64_t(s.SplitNanos),
 	}
 	return 0
 }

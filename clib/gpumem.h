@@ -153,6 +153,10 @@ typedef struct gpumem_stats {
 	uint64_t device_calls;              /* memory-management calls made to the driver */
 	uint64_t ooms, trims;
 	uint64_t limit;                     /* the allocator's limit */
+	/* Config.Defrag (GPUMEM_CONFIG=defrag=true): spans whose live chunks
+	 * moved, the device copies that moved them and their bytes, and the
+	 * wall time of the moves in nanoseconds. */
+	uint64_t splits, copies, copied_bytes, split_ns;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------

@@ -94,7 +94,8 @@ class Stats(ctypes.Structure):
                  "peak_reserved", "cached", "releasable", "largest_free")] + [
         ("fragmentation", ctypes.c_double)] + [
         (name, ctypes.c_uint64) for name in
-        ("live_buffers", "allocs", "frees", "device_calls", "ooms", "trims", "limit")]
+        ("live_buffers", "allocs", "frees", "device_calls", "ooms", "trims", "limit",
+         "splits", "copies", "copied_bytes", "split_ns")]
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_}

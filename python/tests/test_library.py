@@ -346,3 +346,31 @@ def test_serve():
     lines = p.stdout.splitlines()
     assert lines[0] == str(3 << 20)
     assert lines[1] == 'gpumem_live_buffers{device="0",pool="gpumem"} 1'
+
+
+@needs_library
+def test_defrag_counters():
+    """With defrag=true, spans stranded by one live 2 MiB buffer each are
+    split before a large request grows the pool: gpumem_stats carries the
+    splits, copies, bytes and time, as the JSON stats do."""
+    p = run("""
+        import json
+        import gpumem
+        lib = gpumem.library()
+        big = [lib.allocate(16 << 20, 0, 0) for _ in range(8)]
+        for q in big:
+            lib.deallocate(q, 0)
+        small = [lib.allocate(2 << 20, 0, 0) for _ in range(64)]
+        live = [q for i, q in enumerate(small) if i % 8 == 3]
+        for i, q in enumerate(small):
+            if i % 8 != 3:
+                lib.deallocate(q, 0)
+        live.append(lib.allocate(100 << 20, 0, 0))
+        print(json.dumps(gpumem.stats(0)))
+        print(lib.stats_json(0))
+    """, config=SIM + ",defrag=true")
+    s, j = (json.loads(line) for line in p.stdout.splitlines()[:2])
+    assert s["splits"] >= 6 and s["copies"] >= s["splits"] and s["split_ns"] > 0, s
+    assert s["copied_bytes"] >= s["splits"] * (2 << 20), s
+    for key, go in (("splits", "Splits"), ("copies", "Copies"), ("copied_bytes", "CopiedBytes"), ("split_ns", "SplitNanos")):
+        assert s[key] == j[go], (key, s[key], j)
