@@ -113,25 +113,13 @@ func TestGPUDataReadsBack(t *testing.T) {
 // and frees under a limit (so that spans move, revive and are given back):
 // no two live buffers ever share memory.
 func TestGPUCompactDataReadsBack(t *testing.T) {
-	d := openGPU(t)
-	if !d.VirtualMemorySupported() {
-		t.Skip("device lacks virtual memory management")
-	}
-	a, err := gpumem.New(d, gpumem.Config{Compact: true, CheckInvariants: true, Limit: 160 * miB})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	rng := rand.New(rand.NewPCG(5, 9))
+	d, a := virtualAllocator(t, gpumem.Config{Compact: true, CheckInvariants: true, Limit: 160 * miB})
 	var live []written
 	// First moves back and forth that revive for sure (as on the
 	// simulated device: TestCompactCloseUnmapsDormant), with a live buffer
 	// written beside them; then a random workload.
-	keep, err := a.Alloc(3*miB, 0)
+	keep, err := allocWritten(d, a, 3*miB, 0xa5)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.CopyFromHost(keep.Ptr(), pat(3*miB, 0xa5)); err != nil {
 		t.Fatal(err)
 	}
 	live = append(live, written{keep, 0xa5})
@@ -156,32 +144,7 @@ func TestGPUCompactDataReadsBack(t *testing.T) {
 		}
 		readBack(t, d, live, round)
 	}
-	for i := 0; i < 3000; i++ {
-		if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 30) {
-			j := rng.IntN(len(live))
-			if err := a.Free(live[j].b); err != nil {
-				t.Fatal(err)
-			}
-			live = append(live[:j], live[j+1:]...)
-		} else {
-			n := uint64(1+rng.IntN(24))*miB/2 + uint64(rng.IntN(4096))
-			b, err := a.Alloc(n, 0)
-			if errors.Is(err, gpumem.ErrOutOfMemory) {
-				continue
-			} else if err != nil {
-				t.Fatal(err)
-			}
-			seed := byte(i)
-			if err := d.CopyFromHost(b.Ptr(), pat(n, seed)); err != nil {
-				t.Fatal(err)
-			}
-			live = append(live, written{b, seed})
-		}
-		if i%100 == 99 {
-			readBack(t, d, live, i)
-		}
-	}
-	readBack(t, d, live, -1)
+	live = randomWork(t, d, a, rand.New(rand.NewPCG(5, 9)), live, 3000, false)
 	st := a.Stats()
 	if st.Revived == 0 {
 		t.Errorf("no dormant mapping was revived (%d maps, %d unmaps): the test did not exercise them", st.Maps, st.Unmaps)
@@ -201,23 +164,8 @@ func TestGPUCompactDataReadsBack(t *testing.T) {
 // buffer each, then a 100 MiB request), then a random workload under a
 // limit.
 func TestGPUDefragDataReadsBack(t *testing.T) {
-	d := openGPU(t)
-	if !d.VirtualMemorySupported() {
-		t.Skip("device lacks virtual memory management")
-	}
-	a, err := gpumem.New(d, gpumem.Config{Defrag: true, CheckInvariants: true, Limit: 400 * miB})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	d, a := virtualAllocator(t, gpumem.Config{Defrag: true, CheckInvariants: true, Limit: 400 * miB})
 	var live []written
-	alloc := func(n uint64, seed byte) (gpumem.Buffer, error) {
-		b, err := a.Alloc(n, 0)
-		if err != nil {
-			return b, err
-		}
-		return b, d.CopyFromHost(b.Ptr(), pat(n, seed))
-	}
 	var big []gpumem.Buffer
 	for i := 0; i < 8; i++ {
 		b, err := a.Alloc(16*miB, 0)
@@ -233,7 +181,7 @@ func TestGPUDefragDataReadsBack(t *testing.T) {
 	}
 	var small []gpumem.Buffer // all first, so that they fill the spans in order
 	for i := 0; i < 64; i++ {
-		b, err := alloc(2*miB, byte(i))
+		b, err := allocWritten(d, a, 2*miB, byte(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,7 +194,7 @@ func TestGPUDefragDataReadsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b, err := alloc(100*miB, 0x5a)
+	b, err := allocWritten(d, a, 100*miB, 0x5a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,33 +203,7 @@ func TestGPUDefragDataReadsBack(t *testing.T) {
 	if st := a.Stats(); st.Splits == 0 {
 		t.Fatalf("no span was split: the test did not exercise Defrag; stats %+v", st)
 	}
-	rng := rand.New(rand.NewPCG(6, 10))
-	for i := 0; i < 2000; i++ {
-		if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 30) {
-			j := rng.IntN(len(live))
-			if err := a.Free(live[j].b); err != nil {
-				t.Fatal(err)
-			}
-			live = append(live[:j], live[j+1:]...)
-			continue
-		}
-		n := uint64(1+rng.IntN(24))*miB/2 + uint64(rng.IntN(4096))
-		if rng.IntN(8) == 0 {
-			n = uint64(16+rng.IntN(48)) * miB
-		}
-		seed := byte(i)
-		b, err := alloc(n, seed)
-		if errors.Is(err, gpumem.ErrOutOfMemory) {
-			continue
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		live = append(live, written{b, seed})
-		if i%100 == 99 {
-			readBack(t, d, live, i)
-		}
-	}
-	readBack(t, d, live, -1)
+	live = randomWork(t, d, a, rand.New(rand.NewPCG(6, 10)), live, 2000, true)
 	st := a.Stats()
 	t.Logf("%d splits, %d copies of %d bytes, %d maps, %d unmaps, %d fences; peak reserved %d, peak active %d",
 		st.Splits, st.Copies, st.CopiedBytes, st.Maps, st.Unmaps, st.Fences, st.PeakReserved, st.PeakActive)
@@ -290,6 +212,64 @@ func TestGPUDefragDataReadsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// virtualAllocator opens the GPU and an allocator with cfg on it, closed
+// at the end of the test; it skips where the device lacks virtual memory.
+func virtualAllocator(t *testing.T, cfg gpumem.Config) (*cuda.Device, *gpumem.Allocator) {
+	t.Helper()
+	d := openGPU(t)
+	if !d.VirtualMemorySupported() {
+		t.Skip("device lacks virtual memory management")
+	}
+	a, err := gpumem.New(d, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return d, a
+}
+
+// allocWritten allocates n bytes and writes pat(n, seed) to them.
+func allocWritten(d *cuda.Device, a *gpumem.Allocator, n uint64, seed byte) (gpumem.Buffer, error) {
+	b, err := a.Alloc(n, 0)
+	if err != nil {
+		return b, err
+	}
+	return b, d.CopyFromHost(b.Ptr(), pat(n, seed))
+}
+
+// randomWork runs steps random frees and written allocations of up to
+// 12 MiB (with large, one in eight of 16-64 MiB) over live, reading every
+// live buffer back each 100 steps and at the end; an allocation that runs
+// out of memory is skipped. It returns the live buffers.
+func randomWork(t *testing.T, d *cuda.Device, a *gpumem.Allocator, rng *rand.Rand, live []written, steps int, large bool) []written {
+	t.Helper()
+	for i := 0; i < steps; i++ {
+		if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 30) {
+			j := rng.IntN(len(live))
+			if err := a.Free(live[j].b); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live[:j], live[j+1:]...)
+		} else {
+			n := uint64(1+rng.IntN(24))*miB/2 + uint64(rng.IntN(4096))
+			if large && rng.IntN(8) == 0 {
+				n = uint64(16+rng.IntN(48)) * miB
+			}
+			b, err := allocWritten(d, a, n, byte(i))
+			if err == nil {
+				live = append(live, written{b, byte(i)})
+			} else if !errors.Is(err, gpumem.ErrOutOfMemory) {
+				t.Fatal(err)
+			}
+		}
+		if i%100 == 99 {
+			readBack(t, d, live, i)
+		}
+	}
+	readBack(t, d, live, -1)
+	return live
 }
 
 // readBack fails t unless every buffer of live reads back the pattern
