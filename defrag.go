@@ -237,13 +237,19 @@ type stagedMove struct {
 	at, stage, n uint64
 }
 
+// A freePiece is free memory of the pool, mapped with access, inside one
+// span: where staging may park live bytes.
+type freePiece struct {
+	p, n uint64
+}
+
 // staging plans where the live runs of span i wait while split remaps
 // them: in free blocks of the pool over chunks mapped with access, outside
 // span i, each piece inside one span (a copy's range lies in one mapping),
 // among the stageScan largest free blocks, the largest pieces first, at
-// most stagePieces per run. The moves follow
-// the runs in address order. nil if the pool has not that much such memory
-// in that few pieces (split then goes through the scratch range). Nothing
+// most stageMaxPieces per run. The moves follow the runs in address order.
+// nil if the pool has not that much such memory in that few pieces (split
+// then goes through the scratch range). Nothing
 // else can take that memory meanwhile: the pool's mu is held, and the
 // device is synchronized before the first copy, so no kernel still uses a
 // block freed in stream order.
@@ -255,7 +261,7 @@ func (p *pool) staging(i int32, runs [][2]int) []stagedMove {
 	for _, r := range runs {
 		need += uint64(r[1]-r[0]) * a.gran
 	}
-	pieces := p.stagePieces[:0]
+	pieces := p.stageBuf[:0]
 	var have uint64
 	scanned := 0
 scan:
@@ -263,7 +269,7 @@ scan:
 		x := &p.heaps[k].free
 		for j := x.prevBin(numBins - 1); j >= 0; j = x.prevBin(j - 1) {
 			for b := x.heads[j]; b != nil; b = b.fnext {
-				if have >= need && len(pieces) <= stagePieces*len(runs) || scanned == stageScan {
+				if have >= need && len(pieces) <= stageMaxPieces*len(runs) || scanned == stageScan {
 					break scan
 				}
 				scanned++
@@ -285,7 +291,7 @@ scan:
 					if si != i {
 						lo := max(b.addr, seg.chunkAddr(c, a.gran))
 						hi := min(b.end(), seg.chunkAddr(e+1, a.gran))
-						pieces = append(pieces, stagedMove{at: lo, n: hi - lo})
+						pieces = append(pieces, freePiece{lo, hi - lo})
 						have += hi - lo
 					}
 					c = e + 1
@@ -293,15 +299,13 @@ scan:
 			}
 		}
 	}
-	p.stagePieces = pieces
-	slices.SortFunc(pieces, func(x, y stagedMove) int { return cmp.Compare(y.n, x.n) })
-	have = 0
-	k := 0
-	for k < len(pieces) && k < stagePieces*len(runs) && have < need {
-		have += pieces[k].n
-		k++
+	p.stageBuf = pieces
+	slices.SortFunc(pieces, func(x, y freePiece) int { return cmp.Compare(y.n, x.n) })
+	var taken uint64 // in the largest pieces, at most stageMaxPieces a run
+	for k := 0; k < len(pieces) && k < stageMaxPieces*len(runs) && taken < need; k++ {
+		taken += pieces[k].n
 	}
-	if have < need {
+	if taken < need {
 		return nil
 	}
 	var moves []stagedMove
@@ -310,7 +314,7 @@ scan:
 		at, end := base+uint64(r[0])*a.gran, base+uint64(r[1])*a.gran
 		for at < end {
 			n := min(end-at, pieces[k].n-used)
-			moves = append(moves, stagedMove{at, pieces[k].at + used, n})
+			moves = append(moves, stagedMove{at, pieces[k].p + used, n})
 			at += n
 			if used += n; used == pieces[k].n {
 				k, used = k+1, 0
@@ -320,14 +324,14 @@ scan:
 	return moves
 }
 
-// stagePieces bounds the pieces of free memory a run is staged in: each
+// stageMaxPieces bounds the pieces of free memory a run is staged in: each
 // costs two copies, a few microseconds each on an H100, against the map,
 // grant and unmap (about 100 us) that staging saves per run. stageScan
 // bounds the free blocks staging examines, largest first, so that its
 // search costs a few microseconds of CPU, not a walk of the whole pool.
 const (
-	stagePieces = 8
-	stageScan   = 64
+	stageMaxPieces = 8
+	stageScan      = 64
 )
 
 // splitStaged moves span i's live runs to the new handles hs through free
@@ -340,22 +344,25 @@ func (p *pool) splitStaged(i int32, runs [][2]int, hs []device.Handle, moves []s
 		p.dropHandles(runs, hs)
 		return err
 	}
-	copies := func(dst, src func(stagedMove) uint64) error {
+	// copies copies every piece to its stage, or back, and waits.
+	copies := func(back bool) error {
 		for _, m := range moves {
-			if err := p.copy(dst(m), src(m), m.n); err != nil {
+			dst, src := m.stage, m.at
+			if back {
+				dst, src = src, dst
+			}
+			if err := p.copy(dst, src, m.n); err != nil {
 				_ = a.syncDevice() // no copy may still run when the caller undoes
 				return err
 			}
 		}
 		return a.syncDevice()
 	}
-	at := func(m stagedMove) uint64 { return m.at }
-	stage := func(m stagedMove) uint64 { return m.stage }
-	if err := copies(stage, at); err != nil {
+	if err := copies(false); err != nil {
 		p.dropHandles(runs, hs)
 		return err
 	}
-	return p.remap(i, runs, hs, func() error { return copies(at, stage) })
+	return p.remap(i, runs, hs, func() error { return copies(true) })
 }
 
 // copy enqueues a copy of n bytes from src to dst and counts it; it is

@@ -48,11 +48,11 @@ type pool struct {
 	freeSlots           []int32
 	empty               spanList
 	mappedChunks        int
-	emptySeq, fencedSeq uint64       // span emptyings so far / covered by the last fence
-	made                []int32      // spans placed by the current back (vm.go)
-	backing             *block       // the block the current back backs (live, not yet marked so)
-	stagePieces         []stagedMove // scratch for defrag's staging plan, reused (defrag.go)
-	churn               churnGuard   // slack against moving spans on every few requests (churn.go)
+	emptySeq, fencedSeq uint64      // span emptyings so far / covered by the last fence
+	made                []int32     // spans placed by the current back (vm.go)
+	backing             *block      // the block the current back backs (live, not yet marked so)
+	stageBuf            []freePiece // defrag's staging search, reused (defrag.go)
+	churn               churnGuard  // slack against moving spans on every few requests (churn.go)
 	// dormants are mappings left behind by moved spans (dormant.go);
 	// chains[i] is the newest of span slot i's handle + 1 (0: none), kept
 	// beside spans rather than in them (the span stays 48 bytes for the
