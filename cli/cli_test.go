@@ -174,6 +174,37 @@ func TestReplayPasses(t *testing.T) {
 	}
 }
 
+// TestReplayDriverTimes: --driver-times adds each operation's calls and
+// time to the JSON (as many as the allocator counts) and a second table.
+func TestReplayDriverTimes(t *testing.T) {
+	code, out, errs := run(t, nil, "replay", "--device", "sim", "--passes", "2", "--driver-times", "--json", "testdata/tiny.trace")
+	if code != 0 || errs != "" {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	var r struct {
+		Creates, Maps uint64
+		Driver        map[string]struct{ Calls, Ns uint64 }
+		Passes        struct {
+			DriverLater map[string]struct{ Calls, Ns uint64 } `json:"driver_later"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Creates == 0 || r.Driver["Create"].Calls != r.Creates || r.Driver["Map"].Calls != r.Maps || len(r.Passes.DriverLater) == 0 || r.Passes.DriverLater["Create"].Calls != 0 {
+		t.Errorf("creates %d, maps %d, driver %v, later %v", r.Creates, r.Maps, r.Driver, r.Passes.DriverLater)
+	}
+	code, out, errs = run(t, nil, "replay", "--device", "sim", "--passes", "2", "--driver-times", "testdata/tiny.trace")
+	if code != 0 || errs != "" || !strings.Contains(out, "driver call") || !regexp.MustCompile(`(?m)^tiny +all +13 `).MatchString(out) ||
+		!strings.Contains(out, "(the pass, all of it)") || !strings.Contains(out, "calls (later passes)") {
+		t.Errorf("table: exit %d, stdout\n%s\nstderr %q", code, out, errs)
+	}
+	code, out, _ = run(t, nil, "replay", "--device", "sim", "testdata/tiny.trace")
+	if code != 0 || strings.Contains(out, "driver call") {
+		t.Errorf("without --driver-times: exit %d, stdout\n%s", code, out)
+	}
+}
+
 func TestReplayFlagsAfterTraces(t *testing.T) {
 	code, out, errs := run(t, nil, "replay", "testdata/tiny.trace", "--device", "sim", "-json", "--", "testdata/tiny.trace")
 	if code != 0 || errs != "" || strings.Count(out, `"trace":"tiny"`) != 2 {
@@ -395,8 +426,8 @@ func TestReplayCUDA(t *testing.T) {
 	}
 	name := d.Info().Name
 	d.Close()
-	code, out, errs := run(t, nil, "replay", "--device", "cuda", "--touch", "--check", "--json", "testdata/tiny.trace", "testdata/multistream.trace")
-	if code != 0 || errs != "" || strings.Count(out, `"device":`+strconv.Quote(name)) != 2 {
+	code, out, errs := run(t, nil, "replay", "--device", "cuda", "--touch", "--check", "--driver-times", "--json", "testdata/tiny.trace", "testdata/multistream.trace")
+	if code != 0 || errs != "" || strings.Count(out, `"device":`+strconv.Quote(name)) != 2 || strings.Count(out, `"driver":{`) != 2 {
 		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 	code, _, errs = run(t, nil, "replay", "--capacity", "1GiB", "testdata/tiny.trace")

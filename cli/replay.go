@@ -14,6 +14,7 @@ import (
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/device/timed"
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/policy"
 	"github.com/gpumem/gpumem/replay"
@@ -106,6 +107,7 @@ func (e *env) replay(args []string) int {
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
 	compact := fs.Bool("compact", false, "best-fit placement that holds the least memory, at more driver calls (gpumem.Config.Compact)")
 	defrag := fs.Bool("defrag", false, "move live chunks out of sparse spans rather than grow past peak active + 1% (gpumem.Config.Defrag; synchronizes the device at each move)")
+	driverTimes := fs.Bool("driver-times", false, "count and time every call to the device, by operation (JSON: driver, passes.driver_later; the table: a second table): where the time per event goes on the real driver")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replays (runtime/pprof) to `file`: where the time per event goes")
 	pol := fs.String("policy", "gpumem", "the allocation `policy`: gpumem, or another allocator's emulated on the simulated device ("+strings.Join(policy.Names()[1:], ", ")+"), or all")
 
@@ -197,7 +199,7 @@ func (e *env) replay(args []string) int {
 	if gpu != nil && (set["capacity"] || set["granularity"]) {
 		return e.usageError(fs, "--capacity and --granularity describe the simulated device; add --device sim to use it")
 	}
-	opt := replay.Options{Check: *check, Warm: *warm, Passes: *passes, Repeat: *repeat}
+	opt := replay.Options{Check: *check, Warm: *warm, Passes: *passes, Repeat: *repeat, DriverTimes: *driverTimes}
 	if gpu != nil && *touch {
 		opt.Touch = func(s device.Stream, b gpumem.Buffer) error {
 			return gpu.MemsetAsync(b.Ptr(), 0, b.Size(), s)
@@ -289,7 +291,72 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 	if err := t.write(w); err != nil {
 		return err
 	}
+	if err := writeDriverTimes(w, results); err != nil {
+		return err
+	}
 	return writeFirstOOMs(w, results)
+}
+
+// writeDriverTimes writes, for the results with driver times
+// (--driver-times), each operation's calls, milliseconds and microseconds
+// per call, the dearest first, in the first pass and in the later passes
+// together; then each pass's whole time, of which the calls are part.
+func writeDriverTimes(w io.Writer, results []replay.Result) error {
+	t := table{header: []string{"trace", "driver call", "calls", "ms", "us/call"}}
+	later := false
+	for _, r := range results {
+		later = later || (r.Passes != nil && r.Passes.DriverLater != nil)
+	}
+	if later {
+		t.header = append(t.header, "calls (later passes)", "ms (later)", "us/call (later)")
+	}
+	ms := func(ns uint64) string { return strconv.FormatFloat(float64(ns)/1e6, 'f', 2, 64) }
+	cells := func(o timed.Op) []string {
+		if o.Calls == 0 {
+			return []string{"0", "", ""}
+		}
+		return []string{strconv.FormatUint(o.Calls, 10), ms(o.Ns), strconv.FormatFloat(float64(o.Ns)/float64(o.Calls)/1e3, 'f', 1, 64)}
+	}
+	for _, r := range results {
+		if r.Driver == nil {
+			continue
+		}
+		var l timed.Times
+		if r.Passes != nil {
+			l = r.Passes.DriverLater
+		}
+		both := timed.Times{}
+		for name, o := range r.Driver {
+			both[name] = o
+		}
+		for name, o := range l {
+			both[name] = timed.Op{Calls: both[name].Calls + o.Calls, Ns: both[name].Ns + o.Ns}
+		}
+		for _, name := range both.Names() {
+			row := append([]string{r.Trace, name}, cells(r.Driver[name])...)
+			if later {
+				row = append(row, cells(l[name])...)
+			}
+			t.rows = append(t.rows, row)
+		}
+		row := append([]string{r.Trace, "all"}, cells(r.Driver.Total())...)
+		if later {
+			row = append(row, cells(l.Total())...)
+		}
+		t.rows = append(t.rows, row)
+		pass := []string{r.Trace, "(the pass, all of it)", "", ms(uint64(r.NsPerOp * float64(r.Events))), ""}
+		if later && r.Passes != nil {
+			pass = append(pass, "", ms(uint64(r.Passes.NsPerOpLater*float64(r.Events*(r.Passes.N-1)))), "")
+		}
+		t.rows = append(t.rows, pass)
+	}
+	if len(t.rows) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w); err != nil {
+		return err
+	}
+	return t.write(w)
 }
 
 // policyOOMs replays tr under every emulated policy on a device of

@@ -7,11 +7,13 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/timed"
 	"github.com/gpumem/gpumem/trace"
 )
 
@@ -41,6 +43,10 @@ type Options struct {
 	// by tens of percent. Every run must make the same decisions (peak,
 	// counts); a run that does not is an error.
 	Repeat int
+	// DriverTimes (Run only) counts and times every call to the device,
+	// by operation (device/timed), in Result.Driver and
+	// PassesResult.DriverLater. With Repeat, the first run's.
+	DriverTimes bool
 }
 
 // Result is one trace's replay. JSON keys are part of the CLI's contract.
@@ -68,8 +74,12 @@ type Result struct {
 	Copies      uint64 `json:"copies,omitempty"`
 	CopiedBytes uint64 `json:"copied_bytes,omitempty"`
 	// SplitNs is the wall time the splits took (gpumem.Stats.SplitNanos).
-	SplitNs         uint64 `json:"split_ns,omitempty"`
-	PeakActiveBytes uint64 `json:"peak_active_bytes"`
+	SplitNs uint64 `json:"split_ns,omitempty"`
+	// Driver is the device calls of the first pass and their wall time,
+	// by operation (Options.DriverTimes; the allocator's creation and
+	// the first pass's calls; Close's are not counted).
+	Driver          timed.Times `json:"driver,omitempty"`
+	PeakActiveBytes uint64      `json:"peak_active_bytes"`
 	// EndReservedBytes is what the allocator still held after the last
 	// event, before Close.
 	EndReservedBytes uint64 `json:"end_reserved_bytes"`
@@ -127,6 +137,9 @@ type PassesResult struct {
 	// SplitNsLater is the time they took (Result.SplitNs).
 	SplitsLater  uint64 `json:"splits_later,omitempty"`
 	SplitNsLater uint64 `json:"split_ns_later,omitempty"`
+	// DriverLater is Result.Driver for the passes after the first,
+	// together (the frees between passes included).
+	DriverLater timed.Times `json:"driver_later,omitempty"`
 	// NsPerOpLater is the time per event of the passes after the first,
 	// together (with Options.Repeat, the median over the runs): the
 	// allocator's speed in a program's steady state.
@@ -170,11 +183,11 @@ func Run(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options) (Re
 	return first, nil
 }
 
-// decisions is p without its time (and its first later OOM, a pointer:
+// decisions is p without its times (and its first later OOM, a pointer:
 // the count is compared).
 func (p *PassesResult) decisions() PassesResult {
 	d := *p
-	d.NsPerOpLater, d.FirstOOMLater = 0, nil
+	d.NsPerOpLater, d.SplitNsLater, d.FirstOOMLater, d.DriverLater = 0, 0, nil, nil
 	return d
 }
 
@@ -183,7 +196,7 @@ func sameDecisions(a, b Result) bool {
 	return a.PeakReservedBytes == b.PeakReservedBytes && a.OOMs == b.OOMs &&
 		a.Creates == b.Creates && a.Releases == b.Releases && a.Maps == b.Maps &&
 		a.Unmaps == b.Unmaps && a.EndReservedBytes == b.EndReservedBytes &&
-		(a.Passes == nil) == (b.Passes == nil) && (a.Passes == nil || a.Passes.decisions() == b.Passes.decisions())
+		(a.Passes == nil) == (b.Passes == nil) && (a.Passes == nil || reflect.DeepEqual(a.Passes.decisions(), b.Passes.decisions()))
 }
 
 // median returns the median of xs (the mean of the middle two for an even
@@ -205,11 +218,18 @@ func runOnce(tr *trace.Trace, dev device.Device, cfg gpumem.Config, opt Options)
 		return Result{}, err
 	}
 	defer destroy() // after Close: streams must outlive the memory on them
+	var clock *timed.Device
+	if opt.DriverTimes {
+		if clock, err = timed.New(dev); err != nil {
+			return Result{}, err
+		}
+		dev = clock
+	}
 	a, err := gpumem.New(dev, cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := runOn(tr, a, streams, opt)
+	res, err := runOn(tr, a, streams, opt, clock)
 	if cerr := a.Close(); cerr != nil && !errors.Is(cerr, gpumem.ErrLeak) && err == nil {
 		err = cerr
 	}
@@ -224,10 +244,11 @@ func RunOn(tr *trace.Trace, a *gpumem.Allocator, opt Options) (Result, error) {
 	for _, s := range tr.Streams {
 		streams[s] = device.Stream(s)
 	}
-	return runOn(tr, a, streams, opt)
+	return runOn(tr, a, streams, opt, nil)
 }
 
-func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, opt Options) (Result, error) {
+// runOn replays tr on a; clock, if not nil, is the timed device under a.
+func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, opt Options, clock *timed.Device) (Result, error) {
 	bufs := make([]gpumem.Buffer, tr.Requests)
 	before := a.Stats()
 	var first *OOM
@@ -236,6 +257,10 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		return Result{}, err
 	}
 	st := a.Stats()
+	var driverFirst timed.Times
+	if clock != nil {
+		driverFirst = clock.Times()
+	}
 	if opt.Check {
 		if err := a.Check(); err != nil {
 			return Result{}, fmt.Errorf("replay %s: invariants: %w", tr.Name, err)
@@ -263,6 +288,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		PeakActiveBytes:   st.PeakActive,
 		EndReservedBytes:  st.Reserved,
 	}
+	r.Driver = driverFirst // the clock began with the allocator
 	if len(tr.Events) > 0 {
 		r.NsPerOp = float64(elapsed.Nanoseconds()) / float64(len(tr.Events))
 	}
@@ -302,6 +328,9 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 			OOMsLater: oomsLater, FirstOOMLater: firstLater, SplitsLater: end.Splits - st.Splits, SplitNsLater: end.SplitNanos - st.SplitNanos}
 		if r.PeakLiveBytes > 0 {
 			r.Passes.Ratio = float64(end.PeakReserved) / float64(r.PeakLiveBytes)
+		}
+		if clock != nil {
+			r.Passes.DriverLater = clock.Times().Sub(driverFirst)
 		}
 		if len(tr.Events) > 0 {
 			r.Passes.NsPerOpLater = float64(later.Nanoseconds()) / float64((passes-1)*len(tr.Events))

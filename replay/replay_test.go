@@ -248,6 +248,57 @@ func TestReplayRepeat(t *testing.T) {
 	}
 }
 
+// TestReplayRepeatDefrag: the time splits take is not a decision; two runs
+// of a trace whose later passes split (Config.Defrag) agree.
+func TestReplayRepeatDefrag(t *testing.T) {
+	tr, err := trace.Load(filepath.Join(traceDir, "resnet50_train.trace.gz"))
+	if err != nil {
+		t.Skip(err)
+	}
+	res, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{Defrag: true}, replay.Options{Repeat: 2, Passes: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Passes == nil || res.Passes.SplitsLater == 0 || res.Passes.SplitNsLater == 0 {
+		t.Errorf("passes %+v: want later splits, timed", res.Passes)
+	}
+}
+
+// TestReplayDriverTimes: Options.DriverTimes reports the device calls of
+// the first pass and of the later ones, by operation, as many as the
+// allocator counts; without it none are reported.
+func TestReplayDriverTimes(t *testing.T) {
+	tr, err := trace.Load(filepath.Join(traceDir, "resnet50_train.trace.gz"))
+	if err != nil {
+		t.Skip(err)
+	}
+	res, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{Defrag: true}, replay.Options{Passes: 3, DriverTimes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, ps := res.Driver, res.Passes
+	if d["Create"].Calls != res.Creates || d["Map"].Calls != res.Maps || d["Unmap"].Calls != res.Unmaps ||
+		d["Release"].Calls != res.Releases || d["Copy"].Calls != res.Copies {
+		t.Errorf("first pass: driver %+v, counted %d creates, %d maps, %d unmaps, %d releases, %d copies",
+			d, res.Creates, res.Maps, res.Unmaps, res.Releases, res.Copies)
+	}
+	if d["Reserve"].Calls == 0 || d.Total().Ns == 0 {
+		t.Errorf("first pass: driver %+v: want the allocator's reservation and some time", d)
+	}
+	l := ps.DriverLater
+	if l["Create"].Calls != ps.CreatesLater || l["Map"].Calls != ps.MapsLater || l["Release"].Calls != ps.ReleasesLater || l["Reserve"].Calls != 0 {
+		t.Errorf("later passes: driver %+v, counted %d creates, %d maps, %d releases", l, ps.CreatesLater, ps.MapsLater, ps.ReleasesLater)
+	}
+	plain, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{Defrag: true}, replay.Options{Passes: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.Driver != nil || plain.Passes.DriverLater != nil || plain.PeakReservedBytes != res.PeakReservedBytes || plain.Passes.MapsLater != ps.MapsLater {
+		t.Errorf("without DriverTimes: driver %v / %v, peak %d, later maps %d: want none and the same decisions (%d, %d)",
+			plain.Driver, plain.Passes.DriverLater, plain.PeakReservedBytes, plain.Passes.MapsLater, res.PeakReservedBytes, ps.MapsLater)
+	}
+}
+
 // TestReplayTouchError: an error from Options.Touch stops the replay and is
 // returned with the request named.
 func TestReplayTouchError(t *testing.T) {
