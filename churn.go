@@ -43,7 +43,8 @@ package gpumem
 // 8 GiB.
 //
 // Guarded by the pool's mu. Not used under Config.Compact, whose user
-// chose memory over driver calls.
+// chose memory over driver calls. Under Config.Defrag, a raised slack
+// stops the splits (defrag.go): the two would work against each other.
 //
 // Invariants (checked by checkPool): 0 <= level <= churnMaxLevel; the
 // window starts at or before the pool's allocation count; under Compact

@@ -713,7 +713,7 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
 	if i := p.emptyToStretch(seg, r0, k); i >= 0 {
 		return p.moveSpan(i, p, seg, r0, c1)
 	}
-	if a.defrag {
+	if a.defrag && p.churn.level == 0 { // not against the churn guard's slack (defrag.go)
 		if err := p.defrag(size); err != nil {
 			return err
 		}
