@@ -604,6 +604,7 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 	if grown && i > int(seg.hiSpan) {
 		limit *= 2
 	}
+	limit = max(limit, p.churnSpan())
 	r1 := i + 1
 	for r1 <= c1 && ch[r1].span < 0 && r1-i < limit {
 		r1++
