@@ -89,7 +89,8 @@ const (
 // more idle memory beside a block's edges: only a program that churns
 // window after window gets them (the top level; knn_retrieval, a holdout
 // program whose later passes raise the slack a step or two, held 1.0411
-// over ten passes with them from any level, 1.0123 without), and, as the
+// over ten passes with them from any level, 1.0123 without: the gate was
+// set after seeing that, so knn is no longer unseen here), and, as the
 // slack, only where the limit leaves a quarter more room than would be
 // reserved.
 func (p *pool) churnSpan() int {
