@@ -55,29 +55,35 @@ func randomFree(t *testing.T, a *Allocator, seed uint64, steps int, target, maxS
 	return peakLive, ooms
 }
 
+// churnRun runs randomFree's program (30,000 steps, 8 GiB live, requests up
+// to 512 MiB, seed 7) on a new allocator of cfg on an 80 GiB simulated
+// device, the guard switched off if noChurn, and checks that it met no OOM
+// and that the books hold. It returns the stats, the peak of live bytes and
+// the guard's level at the end.
+func churnRun(t *testing.T, cfg Config, noChurn bool) (Stats, uint64, int) {
+	t.Helper()
+	a, err := New(sim.MustNew(sim.Config{}), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.noChurn = noChurn
+	peak, ooms := randomFree(t, a, 7, 30000, 8<<30, 512<<20)
+	if ooms != 0 {
+		t.Fatalf("%d OOMs on an 80 GiB device", ooms)
+	}
+	if err := a.Check(); err != nil {
+		t.Fatal(err)
+	}
+	return a.Stats(), peak, a.allPools()[0].churn.level
+}
+
 // TestChurnGuardRandomFree runs the same random-free program with and
 // without the churn guard: with it the slack rises, the driver makes far
 // fewer calls, and the memory held stays within the slack's bound.
 func TestChurnGuardRandomFree(t *testing.T) {
-	const steps, target, maxSize = 30000, 8 << 30, 512 << 20
-	run := func(off bool) (Stats, uint64, int) {
-		a, err := New(sim.MustNew(sim.Config{}), Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		a.noChurn = off
-		peak, ooms := randomFree(t, a, 7, steps, target, maxSize)
-		if ooms != 0 {
-			t.Fatalf("%d OOMs on an 80 GiB device", ooms)
-		}
-		if err := a.Check(); err != nil {
-			t.Fatal(err)
-		}
-		return a.Stats(), peak, a.allPools()[0].churn.level
-	}
-	without, peak, level0 := run(true)
-	with, peak2, level := run(false)
+	without, peak, level0 := churnRun(t, Config{}, true)
+	with, peak2, level := churnRun(t, Config{}, false)
 	if peak != peak2 {
 		t.Fatalf("the two runs differ: peak live %d and %d", peak, peak2)
 	}
@@ -113,24 +119,8 @@ func TestChurnGuardRandomFree(t *testing.T) {
 // bench/synth's rand 3 times slower than the default at the same ratio).
 // It decides as the default does, bar those first splits.
 func TestChurnGuardDefrag(t *testing.T) {
-	const steps, target, maxSize = 30000, 8 << 30, 512 << 20
-	run := func(defrag bool) (Stats, uint64, int) {
-		a, err := New(sim.MustNew(sim.Config{}), Config{Defrag: defrag})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		peak, ooms := randomFree(t, a, 7, steps, target, maxSize)
-		if ooms != 0 {
-			t.Fatalf("%d OOMs on an 80 GiB device", ooms)
-		}
-		if err := a.Check(); err != nil {
-			t.Fatal(err)
-		}
-		return a.Stats(), peak, a.allPools()[0].churn.level
-	}
-	def, peak, _ := run(false)
-	st, peak2, level := run(true)
+	def, peak, _ := churnRun(t, Config{}, false)
+	st, peak2, level := churnRun(t, Config{Defrag: true}, false)
 	if peak != peak2 {
 		t.Fatalf("the two runs differ: peak live %d and %d", peak, peak2)
 	}

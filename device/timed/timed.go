@@ -20,8 +20,10 @@
 package timed
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -65,23 +67,9 @@ func (t Times) Total() Op {
 
 // Names returns the operations of t, the dearest first (ties by name).
 func (t Times) Names() []string {
-	names := make([]string, 0, len(t))
-	for name := range t {
-		names = append(names, name)
-	}
-	slices.SortFunc(names, func(a, b string) int {
-		if t[a].Ns != t[b].Ns {
-			if t[a].Ns > t[b].Ns {
-				return -1
-			}
-			return 1
-		}
-		if a < b {
-			return -1
-		}
-		return 1
+	return slices.SortedFunc(maps.Keys(t), func(a, b string) int {
+		return cmp.Or(cmp.Compare(t[b].Ns, t[a].Ns), cmp.Compare(a, b))
 	})
-	return names
 }
 
 // The timed operations, in the order of the device interfaces.
