@@ -33,10 +33,7 @@ build)
 	gzip -9 build/dg/gpumem build/dg/gputest.test
 	git describe --always --dirty >build/dg/COMMIT
 	if [ -n "${2:-}" ]; then
-		tmp=$(mktemp -d)
-		git worktree add --detach "$tmp" "$2" >/dev/null
-		(cd "$tmp" && CGO_ENABLED=0 go build -ldflags="-s -w" -o "$OLDPWD/build/dg/base" ./cmd/gpumem)
-		git worktree remove --force "$tmp"
+		bash bench/core/build_cli_at.sh "$2" build/dg/base
 		gzip -9 build/dg/base
 		git rev-parse --short "$2" >>build/dg/COMMIT
 	fi

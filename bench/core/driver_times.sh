@@ -27,10 +27,7 @@ build)
 	CGO_ENABLED=0 go build -ldflags="-s -w" -o build/dt/gpumem ./cmd/gpumem
 	git describe --always --dirty >build/dt/COMMIT
 	if [ -n "${BASE:-}" ]; then
-		tmp=$(mktemp -d)
-		git worktree add --detach "$tmp" "$BASE" >/dev/null
-		(cd "$tmp" && CGO_ENABLED=0 go build -ldflags="-s -w" -o "$OLDPWD/build/dt/base" ./cmd/gpumem)
-		git worktree remove --force "$tmp"
+		bash bench/core/build_cli_at.sh "$BASE" build/dt/base
 		git rev-parse --short "$BASE" >>build/dt/COMMIT
 	fi
 	gzip -9 build/dt/gpumem build/dt/base 2>/dev/null
