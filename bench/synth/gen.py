@@ -3,7 +3,7 @@
 check that a policy tuned on the six recorded traces holds on programs it was
 not tuned on.
 
-    python3 bench/synth/gen.py OUTDIR           # 40 traces (5 seeds x 8 families)
+    python3 bench/synth/gen.py OUTDIR           # 45 traces (5 seeds x 9 families)
     python3 bench/synth/gen.py OUTDIR 105 10    # seeds 105-114: kv5..kv14, ...
 
 A trace of seed S is named FAMILY{S-100}. Families (gpumem-trace v1,
@@ -18,6 +18,8 @@ deterministic seeds, 100-104 by default; one stream but prefetch and buckets):
           cache, arriving and finishing at random (caches freed out of order)
   rand    no program's shape: log-uniform sizes (512 B to 512 MiB), frees in
           random order, about 8 GiB live, 60,000 events
+  randx   rand at a scale drawn from the seed (2-20 GiB live, sizes up to
+          64 MiB-2 GiB): random-free programs the churn guard was not sized on
   prefetch two streams sharing memory: a side stream (1) loads the next batch
           (random size) while the main stream (0) trains on the current one
           (activations sized by that batch); the main stream frees each batch
@@ -206,6 +208,31 @@ def rand(seed):
     return t.ev
 
 
+def randx(seed):
+    """rand's shape with its scale drawn from the seed: about 2, 4, 8 or 20
+    GiB live, sizes log-uniform from 512 B or 4 KiB up to 64 MiB, 128 MiB,
+    512 MiB or 2 GiB. rand is the family the churn guard (churn.go) was
+    sized on; these are programs of the same kind it has not seen."""
+    r = random.Random(seed * 7919)
+    t = Trace()
+    target = r.choice([2, 4, 8, 20]) << 30
+    hi = math.log(r.choice([64, 128, 512, 2048]) << 20)
+    lo = math.log(r.choice([512, 4096]))
+    live, cur = [], 0
+    while len(t.ev) < 60000:
+        if cur < target or (r.random() < 0.5 and cur < target * 1.1):
+            size = int(math.exp(r.uniform(lo, hi)))
+            live.append((t.a(size), size))
+            cur += size
+        else:
+            k = r.randrange(len(live))
+            (i, size), live[k] = live[k], live[-1]
+            live.pop()
+            t.f(i)
+            cur -= size
+    return t.ev
+
+
 def prefetch(seed):
     """A two-stream prefetch pipeline: the side stream (1) allocates batch
     i+1 (and its staging copies, freed at once) while the main stream (0)
@@ -286,7 +313,7 @@ if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     first = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     count = int(sys.argv[3]) if len(sys.argv) > 3 else 5
-    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep, "serve": serve, "rand": rand, "prefetch": prefetch, "buckets": buckets}
+    gens = {"kv": kv, "varlen": varlen, "cnn": cnn, "sweep": sweep, "serve": serve, "rand": rand, "randx": randx, "prefetch": prefetch, "buckets": buckets}
     for name, g in gens.items():
         for seed in range(first, first + count):
             write(f"{name}{seed - 100}", g(seed))
