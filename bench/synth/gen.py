@@ -190,10 +190,16 @@ def rand(seed):
     random order, about 8 GiB live once warm. The family on which policies
     that help ordered growth (training, generation) show what they cost
     programs that free at random."""
-    r = random.Random(seed)
+    return random_free(random.Random(seed), 8 << 30, 512, 512 << 20)
+
+
+def random_free(r, target, smallest, largest):
+    """60,000 events: requests of sizes log-uniform in [smallest, largest]
+    while about target bytes are live (up to a tenth more), frees of a
+    random live request once there."""
     t = Trace()
-    live, cur, target = [], 0, 8 << 30
-    lo, hi = math.log(512), math.log(512 << 20)
+    live, cur = [], 0
+    lo, hi = math.log(smallest), math.log(largest)
     while len(t.ev) < 60000:
         if cur < target or (r.random() < 0.5 and cur < target * 1.1):
             size = int(math.exp(r.uniform(lo, hi)))
@@ -214,23 +220,9 @@ def randx(seed):
     512 MiB or 2 GiB. rand is the family the churn guard (churn.go) was
     sized on; these are programs of the same kind it has not seen."""
     r = random.Random(seed * 7919)
-    t = Trace()
     target = r.choice([2, 4, 8, 20]) << 30
-    hi = math.log(r.choice([64, 128, 512, 2048]) << 20)
-    lo = math.log(r.choice([512, 4096]))
-    live, cur = [], 0
-    while len(t.ev) < 60000:
-        if cur < target or (r.random() < 0.5 and cur < target * 1.1):
-            size = int(math.exp(r.uniform(lo, hi)))
-            live.append((t.a(size), size))
-            cur += size
-        else:
-            k = r.randrange(len(live))
-            (i, size), live[k] = live[k], live[-1]
-            live.pop()
-            t.f(i)
-            cur -= size
-    return t.ev
+    largest = r.choice([64, 128, 512, 2048]) << 20
+    return random_free(r, target, r.choice([512, 4096]), largest)
 
 
 def prefetch(seed):
