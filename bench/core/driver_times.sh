@@ -11,7 +11,8 @@
 #                                      rand0-2 of bench/synth, generated
 #                                      there) under each mode of MODES
 #                                      (default, defrag, compact; "base" runs
-#                                      build/dt/base by default), PASSES
+#                                      build/dt/base by default, "base-compact"
+#                                      and "base-defrag" with those flags), PASSES
 #                                      passes (default 3), ROUNDS rounds
 #                                      (default 1), until BUDGET seconds
 #                                      (default 500) are spent; DEVICE=sim
@@ -68,6 +69,8 @@ PY
 				defrag) args=--defrag ;;
 				compact) args=--compact ;;
 				base) bin=build/dt/base ;;
+				base-compact) bin=build/dt/base args=--compact ;;
+				base-defrag) bin=build/dt/base args=--defrag ;;
 				esac
 				timeout 120 $bin replay --device "${DEVICE:-cuda}" --json --driver-times --passes "$passes" $args "$t" |
 					python3 -c 'import json,sys
