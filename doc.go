@@ -111,8 +111,7 @@
 //     known done, only a place over unmapped chunks. The first candidate
 //     with a place over ready chunks wins; a free block remembers the
 //     smallest request it had none for (block.nzFrom), so later searches
-//     pass it by. Give each run of missing chunks a span (back, newSpan),
-//     and the spans mapped side by side one access grant (grantMade).
+//     pass it by. Give each run of missing chunks a span (back, newSpan).
 //  6. If the limit or the device refused (a shortage), unlock, return every
 //     pool's cache to the device (reclaim), lock and retry once.
 //  7. Still short: fail with an *OutOfMemoryError, the verdict (oom.go):

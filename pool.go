@@ -50,7 +50,6 @@ type pool struct {
 	mappedChunks        int
 	emptySeq, fencedSeq uint64      // span emptyings so far / covered by the last fence
 	made                []int32     // spans placed by the current back (vm.go)
-	ungranted           []int32     // spans of the current back whose grant is due (grantMade)
 	backing             *block      // the block the current back backs (live, not yet marked so)
 	stageBuf            []freePiece // defrag's staging search, reused (defrag.go)
 	churn               churnGuard  // slack against moving spans on every few requests (churn.go)

@@ -55,7 +55,6 @@ import (
 //	an occupied chunk is ready
 //	span.occupied == number of its chunks that are occupied
 //	span is on its pool's empty list ⇔ span.occupied == 0
-//	no span is grantDue outside back (its grants are made before it returns)
 //	Reserved == Σ plain segment sizes + Σ span sizes + Σ unreleased handles
 //
 // A chunk that a block covers whole is that block's alone, so occupying or
@@ -82,7 +81,6 @@ type span struct {
 	access     bool  // SetAccess done since it was mapped here
 	prealloc   bool  // Config.Preallocate: released only by Trim and Close
 	inUse      bool  // the slot holds a span
-	grantDue   bool  // placed by the current back without access: granted at its end (grantMade)
 	seq        uint64
 	prev, next int32 // pool.empty, oldest first; -1 for none
 }
@@ -507,7 +505,6 @@ func (p *pool) back(b *block) error {
 		}
 	}
 	p.made = p.made[:0] // place records the spans this call creates or moves here
-	p.ungranted = p.ungranted[:0]
 	p.backing = b
 	defer func() { p.backing = nil }()
 	var err error
@@ -516,9 +513,6 @@ func (p *pool) back(b *block) error {
 		switch {
 		case c.ready:
 			i++
-		case c.span >= 0 && p.spans[c.span].grantDue: // placed by this call (a span stretched past its run)
-			s := &p.spans[c.span]
-			i = int(s.c0 + s.n)
 		case c.span >= 0: // mapped, but a failure left it without access
 			s := &p.spans[c.span]
 			err = p.grant(c.span)
@@ -529,15 +523,7 @@ func (p *pool) back(b *block) error {
 			i = r1
 		}
 	}
-	if err == nil {
-		err = p.grantMade()
-	}
 	if err != nil {
-		// Spans still waiting for their grant stay without access (as
-		// after a failed grant: a later back grants them where needed).
-		for _, si := range p.ungranted {
-			p.spans[si].grantDue = false
-		}
 		// Undo the counts, then give back what this call took: a failed
 		// request leaves nothing behind. (A span whose release fails stays,
 		// empty, for the next request.)
@@ -680,45 +666,6 @@ func (p *pool) grant(i int32) error {
 	return nil
 }
 
-// grantMade grants access to the spans the current back mapped without it
-// (span.grantDue), one SetAccess per run of adjacent mappings: a grant
-// covers whole mappings, and on an H100 one call over several costs about
-// two thirds of separate calls per mapping (docs/EXPERIMENTS.md, "Does a
-// remap keep its access grant?"). back places its spans in address order,
-// so a block backed by several spans, or a span and the chunks ahead of
-// it, makes one run. On a failure the run's spans stay without access, as
-// after a failed grant, and the rest are not tried.
-func (p *pool) grantMade() error {
-	a := p.a
-	for k := 0; k < len(p.ungranted); {
-		s := &p.spans[p.ungranted[k]]
-		if !s.grantDue {
-			k++
-			continue
-		}
-		end, j := s.c0+s.n, k+1
-		for ; j < len(p.ungranted); j++ {
-			t := &p.spans[p.ungranted[j]]
-			if !t.grantDue || t.seg != s.seg || t.c0 != end {
-				break
-			}
-			end = t.c0 + t.n
-		}
-		if err := a.vm.SetAccess(device.Ptr(s.seg.chunkAddr(int(s.c0), a.gran)), uint64(end-s.c0)*a.gran); err != nil {
-			return err
-		}
-		a.c.setAccess.Add(1)
-		for _, i := range p.ungranted[k:j] {
-			t := &p.spans[i]
-			t.grantDue, t.access = false, true
-			p.markReady(i)
-		}
-		k = j
-	}
-	p.ungranted = p.ungranted[:0]
-	return nil
-}
-
 // markReady marks span i's chunks ready (its mapping has access).
 func (p *pool) markReady(i int32) {
 	s := &p.spans[i]
@@ -834,13 +781,6 @@ func (p *pool) attach(i int32, seg *segment, r0, c1 int, access bool) error {
 	p.mappedChunks += int(s.n)
 	if s.occupied == 0 {
 		p.pushEmpty(i)
-	}
-	if !access && p.backing != nil {
-		// Granted at the end of back, with the spans mapped beside it
-		// (grantMade).
-		s.grantDue = true
-		p.ungranted = append(p.ungranted, i)
-		return nil
 	}
 	if !access {
 		return p.grant(i)

@@ -1,11 +1,9 @@
 package gpumem_test
 
 import (
-	"errors"
 	"testing"
 
 	"github.com/gpumem/gpumem"
-	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/replay"
 	"github.com/gpumem/gpumem/trace"
 )
@@ -150,52 +148,5 @@ func TestArenaOutlastsHoles(t *testing.T) {
 	}
 	if st.Reserved > capacity {
 		t.Errorf("reserved %d MiB on a device of %d MiB", st.Reserved/miB, capacity/miB)
-	}
-}
-
-// TestOneGrantPerRun: the spans one request maps side by side get their
-// access in one SetAccess over the run (vm.go, grantMade), and a failed
-// grant fails the request with nothing left behind.
-func TestOneGrantPerRun(t *testing.T) {
-	dev := newSim(1 << 30)
-	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual, SpanSize: 4 * miB, CheckInvariants: true})
-	before := a.Stats()
-	b, err := a.Alloc(20*miB, 0) // five 4 MiB spans, adjacent
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustCheck(t, a, "Alloc")
-	after := a.Stats()
-	if c, m, g := after.Creates-before.Creates, after.Maps-before.Maps, after.SetAccess-before.SetAccess; c != 5 || m != 5 || g != 1 {
-		t.Fatalf("20 MiB in 4 MiB spans: %d creates, %d maps, %d grants; want 5, 5, 1", c, m, g)
-	}
-
-	// The grant of the next run fails: the request fails, and what it
-	// created is given back.
-	dev.FailNth("SetAccess", 1)
-	reserved := a.Stats().Reserved
-	if _, err := a.Alloc(12*miB, 0); !errors.Is(err, device.ErrInjected) {
-		t.Fatalf("Alloc with its grant failing: %v, want the injected fault", err)
-	}
-	mustCheck(t, a, "a failed grant")
-	if r := a.Stats().Reserved; r != reserved {
-		t.Fatalf("reserved %d MiB after a failed Alloc, %d MiB before", r/miB, reserved/miB)
-	}
-	dev.ClearFaults()
-	c, err := a.Alloc(12*miB, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustCheck(t, a, "Alloc after the fault")
-	for _, x := range []gpumem.Buffer{b, c} {
-		if err := a.Free(x); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := dev.Leaks(); err != nil {
-		t.Fatal(err)
 	}
 }
