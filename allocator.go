@@ -31,7 +31,10 @@ type Allocator struct {
 	limit, overhang atomic.Uint64
 	small           uint64 // SmallSize
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
+	// Under Compact with no SpanSize it is where spans start, and
+	// spanGrow lets them grow with the allocator (pool.spanLimit).
 	spanChunks  int
+	spanGrow    bool
 	compact     bool // Config.Compact, in ModeVirtual
 	defrag      bool // Config.Defrag, in ModeVirtual with a Copier, not compact
 	copier      device.Copier
@@ -135,7 +138,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 	if span == 0 {
 		span = defaultSpanSize
 		if a.compact {
-			span = compactSpanSize
+			span, a.spanGrow = compactSpanSize, true
 		}
 	}
 	a.spanChunks = int(max(span/a.gran, 1))

@@ -89,7 +89,9 @@ type Config struct {
 	// request goes to the start of its best-fitting free range, whether
 	// memory is mapped there or not (by default the allocator looks among
 	// the fitting ranges for one already mapped, to spare driver calls),
-	// spans default to 4 MiB, and a span moved elsewhere leaves its old
+	// spans start at 4 MiB and grow with the allocator, to at most 1/512
+	// of the most it has held and 32 MiB (unless SpanSize is set, which
+	// fixes them), and a span moved elsewhere leaves its old
 	// mapping in place, dormant, to come back to at no cost (dormant.go).
 	// Placement then does not depend on what is mapped, so a program that
 	// repeats itself repeats its layout. Measured on the corpus (simulated

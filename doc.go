@@ -50,8 +50,10 @@
 //
 // Config.Compact trades driver calls for memory in ModeVirtual: a request
 // goes to the start of its best fit whether memory is mapped there or not,
-// spans default to 4 MiB, and moved spans leave dormant mappings to come
-// back to at no cost (dormant.go). Placement no longer depends on what is
+// spans start at 4 MiB and grow with the allocator (at most 1/512 of
+// what it has held, up to 32 MiB; spanMost in vm.go), and moved spans
+// leave dormant mappings to come back to at no cost (dormant.go).
+// Placement no longer depends on what is
 // mapped, so a program that repeats itself repeats its layout and holds no
 // more over many passes than over one; measured on the corpus it holds
 // 1.0007-1.0221 times peak live where the default holds up to 1.0977, at

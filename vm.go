@@ -595,7 +595,8 @@ const (
 func (p *pool) runEnd(seg *segment, i, c1 int) int {
 	a := p.a
 	ch := seg.chunks
-	limit := a.spanChunks
+	base := p.spanMost()
+	limit := base
 	after := uint64(frontierAfter)
 	if a.compact {
 		after = compactFrontierAfter
@@ -615,7 +616,7 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 		// memory held idle beside a live chunk: near the limit it is what
 		// fails a later block. So the bet takes at most 1/aheadShare of
 		// the room left under the limit, and shrinks as the device fills.
-		ahead := a.spanChunks
+		ahead := base
 		if l, r := a.limit.Load(), a.reserved.Load(); l > r {
 			ahead = min(ahead, int((l-r)/a.gran)/aheadShare)
 		} else {
@@ -628,13 +629,57 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 	return r1
 }
 
+// spanMost returns the most chunks a new span may have: Config.SpanSize,
+// or under Compact without one, 4 MiB growing with the allocator: the
+// largest power-of-two multiple of it up to 1/compactSpanShare of the most
+// the allocator has reserved (p.spanLimit, which never shrinks), at most
+// compactSpanMax.
+//
+// Compact's fit comes from small spans: a span partly under live blocks
+// holds all of its memory, so what a layout strands is about the number
+// of partly used spans times their size. Its cost is one create, map and
+// access grant per span, tens of microseconds whatever the size
+// (docs/BENCHMARKS.md, "What the driver costs"), so a fixed 4 MiB makes a
+// large program pay a call per 4 MiB it grows. A span of at most 1/512 of
+// what is held keeps the stranding a fixed share of the program's size:
+// measured on 39 real programs (docs/EXPERIMENTS.md, "Compact: spans that
+// grow with the allocator"), every one still within 1.02 of its peak on
+// the first pass and over ten, with a fifth fewer driver calls in a first
+// pass (geometric mean; a third to two thirds on the largest programs),
+// and a third of them on programs that free at random. Never shrinking
+// keeps a program's later passes on the span sizes of its first.
+func (p *pool) spanMost() int {
+	a := p.a
+	if !a.spanGrow {
+		return a.spanChunks
+	}
+	if p.spanLimit < a.spanChunks {
+		p.spanLimit = a.spanChunks
+	}
+	held := a.reserved.Load() / (compactSpanShare * a.gran)
+	for uint64(p.spanLimit)*2 <= held && uint64(p.spanLimit)*2*a.gran <= compactSpanMax {
+		p.spanLimit *= 2
+	}
+	return p.spanLimit
+}
+
+// compactSpanShare and compactSpanMax bound Compact's growing spans
+// (spanMost): a span is at most 1/compactSpanShare of the most the
+// allocator has held, and at most compactSpanMax bytes.
+const (
+	compactSpanShare = 512
+	compactSpanMax   = 32 << 20
+)
+
 // frontierAfter is how many spans' worth an allocator must hold before
 // growth at the frontier takes larger spans (runEnd).
 const frontierAfter = 16
 
 // compactFrontierAfter is frontierAfter under Config.Compact: 256 of its
 // 4 MiB spans, 1 GiB. A frontier bet holds at most a doubled span and a
-// span ahead (12 MiB), so from there it is under 1.2% of what is held.
+// span ahead (12 MiB; three of the grown spans past 2 GiB, at most 3/512
+// of what is held: spanMost), so from there it is under 1.2% of what is
+// held.
 // With 16 (64 MiB) the bet was what the two smallest programs of the
 // corpus held beyond 1.02 times their peak: infer_server (952 MiB live)
 // 1.0221 and streaming_kv (604 MiB) 1.0338, against 1.0179 and 1.0173
@@ -812,10 +857,12 @@ func (p *pool) emptyToStretch(seg *segment, r0 int, k int32) int32 {
 }
 
 // roomAt counts the unmapped chunks from r0 of seg, up to twice the span
-// size: how large a span emptyToStretch may stretch there.
+// size (as it has grown, under Compact): how large a span emptyToStretch
+// may stretch there.
 func (p *pool) roomAt(seg *segment, r0 int) int32 {
 	room := int32(0)
-	for j := r0; j < len(seg.chunks) && seg.chunks[j].span < 0 && room < 2*int32(p.a.spanChunks); j++ {
+	most := 2 * int32(max(p.a.spanChunks, p.spanLimit))
+	for j := r0; j < len(seg.chunks) && seg.chunks[j].span < 0 && room < most; j++ {
 		room++
 	}
 	return room
