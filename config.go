@@ -94,13 +94,14 @@ type Config struct {
 	// fixes them), and a span moved elsewhere leaves its old
 	// mapping in place, dormant, to come back to at no cost (dormant.go).
 	// Placement then does not depend on what is mapped, so a program that
-	// repeats itself repeats its layout. Measured on the corpus (simulated
-	// device): 1.0007-1.0221 times peak live on the first pass (the default:
-	// up to 1.0977), ten passes within 0.002 of the first, at about four
-	// times the driver calls of the default's first pass; on an H100 the
-	// first pass takes 1.1-9.7 times the default's time and later passes
-	// 0.8-5 times (docs/EXPERIMENTS.md, "Compact placement"). For programs
-	// that run out of memory; the default is for speed.
+	// repeats itself repeats its layout. Measured on 40 real programs
+	// (simulated device): 1.0001-1.0185 times peak live on the first pass
+	// (the default: up to 1.0977), ten passes within 0.003 of the first;
+	// on an H100 its first pass is within PyTorch's expandable segments'
+	// time on 15 of them and up to 10.4 times it on the rest, where the
+	// default's is within it on all but three (docs/BENCHMARKS.md,
+	// "Compact with spans that grow"). For programs that run out of
+	// memory; the default is for speed.
 	Compact bool
 	// Defrag lets the allocator move live memory, in ModeVirtual on a
 	// device that can copy: when growth would take it past its peak of

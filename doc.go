@@ -53,12 +53,12 @@
 // spans start at 4 MiB and grow with the allocator (at most 1/512 of
 // what it has held, up to 32 MiB; spanMost in vm.go), and moved spans
 // leave dormant mappings to come back to at no cost (dormant.go).
-// Placement no longer depends on what is
-// mapped, so a program that repeats itself repeats its layout and holds no
-// more over many passes than over one; measured on the corpus it holds
-// 1.0007-1.0221 times peak live where the default holds up to 1.0977, at
-// 1.1-9.7 times the default's first-pass time on an H100
-// (docs/EXPERIMENTS.md, "Compact placement").
+// Placement no longer depends on what is mapped, so a program that repeats
+// itself repeats its layout and holds no more over many passes than over
+// one; measured on 40 real programs it holds 1.0001-1.0185 times peak live
+// where the default holds up to 1.0977, and on an H100 its first pass is
+// within PyTorch's expandable segments' time on 15 of them, the default's
+// on all but three (docs/BENCHMARKS.md, "Compact with spans that grow").
 //
 // Config.Defrag keeps the default placement and moves live memory instead:
 // before growth would take the allocator past its peak of active bytes plus
