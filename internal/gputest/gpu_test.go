@@ -157,6 +157,73 @@ func TestGPUCompactDataReadsBack(t *testing.T) {
 	}
 }
 
+// TestGPUCompactGrownSpansReadBack: under Config.Compact past 4 GiB held,
+// where spans have grown past 4 MiB (spanMost), live buffers read back what
+// was written to them through moves and revivals of the grown spans. 5 GiB
+// of ballast, every other 64 MiB buffer then freed (grown empty spans
+// between live ones); rounds of 80 MiB buffers (too large for the holes:
+// the holes' spans move to them) and 48 MiB ones (in the holes again:
+// revivals or moves back), all written and read back; then a random
+// workload with large requests.
+func TestGPUCompactGrownSpansReadBack(t *testing.T) {
+	d, a := virtualAllocator(t, gpumem.Config{Compact: true, CheckInvariants: true, Limit: 12 << 30})
+	var ballast []gpumem.Buffer
+	for i := 0; i < 80; i++ {
+		b, err := a.Alloc(64*miB, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ballast = append(ballast, b)
+	}
+	if r := a.Stats().Reserved; r < 4<<30 {
+		t.Fatalf("%d MiB reserved after the ballast; want 4 GiB or more, where spans grow", r>>20)
+	}
+	for i, b := range ballast {
+		if i%2 == 1 {
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	before := a.Stats()
+	keep, err := allocWritten(d, a, 3*miB, 0xa5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := []written{{keep, 0xa5}}
+	for round := 0; round < 3; round++ {
+		for _, size := range []uint64{80 * miB, 48 * miB} {
+			var ws []written
+			for i := 0; i < 30; i++ {
+				seed := byte(round*64 + i)
+				b, err := allocWritten(d, a, size, seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ws = append(ws, written{b, seed})
+			}
+			readBack(t, d, append(ws, live...), round)
+			for _, w := range ws {
+				if err := a.Free(w.b); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	live = randomWork(t, d, a, rand.New(rand.NewPCG(11, 13)), live, 500, true)
+	st := a.Stats()
+	t.Logf("%d maps, %d unmaps, %d revived after the ballast; %d MiB reserved at most",
+		st.Maps-before.Maps, st.Unmaps-before.Unmaps, st.Revived-before.Revived, st.PeakReserved>>20)
+	if st.Maps == before.Maps || st.Revived == before.Revived {
+		t.Error("no map or no revival after the ballast: the test did not exercise the grown spans")
+	}
+	for _, w := range live {
+		if err := a.Free(w.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestGPUDefragDataReadsBack: under Config.Defrag, on the real driver, live
 // buffers whose chunks were copied to new handles and mapped back at the
 // same addresses (a split) read back every byte written to them: first
