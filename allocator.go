@@ -32,7 +32,7 @@ type Allocator struct {
 	small           uint64 // SmallSize
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
 	// Under Compact with no SpanSize it is where spans start, and
-	// spanGrow lets them grow with the allocator (pool.spanLimit).
+	// spanGrow lets them grow with the allocator (pool.spanMost).
 	spanChunks  int
 	spanGrow    bool
 	compact     bool // Config.Compact, in ModeVirtual

@@ -632,8 +632,8 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 // spanMost returns the most chunks a new span may have: Config.SpanSize,
 // or under Compact without one, 4 MiB growing with the allocator: the
 // largest power-of-two multiple of it up to 1/compactSpanShare of the most
-// the allocator has reserved (p.spanLimit, which never shrinks), at most
-// compactSpanMax.
+// the allocator has reserved, at most compactSpanMax (p.spanLimit, which
+// never shrinks).
 //
 // Compact's fit comes from small spans: a span partly under live blocks
 // holds all of its memory, so what a layout strands is about the number
@@ -642,23 +642,18 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 // (docs/BENCHMARKS.md, "What the driver costs"), so a fixed 4 MiB makes a
 // large program pay a call per 4 MiB it grows. A span of at most 1/512 of
 // what is held keeps the stranding a fixed share of the program's size:
-// measured on 39 real programs (docs/EXPERIMENTS.md, "Compact: spans that
+// measured on 40 real programs (docs/EXPERIMENTS.md, "Compact: spans that
 // grow with the allocator"), every one still within 1.02 of its peak on
-// the first pass and over ten, with a fifth fewer driver calls in a first
-// pass (geometric mean; a third to two thirds on the largest programs),
-// and a third of them on programs that free at random. Never shrinking
+// the first pass and over ten, with about a quarter fewer driver calls in
+// a first pass (geometric mean; a third to two thirds on the largest
+// programs), and a third of them on programs that free at random. Never shrinking
 // keeps a program's later passes on the span sizes of its first.
 func (p *pool) spanMost() int {
-	a := p.a
-	if !a.spanGrow {
-		return a.spanChunks
-	}
-	if p.spanLimit < a.spanChunks {
-		p.spanLimit = a.spanChunks
-	}
-	held := a.reserved.Load() / (compactSpanShare * a.gran)
-	for uint64(p.spanLimit)*2 <= held && uint64(p.spanLimit)*2*a.gran <= compactSpanMax {
-		p.spanLimit *= 2
+	if a := p.a; a.spanGrow {
+		held := a.reserved.Load() / (compactSpanShare * a.gran)
+		for uint64(p.spanLimit)*2 <= held && uint64(p.spanLimit)*2*a.gran <= compactSpanMax {
+			p.spanLimit *= 2
+		}
 	}
 	return p.spanLimit
 }
@@ -861,8 +856,7 @@ func (p *pool) emptyToStretch(seg *segment, r0 int, k int32) int32 {
 // may stretch there.
 func (p *pool) roomAt(seg *segment, r0 int) int32 {
 	room := int32(0)
-	most := 2 * int32(max(p.a.spanChunks, p.spanLimit))
-	for j := r0; j < len(seg.chunks) && seg.chunks[j].span < 0 && room < most; j++ {
+	for j := r0; j < len(seg.chunks) && seg.chunks[j].span < 0 && room < 2*int32(p.spanLimit); j++ {
 		room++
 	}
 	return room
