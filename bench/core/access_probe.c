@@ -10,27 +10,7 @@
 // Prints one line per question. The allocator grants access (cuMemSetAccess,
 // about 39 us on an H100) after every map; if the driver kept the grant of
 // the range across cuMemUnmap, a remap could skip it.
-#include <cuda.h>
-#include <stdio.h>
-#include <string.h>
-#include <time.h>
-
-#define CK(x)                                                             \
-	do {                                                                  \
-		CUresult r_ = (x);                                                \
-		if (r_ != CUDA_SUCCESS) {                                         \
-			const char *s_ = "?";                                         \
-			cuGetErrorName(r_, &s_);                                      \
-			printf("%s: %s (line %d)\n", #x, s_, __LINE__);               \
-			return 1;                                                     \
-		}                                                                 \
-	} while (0)
-
-static double now_us(void) {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
+#include "probe.h"
 
 static unsigned long long access_of(CUdeviceptr p, CUmemLocation *loc, CUresult *rc) {
 	unsigned long long f = 0xdead;
@@ -40,23 +20,12 @@ static unsigned long long access_of(CUdeviceptr p, CUmemLocation *loc, CUresult 
 
 int main(int argc, char **argv) {
 	int touch = argc > 1 && strcmp(argv[1], "touch") == 0;
-	CUdevice dev;
 	CUcontext ctx;
-	CK(cuInit(0));
-	CK(cuDeviceGet(&dev, 0));
-	CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-	CK(cuCtxSetCurrent(ctx));
-
 	CUmemAllocationProp prop;
-	memset(&prop, 0, sizeof prop);
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop.location.id = dev;
+	CUmemAccessDesc desc;
+	probe_open(&ctx, &prop, &desc);
 	size_t g;
 	CK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-	CUmemAccessDesc desc;
-	desc.location = prop.location;
-	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	CUmemLocation loc = prop.location;
 
 	enum { N = 64 };

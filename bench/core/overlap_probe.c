@@ -13,32 +13,12 @@
 // ran) and create time (us), and the background's mean
 // unmap (and release) time (us), with the wall time of each side. Three
 // rounds of the three cases, alternating.
-#include <cuda.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-#define CK(x)                                                             \
-	do {                                                                  \
-		CUresult r_ = (x);                                                \
-		if (r_ != CUDA_SUCCESS) {                                         \
-			const char *s_ = "?";                                         \
-			cuGetErrorName(r_, &s_);                                      \
-			printf("%s: %s (line %d)\n", #x, s_, __LINE__);               \
-			exit(1);                                                      \
-		}                                                                 \
-	} while (0)
+#include "probe.h"
 
 #define SZ (16u << 20)
 #define MAXN 512
-
-static double now_us(void) {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 static CUcontext ctx;
 static CUmemAllocationProp prop;
@@ -145,17 +125,7 @@ int main(int argc, char **argv) {
 	if (n < 1 || n > MAXN) {
 		n = 200;
 	}
-	CUdevice dev;
-	CK(cuInit(0));
-	CK(cuDeviceGet(&dev, 0));
-	CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-	CK(cuCtxSetCurrent(ctx));
-	memset(&prop, 0, sizeof prop);
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop.location.id = dev;
-	desc.location = prop.location;
-	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	probe_open(&ctx, &prop, &desc);
 	CK(cuMemAddressReserve(&fgBase, (size_t)MAXN * SZ, 0, 0, 0));
 	CK(cuMemAddressReserve(&bgBase, (size_t)MAXN * SZ, 0, 0, 0));
 	printf("n=%d mappings of 16 MiB a side\n", n);

@@ -14,28 +14,7 @@
 // allocator unmaps span by span (about 31 us a call on an H100 in
 // `replay --driver-times`); if one call over a run costs much less per
 // mapping, the moves and releases of a request could be batched.
-#include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-#define CK(x)                                                             \
-	do {                                                                  \
-		CUresult r_ = (x);                                                \
-		if (r_ != CUDA_SUCCESS) {                                         \
-			const char *s_ = "?";                                         \
-			cuGetErrorName(r_, &s_);                                      \
-			printf("%s: %s (line %d)\n", #x, s_, __LINE__);               \
-			exit(1);                                                      \
-		}                                                                 \
-	} while (0)
-
-static double now_us(void) {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
+#include "probe.h"
 
 static int cmp(const void *a, const void *b) {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -84,18 +63,8 @@ int main(int argc, char **argv) {
 	if (rounds < 1 || rounds > 99) {
 		rounds = 7;
 	}
-	CUdevice dev;
 	CUcontext ctx;
-	CK(cuInit(0));
-	CK(cuDeviceGet(&dev, 0));
-	CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-	CK(cuCtxSetCurrent(ctx));
-	memset(&prop, 0, sizeof prop);
-	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop.location.id = dev;
-	desc.location = prop.location;
-	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	probe_open(&ctx, &prop, &desc);
 
 	const size_t mib = 1 << 20;
 	size_t sizes[] = {2 * mib, 16 * mib, 64 * mib};
