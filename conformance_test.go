@@ -30,7 +30,12 @@ func TestConformanceSim(t *testing.T) {
 // events: the least a backend may offer (plus streams and the test hooks).
 // It runs the allocator's fallbacks: plain segments only, and a device
 // Synchronize wherever events would have ordered streams.
-type plainDevice struct{ d *sim.Device }
+type plainDevice struct {
+	d *sim.Device
+	conformance.SimHooks
+}
+
+func newPlain(d *sim.Device) plainDevice { return plainDevice{d, conformance.SimHooks{S: d}} }
 
 func (p plainDevice) Info() device.Info                   { return p.d.Info() }
 func (p plainDevice) MemInfo() (uint64, uint64, error)    { return p.d.MemInfo() }
@@ -42,27 +47,11 @@ func (p plainDevice) DestroyStream(s device.Stream) error { return p.d.DestroySt
 func (p plainDevice) SynchronizeStream(s device.Stream) error {
 	return p.d.SynchronizeStream(s)
 }
-func (p plainDevice) Hold(s device.Stream)  { p.d.Hold(s) }
-func (p plainDevice) Drain(s device.Stream) { p.d.Drain(s) }
-func (p plainDevice) Touch(s device.Stream, ptr device.Ptr, n uint64) error {
-	return p.d.Touch(s, ptr, n)
-}
-func (p plainDevice) CheckHandoff(ptr device.Ptr, n uint64, s device.Stream) error {
-	return p.d.CheckHandoff(ptr, n, s)
-}
-func (p plainDevice) FailNth(op string, n int) { p.d.FailNth(op, n) }
-func (p plainDevice) FailOOM(op string, n int) { p.d.FailOOM(op, n) }
-func (p plainDevice) ClearFaults()             { p.d.ClearFaults() }
-func (p plainDevice) Shrink(n uint64) error    { return p.d.Shrink(n) }
-func (p plainDevice) Grow(n uint64) error      { return p.d.Grow(n) }
-func (p plainDevice) Leaks() error             { return p.d.Leaks() }
-func (p plainDevice) InjectedFaults() uint64   { return p.d.Stats().Injected }
-func (p plainDevice) LiveEvents() int          { return p.d.Stats().LiveEvents }
 
 // TestConformanceSimNoEvents runs the suite on a device with neither
 // virtual memory nor events.
 func TestConformanceSimNoEvents(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Device {
-		return plainDevice{sim.MustNew(sim.Config{Capacity: 1 << 30})}
+		return newPlain(sim.MustNew(sim.Config{Capacity: 1 << 30}))
 	})
 }

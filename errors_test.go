@@ -103,7 +103,7 @@ func TestDeferFreeRecordFailureLeaksNoEvent(t *testing.T) {
 // the other stream's work may be using it.
 func TestFreeWithoutEventsSyncFailureKeepsStreamOrder(t *testing.T) {
 	d := sim.MustNew(sim.Config{Capacity: 256 * miB})
-	dev := plainDevice{d}
+	dev := newPlain(d)
 	a := newAlloc(t, dev, gpumem.Config{})
 	s1, _ := d.NewStream()
 	b, err := a.Alloc(6*miB, 0)

@@ -221,7 +221,7 @@ func TestOOMVerdictVirtualHelps(t *testing.T) {
 // TestOOMVerdictNoVirtualMemory: the same fragmentation on a device
 // without virtual memory: spans are no way out, and the verdict says why.
 func TestOOMVerdictNoVirtualMemory(t *testing.T) {
-	a := newAlloc(t, plainDevice{newSim(1 << 30).Device}, gpumem.Config{Limit: 100 * miB})
+	a := newAlloc(t, newPlain(newSim(1<<30).Device), gpumem.Config{Limit: 100 * miB})
 	fragmentPlain(t, a)
 	oom := mustOOM(t, a, 30*miB)
 	if oom.Cause != gpumem.CauseFragmentation || oom.WithVirtual != gpumem.AnswerNo {

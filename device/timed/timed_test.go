@@ -17,25 +17,8 @@ import (
 // for the conformance suite.
 type hooked struct {
 	*timed.Device
-	s *sim.Device
+	conformance.SimHooks
 }
-
-func (h hooked) Hold(s device.Stream)  { h.s.Hold(s) }
-func (h hooked) Drain(s device.Stream) { h.s.Drain(s) }
-func (h hooked) Touch(s device.Stream, p device.Ptr, n uint64) error {
-	return h.s.Touch(s, p, n)
-}
-func (h hooked) CheckHandoff(p device.Ptr, n uint64, s device.Stream) error {
-	return h.s.CheckHandoff(p, n, s)
-}
-func (h hooked) FailNth(op string, n int) { h.s.FailNth(op, n) }
-func (h hooked) FailOOM(op string, n int) { h.s.FailOOM(op, n) }
-func (h hooked) ClearFaults()             { h.s.ClearFaults() }
-func (h hooked) Shrink(n uint64) error    { return h.s.Shrink(n) }
-func (h hooked) Grow(n uint64) error      { return h.s.Grow(n) }
-func (h hooked) Leaks() error             { return h.s.Leaks() }
-func (h hooked) InjectedFaults() uint64   { return h.s.Stats().Injected }
-func (h hooked) LiveEvents() int          { return h.s.Stats().LiveEvents }
 
 func newTimed(t *testing.T) (*timed.Device, *sim.Device) {
 	t.Helper()
@@ -56,7 +39,7 @@ func TestConformanceTimed(t *testing.T) {
 	}
 	conformance.Run(t, func(t *testing.T) conformance.Device {
 		d, s := newTimed(t)
-		return hooked{d, s}
+		return hooked{d, conformance.SimHooks{S: s}}
 	})
 }
 
