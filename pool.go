@@ -313,8 +313,9 @@ func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 		return nil, err
 	}
 	a.c.ooms.Add(1)
+	s := p.streams[si].s // under mu: addStream may grow the slice meanwhile
 	p.mu.Unlock()
-	oom := a.oomError(size, p.streams[si].s, sh)
+	oom := a.oomError(size, s, sh)
 	p.mu.Lock()
 	return nil, oom
 }
