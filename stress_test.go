@@ -92,7 +92,10 @@ type held struct {
 // ReleaseThreshold (frees release memory, TryLocking other pools) and an
 // IdleRelease of 1ms (the idle goroutine reclaims between rounds); every
 // variant has goroutines calling Trim, Stats and Snapshot, and scopes that
-// are closed with buffers in them.
+// are closed with buffers in them. Compact placement and Defrag run the
+// release variant too: compact moves spans within the one pool and leaves
+// their old mappings dormant, defrag synchronizes the device and copies
+// live chunks to new handles while the other goroutines allocate.
 func TestStress(t *testing.T) {
 	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
 		for _, release := range []bool{false, true} {
@@ -100,19 +103,30 @@ func TestStress(t *testing.T) {
 			if release {
 				name += "/release"
 			}
-			t.Run(name, func(t *testing.T) { stress(t, mode, release) })
+			t.Run(name, func(t *testing.T) { stress(t, gpumem.Config{Mode: mode}, release) })
 		}
 	}
+	// The virtual mode's two placements beside the default: compact (its
+	// dormant mappings and moves within the one pool) and defrag (splits
+	// that synchronize the device and copy live chunks).
+	t.Run("virtual/compact/release", func(t *testing.T) {
+		stress(t, gpumem.Config{Mode: gpumem.ModeVirtual, Compact: true}, true)
+	})
+	t.Run("virtual/defrag/release", func(t *testing.T) {
+		stress(t, gpumem.Config{Mode: gpumem.ModeVirtual, Defrag: true}, true)
+	})
 }
 
-func stress(t *testing.T, mode gpumem.Mode, release bool) {
+func stress(t *testing.T, base gpumem.Config, release bool) {
+	mode := base.Mode
 	const workers = 4
 	rounds, perRound := 20, 500
 	if testing.Short() {
 		rounds, perRound = 4, 150
 	}
 	dev := sim.MustNew(sim.Config{Capacity: 256 * miB})
-	cfg := gpumem.Config{Mode: mode, Limit: 48 * miB, CheckInvariants: true}
+	cfg := base
+	cfg.Limit, cfg.CheckInvariants = 48*miB, true
 	if mode == gpumem.ModePlain {
 		cfg.Limit = 96 * miB // 20 MiB segments
 	}
@@ -291,7 +305,7 @@ func stress(t *testing.T, mode gpumem.Mode, release bool) {
 		}
 	}
 	st := a.Stats()
-	t.Logf("%s: %d allocs, %d OOMs (per worker %v), %d handoffs, %d fences, %d unmaps, peak reserved %d", cfg.Mode, st.Allocs, st.OOMs, ooms, st.Handoffs, st.Fences, st.Unmaps, st.PeakReserved)
+	t.Logf("%s: %d allocs, %d OOMs (per worker %v), %d handoffs, %d fences, %d unmaps, %d revived, %d splits, peak reserved %d", cfg.Mode, st.Allocs, st.OOMs, ooms, st.Handoffs, st.Fences, st.Unmaps, st.Revived, st.Splits, st.PeakReserved)
 	if st.Fences == 0 && st.Handoffs == 0 {
 		t.Errorf("memory never moved between streams: the limit does not force it")
 	}
