@@ -23,7 +23,8 @@ import (
 // stream on it). At the end everything is freed, trimmed and closed, and
 // the device must hold nothing.
 //
-// The first byte picks the configuration (bit 64: Config.Compact); then
+// The first byte picks the configuration (bit 64: Config.Compact, bit
+// 128: Config.Defrag, which Compact and ModePlain ignore); then
 // each operation is an opcode byte followed by its argument bytes (see
 // fuzzer.step). Missing bytes read as zero.
 //
@@ -41,6 +42,10 @@ func FuzzOps(f *testing.F) {
 	// The same under Config.Compact (moves leave dormant mappings).
 	f.Add([]byte{66, 7, 1, 0, 3, 12, 1, 3, 0, 0, 3, 12, 2, 8, 1, 10})
 	f.Add([]byte{64, 0, 0, 0, 0, 1, 9, 1, 0, 2, 3, 0, 3, 2, 2, 0, 5, 0, 4, 0, 10})
+	// The same under Config.Defrag (sparse spans split: a synchronize and
+	// copies to new handles), with faults armed.
+	f.Add([]byte{130, 7, 1, 0, 3, 12, 1, 3, 0, 0, 3, 12, 2, 8, 1, 10})
+	f.Add([]byte{128, 13, 8, 0, 0, 3, 3, 0, 14, 0, 0, 0, 3, 6, 1, 15, 0, 0, 3, 2, 0, 10})
 	// RecordStream on a held stream, free, reuse on the owner stream.
 	f.Add([]byte{0, 0, 2, 40, 1, 7, 2, 6, 0, 2, 3, 0, 0, 2, 40, 1, 8, 2, 0, 2, 40, 1, 10})
 	// Scopes with quotas, nested, closed with buffers inside.
@@ -129,6 +134,7 @@ func runOps(t *testing.T, data []byte) {
 		cfg.SmallSize = 64 * kiB
 	}
 	cfg.Compact = c&64 != 0
+	cfg.Defrag = c&128 != 0
 	z.dev = sim.MustNew(sim.Config{Capacity: 64 * miB})
 	a, err := gpumem.New(z.dev, cfg)
 	if err != nil {
