@@ -69,7 +69,7 @@ type Allocator struct {
 
 	closed      atomic.Bool
 	closedClean bool        // Close gave everything back (guarded by mu)
-	broken      atomic.Bool // the checker found an invariant violated (Config.CheckInvariants)
+	broken      atomic.Bool // the books no longer match the device (ErrBroken): an invariant violated, or a split that lost live memory
 	multi       atomic.Bool // more than one pool: frees publish at once
 	stopIdle    chan struct{}
 	idleDone    chan struct{}
@@ -616,7 +616,7 @@ func (a *Allocator) Close() error {
 	defer a.mu.Unlock()
 	if a.broken.Load() {
 		a.closed.Store(true)
-		return errors.New("gpumem: Close: an invariant was violated (the checker panicked); the allocator's books cannot be trusted, so nothing is given back")
+		return fmt.Errorf("%w: Close: the allocator's books cannot be trusted (an invariant was violated, or a split lost live memory), so nothing is given back", ErrBroken)
 	}
 	if a.closed.Swap(true) {
 		if a.closedClean {

@@ -10,8 +10,12 @@ import (
 
 // Check verifies every invariant of the allocator (see block.go, index.go,
 // vm.go, scope.go, stats.go) and returns the violations found. It locks
-// every pool for its duration; it is meant for tests and debugging.
+// every pool for its duration; it is meant for tests and debugging. On a
+// broken allocator (see ErrBroken) it returns that and checks nothing.
 func (a *Allocator) Check() error {
+	if a.broken.Load() {
+		return fmt.Errorf("%w: Check: the books are known not to match the device (an invariant was violated, or a split lost live memory)", ErrBroken)
+	}
 	pools := a.allPools()
 	for _, p := range pools {
 		p.mu.Lock()

@@ -548,8 +548,8 @@ func (p *pool) restore(i int32, runs [][2]int, final int, hs []device.Handle, ca
 	}
 	if len(errs) > 1 {
 		a.broken.Store(true)
-		return fmt.Errorf("gpumem: moving the live chunks of the span at 0x%x failed and its memory could not be mapped back; buffers in [0x%x, 0x%x) have lost their memory: %w",
-			base, base, base+uint64(s.n)*a.gran, errors.Join(errs...))
+		return fmt.Errorf("%w: moving the live chunks of the span at 0x%x failed and its memory could not be mapped back; buffers in [0x%x, 0x%x) have lost their memory: %w",
+			ErrBroken, base, base, base+uint64(s.n)*a.gran, errors.Join(errs...))
 	}
 	for k, r := range runs {
 		a.dropHandle(hs[k], uint64(r[1]-r[0])*a.gran)

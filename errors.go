@@ -24,6 +24,13 @@ var (
 	ErrClosed = errors.New("gpumem: closed")
 	// ErrLeak: Close found buffers still owned; the error is a *LeakError.
 	ErrLeak = errors.New("gpumem: leaked buffers")
+	// ErrBroken: the allocator's books no longer match the device, so
+	// nothing it says or gives back can be trusted: an invariant was
+	// violated (Config.CheckInvariants), or a Defrag split failed and then
+	// could not map the span's memory back (live buffers lost their
+	// memory). Check and Close return it from then on; the process should
+	// stop using the allocator.
+	ErrBroken = errors.New("gpumem: allocator broken")
 )
 
 // Cause says why a request ran out of memory.

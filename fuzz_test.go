@@ -155,7 +155,9 @@ func runOps(t *testing.T, data []byte) {
 			t.Logf("step %d: op %d, next bytes %x, live %d", z.step, op%17, z.data[:min(len(z.data), 4)], len(z.live))
 		}
 		z.do(op)
-		z.verify(op)
+		if z.verify(op) {
+			return
+		}
 	}
 	z.finish()
 }
@@ -437,10 +439,23 @@ func (z *fuzzer) closeScope(k int) {
 	}
 }
 
-func (z *fuzzer) verify(op byte) {
+// verify checks the allocator after an operation. It reports true when the
+// allocator says it is broken (gpumem.ErrBroken), which only a second
+// injected fault may cause (a split that fails, then cannot map its span's
+// memory back): Close must then refuse, and the run ends there.
+func (z *fuzzer) verify(op byte) bool {
 	z.t.Helper()
 	if err := z.a.Check(); err != nil {
-		z.fatalf("after op %d: Check: %v", op%17, err)
+		if !errors.Is(err, gpumem.ErrBroken) {
+			z.fatalf("after op %d: Check: %v", op%17, err)
+		}
+		if n := z.dev.Stats().Injected; n < 2 {
+			z.fatalf("after op %d: broken after %d injected faults: %v", op%17, n, err)
+		}
+		if cerr := z.a.Close(); !errors.Is(cerr, gpumem.ErrBroken) {
+			z.fatalf("after op %d: Close of a broken allocator returned %v", op%17, cerr)
+		}
+		return true
 	}
 	st := z.a.Stats()
 	if err := conformance.StatsIdentities(st); err != nil {
@@ -453,6 +468,7 @@ func (z *fuzzer) verify(op byte) {
 	if st.LiveBuffers != uint64(len(z.live)) || st.Allocated != allocated {
 		z.fatalf("after op %d: stats say %d buffers of %d bytes, the test holds %d of %d", op%17, st.LiveBuffers, st.Allocated, len(z.live), allocated)
 	}
+	return false
 }
 
 func (z *fuzzer) finish() {
@@ -476,7 +492,9 @@ func (z *fuzzer) finish() {
 	if err := z.a.Trim(); err != nil {
 		z.fatalf("final Trim: %v", err)
 	}
-	z.verify(10)
+	if z.verify(10) {
+		z.fatalf("broken after the faults were cleared")
+	}
 	if st := z.a.Stats(); st.Reserved != 0 {
 		z.fatalf("after freeing everything and Trim: %+v", st)
 	}
