@@ -52,6 +52,14 @@ func (a *Allocator) Check() error {
 		spare += hh.size
 	}
 	a.handlesMu.Unlock()
+	// Scratch mappings a failed split could not unmap hold their handles
+	// (Stats counts them in SpareBytes too). scratchMu after the pools'
+	// locks, as split takes it.
+	a.scratchMu.Lock()
+	for _, m := range a.lostScratch {
+		spare += m.size
+	}
+	a.scratchMu.Unlock()
 	if r := a.reserved.Load(); r != plain+mappedBytes+spare {
 		errs = append(errs, fmt.Errorf("reserved %d != plain %d + mapped %d + spare %d", r, plain, mappedBytes, spare))
 	}
