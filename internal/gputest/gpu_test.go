@@ -167,14 +167,7 @@ func TestGPUCompactDataReadsBack(t *testing.T) {
 // workload with large requests.
 func TestGPUCompactGrownSpansReadBack(t *testing.T) {
 	d, a := virtualAllocator(t, gpumem.Config{Compact: true, CheckInvariants: true, Limit: 12 << 30})
-	var ballast []gpumem.Buffer
-	for i := 0; i < 80; i++ {
-		b, err := a.Alloc(64*miB, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ballast = append(ballast, b)
-	}
+	ballast := allocN(t, a, 80, 64*miB)
 	if r := a.Stats().Reserved; r < 4<<30 {
 		t.Fatalf("%d MiB reserved after the ballast; want 4 GiB or more, where spans grow", r>>20)
 	}
@@ -233,14 +226,7 @@ func TestGPUCompactGrownSpansReadBack(t *testing.T) {
 func TestGPUDefragDataReadsBack(t *testing.T) {
 	d, a := virtualAllocator(t, gpumem.Config{Defrag: true, CheckInvariants: true, Limit: 400 * miB})
 	var live []written
-	var big []gpumem.Buffer
-	for i := 0; i < 8; i++ {
-		b, err := a.Alloc(16*miB, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		big = append(big, b)
-	}
+	big := allocN(t, a, 8, 16*miB)
 	for _, b := range big {
 		if err := a.Free(b); err != nil {
 			t.Fatal(err)
@@ -295,6 +281,20 @@ func virtualAllocator(t *testing.T, cfg gpumem.Config) (*cuda.Device, *gpumem.Al
 	}
 	t.Cleanup(func() { a.Close() })
 	return d, a
+}
+
+// allocN allocates n buffers of size bytes on stream 0.
+func allocN(t *testing.T, a *gpumem.Allocator, n int, size uint64) []gpumem.Buffer {
+	t.Helper()
+	bs := make([]gpumem.Buffer, 0, n)
+	for range n {
+		b, err := a.Alloc(size, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs = append(bs, b)
+	}
+	return bs
 }
 
 // allocWritten allocates n bytes and writes pat(n, seed) to them.
