@@ -67,6 +67,21 @@ type Allocator struct {
 	// counters of device work; see Stats.
 	c counters
 
+	// captures counts the stream captures underway on the device
+	// (BeginCapture); shared by an allocator and its private pools
+	// (capture.go).
+	captures *atomic.Int32
+	// family counts the bytes held from the device by an allocator and
+	// its private pools: the measure of the limit (takeBudget). root is
+	// the allocator whose limit applies: a itself, or the allocator a
+	// private pool was made from. keep: a private pool, whose memory
+	// stays where it is until Close (capture.go).
+	family      *atomic.Uint64
+	familyBytes atomic.Uint64 // what family points to, for a root
+	ownCaptures atomic.Int32  // what captures points to, for a root
+	root        *Allocator
+	keep        bool
+
 	closed      atomic.Bool
 	closedClean bool        // Close gave everything back (guarded by mu)
 	broken      atomic.Bool // the books no longer match the device (ErrBroken): an invariant violated, or a split that lost live memory
@@ -92,6 +107,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 	}
 	a := &Allocator{dev: dev, cfg: cfg, check: cfg.CheckInvariants || invariants.Enabled}
 	a.checkSearch = a.check
+	a.root, a.family, a.captures = a, &a.familyBytes, &a.ownCaptures
 	a.total = dev.Info().Total
 	if a.total == 0 {
 		_, t, err := dev.MemInfo()
@@ -509,20 +525,24 @@ func maxTo(peak *atomic.Uint64, v uint64) {
 
 // takeBudget reserves n bytes of the limit for memory about to be taken from
 // the device; false if that would pass the limit.
+// The limit counts what the allocator's private pools hold too (family).
 func (a *Allocator) takeBudget(n uint64) bool {
 	for {
-		r := a.reserved.Load()
-		if r+n > a.limit.Load() {
+		r := a.family.Load()
+		if r+n > a.root.limit.Load() {
 			return false
 		}
-		if a.reserved.CompareAndSwap(r, r+n) {
-			maxTo(&a.peakReserved, r+n)
+		if a.family.CompareAndSwap(r, r+n) {
+			maxTo(&a.peakReserved, a.reserved.Add(n))
 			return true
 		}
 	}
 }
 
-func (a *Allocator) giveBudget(n uint64) { a.reserved.Add(-n) }
+func (a *Allocator) giveBudget(n uint64) {
+	a.reserved.Add(-n)
+	a.family.Add(-n)
+}
 
 // capLimit is the limit that n asks for: the device's capacity for 0 or
 // anything larger.
@@ -549,12 +569,12 @@ func (a *Allocator) SetLimit(n uint64) error {
 	}
 	n = a.capLimit(n)
 	a.limit.Store(n)
-	r := a.reserved.Load()
+	r := a.family.Load() // private pools count too (capture.go)
 	if r <= n {
 		return nil
 	}
 	err := a.Trim()
-	if r = a.reserved.Load(); r > n {
+	if r = a.family.Load(); r > n {
 		a.overhang.Store(r)
 		return errors.Join(err, fmt.Errorf("gpumem: SetLimit(%s): live buffers hold %s, more than the new limit; nothing more is taken from the device until they are freed",
 			fmtBytes(n), fmtBytes(r)))
@@ -569,6 +589,12 @@ func (a *Allocator) SetLimit(n uint64) error {
 // minus Stats.Releasable before the call. With no buffer live, Trim leaves
 // nothing. Config.SpanSize bounds what a live buffer can hold back.
 func (a *Allocator) Trim() error {
+	if a.keep {
+		return nil // a private pool's memory stays until Close (capture.go)
+	}
+	if a.capturing() {
+		return fmt.Errorf("gpumem: Trim: %w: nothing was given back", errCapturing)
+	}
 	a.c.trims.Add(1)
 	var errs []error
 	for _, p := range a.allPools() {
@@ -595,6 +621,9 @@ func (a *Allocator) Trim() error {
 // releaseTo releases cached memory until at most target bytes are cached,
 // taking from each pool's oldest empty memory. Preallocated memory is kept.
 func (a *Allocator) releaseTo(target uint64) {
+	if a.keep || a.capturing() {
+		return
+	}
 	for _, p := range a.allPools() {
 		if a.cached() <= target {
 			return
@@ -711,7 +740,7 @@ func (a *Allocator) idleLoop(d time.Duration) {
 				last, since = n, now
 				continue
 			}
-			if now.Sub(since) >= d && a.cached() > 0 {
+			if now.Sub(since) >= d && a.cached() > 0 && !a.capturing() {
 				a.reclaim() // keeps preallocated memory; Trim does not
 				since = now
 			}

@@ -63,8 +63,8 @@ func (a *Allocator) Check() error {
 	if r := a.reserved.Load(); r != plain+mappedBytes+spare {
 		errs = append(errs, fmt.Errorf("reserved %d != plain %d + mapped %d + spare %d", r, plain, mappedBytes, spare))
 	}
-	if r, l := a.reserved.Load(), a.limit.Load(); r > l && r > a.overhang.Load() {
-		errs = append(errs, fmt.Errorf("reserved %d > limit %d (and above the %d held when the limit was lowered)", r, l, a.overhang.Load()))
+	if r, l := a.reserved.Load(), a.root.limit.Load(); r > l && r > a.root.overhang.Load() {
+		errs = append(errs, fmt.Errorf("reserved %d > limit %d (and above the %d held when the limit was lowered)", r, l, a.root.overhang.Load()))
 	}
 	var pa, pr uint64
 	var flushedAct, flushedReq int64

@@ -80,6 +80,9 @@ const scratchMin = 64 << 20
 // could not restore a live span returns its error.
 func (p *pool) defrag(size uint64) error {
 	a := p.a
+	if a.capturing() {
+		return nil // a split synchronizes the device (capture.go)
+	}
 	live := max(a.peakActive.Load(), p.peakActive, p.active)
 	bound := min(live+live/defragShare, a.limit.Load())
 	if a.reserved.Load()+size <= bound {

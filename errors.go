@@ -103,15 +103,19 @@ func (a Answer) String() string {
 //
 //	Cached == Reserved - Active == Releasable + Pinned
 //	PinnedInChunks <= Pinned
-//	Others == Total - DeviceFree - Reserved (0 if the device says less)
+//	Others == Total - DeviceFree - Reserved - Family (0 if the device says less)
 type OutOfMemoryError struct {
-	Requested   uint64 // bytes asked for
-	Stream      uint64
-	Limit       uint64 // the allocator's limit (or the scope's quota for CauseQuota)
-	DeviceFree  uint64 // the device's free memory at the failure
-	Total       uint64 // the device's capacity
-	Others      uint64 // device memory held by others (other processes, other allocators): not gpumem's to give back
-	Reserved    uint64 // bytes the allocator held from the device
+	Requested  uint64 // bytes asked for
+	Stream     uint64
+	Limit      uint64 // the allocator's limit (or the scope's quota for CauseQuota)
+	DeviceFree uint64 // the device's free memory at the failure
+	Total      uint64 // the device's capacity
+	Others     uint64 // device memory held by others (other processes, other allocators): not gpumem's to give back
+	Reserved   uint64 // bytes the allocator held from the device
+	// Family is what the allocator's private pools (CUDA graphs'), or for
+	// a private pool its root and the other pools, held: it counts against
+	// the same limit (capture.go), and is not this allocator's to give back.
+	Family      uint64
 	Allocated   uint64 // bytes held by live buffers (of the scope, for CauseQuota)
 	Active      uint64 // bytes of the blocks behind live buffers (requests rounded to 512 B)
 	Cached      uint64 // Reserved - Active: held but unused
@@ -172,14 +176,18 @@ func (e *OutOfMemoryError) Error() string {
 	fmt.Fprintf(&b, " on stream %d: ", e.Stream)
 	switch e.Cause {
 	case CauseLimit:
-		fmt.Fprintf(&b, "live buffers hold %s of %s, so no packing could fit it", size(e.Allocated), limitPhrase(e))
+		fmt.Fprintf(&b, "live buffers hold %s of %s", size(e.Allocated), limitPhrase(e))
+		if e.Family > 0 {
+			fmt.Fprintf(&b, " and private pools (CUDA graphs) %s", size(e.Family))
+		}
+		b.WriteString(", so no packing could fit it")
 	case CauseDevice:
 		fmt.Fprintf(&b, "the device has %s free of %s; gpumem holds %s of it (live buffers %s, cached %s) and other users %s",
 			size(e.DeviceFree), size(e.Total), size(e.Reserved), size(e.Allocated), size(e.Cached), size(e.Others))
 	case CauseFragmentation:
 		fmt.Fprintf(&b, "%s is free in all (%s), %s the request, but the largest free piece is %s",
 			size(e.FreeTotal), freeParts(e), times(e.FreeTotal, e.Requested), size(e.LargestFree))
-		if e.Reserved+e.Growth > e.Limit {
+		if e.Reserved+e.Family+e.Growth > e.Limit {
 			fmt.Fprintf(&b, ", and growing by %s beyond the %s reserved would pass %s", size(e.Growth), size(e.Reserved), limitPhrase(e))
 		} else {
 			fmt.Fprintf(&b, ", and the device refused %s more (%s free, other users hold %s)", size(e.Growth), size(e.DeviceFree), size(e.Others))

@@ -48,14 +48,15 @@ func (a *Allocator) oomError(size uint64, s device.Stream, sh *shortage) *OutOfM
 	if err != nil {
 		free = 0
 	}
-	e := &OutOfMemoryError{Requested: size, Stream: uint64(s), Limit: a.limit.Load(), DeviceFree: free, Total: a.total,
+	e := &OutOfMemoryError{Requested: size, Stream: uint64(s), Limit: a.root.limit.Load(), DeviceFree: free, Total: a.total,
 		Reserved: st.Reserved, Allocated: st.Allocated, Active: st.Active, Cached: st.Cached, LargestFree: st.LargestFree,
 		Releasable: min(st.Releasable, st.Cached), Mode: a.mode, Err: sh.err}
 	e.Pinned = e.Cached - e.Releasable
-	if used := st.Reserved + free; a.total > used {
+	e.Family = sub(a.family.Load(), st.Reserved)
+	if used := st.Reserved + e.Family + free; a.total > used {
 		e.Others = a.total - used
 	}
-	room := sub(e.Limit, st.Reserved)
+	room := sub(e.Limit, st.Reserved+e.Family)
 	room = min(room, free)
 	e.FreeTotal = st.Cached + room
 	e.WouldFit = max(st.LargestFree, room&^(a.gran-1))
@@ -64,7 +65,7 @@ func (a *Allocator) oomError(size uint64, s device.Stream, sh *shortage) *OutOfM
 
 	// 1. The cause.
 	switch {
-	case sh.cause == CauseLimit && st.Allocated+size > e.Limit:
+	case sh.cause == CauseLimit && st.Allocated+e.Family+size > e.Limit:
 		e.Cause = CauseLimit
 	case sh.cause == CauseLimit:
 		e.Cause = CauseFragmentation
@@ -76,7 +77,7 @@ func (a *Allocator) oomError(size uint64, s device.Stream, sh *shortage) *OutOfM
 
 	// 2. After a trim.
 	e.AfterTrim = AnswerNo
-	if e.Releasable > 0 && e.Growth <= sub(e.Limit, st.Reserved-e.Releasable) && e.Growth <= free+e.Releasable {
+	if e.Releasable > 0 && e.Growth <= sub(e.Limit, st.Reserved+e.Family-e.Releasable) && e.Growth <= free+e.Releasable {
 		e.AfterTrim = AnswerYes
 	}
 

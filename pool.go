@@ -406,7 +406,7 @@ func (p *pool) advanceEpochs(si slot) {
 // device costs more than it saves; a fence advances it too).
 func (p *pool) advanceEpoch(st *streamState) {
 	ev := p.a.ev
-	if ev == nil {
+	if ev == nil || p.a.capturing() {
 		return
 	}
 	for range 2 {
@@ -535,7 +535,7 @@ func (p *pool) absorb(b, n *block) {
 // the next processPending, which synchronizes the whole device first.
 func (p *pool) deferFree(b *block) {
 	x := b.x
-	if ev := p.a.ev; ev != nil {
+	if ev := p.a.ev; ev != nil && !p.a.capturing() {
 		for _, s := range x.uses {
 			e, err := p.event()
 			if err != nil {
@@ -568,6 +568,9 @@ func (p *pool) dropEvents(b *block) {
 // support, or recording failed) need the whole device synchronized: done
 // only when sync is set; otherwise they stay pending.
 func (p *pool) processPending(wait, sync bool) error {
+	if p.a.capturing() {
+		return nil // no event is queried while a capture is underway
+	}
 	ev := p.a.ev
 	var errs []error
 	synced := false
@@ -636,6 +639,9 @@ func (p *pool) event() (device.Event, error) {
 // only memory it still holds, which keeps its spans occupied.
 func (p *pool) fence() error {
 	a := p.a
+	if a.capturing() {
+		return errCapturing
+	}
 	synced := false
 	for i := range p.streams {
 		st := &p.streams[i]
@@ -667,6 +673,9 @@ func (p *pool) fence() error {
 // synchronizes once for every stream then).
 func (p *pool) fenceStream(st *streamState) error {
 	a := p.a
+	if a.capturing() {
+		return errCapturing
+	}
 	if a.ev == nil {
 		return a.syncDevice()
 	}
@@ -685,6 +694,9 @@ func (p *pool) fenceStream(st *streamState) error {
 }
 
 func (a *Allocator) syncDevice() error {
+	if a.capturing() {
+		return errCapturing
+	}
 	a.c.fences.Add(1)
 	return a.dev.Synchronize()
 }
@@ -871,6 +883,9 @@ func (p *pool) adoptSegment(kind int, rounded uint64) bool {
 // q's stream so far.
 func (q *pool) handOff(stream device.Stream) error {
 	a := q.a
+	if a.capturing() {
+		return errCapturing
+	}
 	if a.ev == nil {
 		return a.syncDevice()
 	}
@@ -1016,6 +1031,11 @@ func (st *streamState) dropEvents(ev device.Events) error {
 // after waiting for pending frees. Called with no pool lock held, before an
 // allocation's one retry.
 func (a *Allocator) reclaim() {
+	if a.keep {
+		// A private pool keeps its memory: its root gives back its own.
+		a.root.reclaim()
+		return
+	}
 	for _, p := range a.allPools() {
 		p.mu.Lock()
 		_ = p.trim(false)

@@ -872,7 +872,13 @@ func (p *pool) roomAt(seg *segment, r0 int) int32 {
 // of that stream's work (a prefetch copy, say). The simulated device
 // completes work at once, so there the rule never applies.
 func (p *pool) stalls(i int32) bool {
-	if p.live < 2 || p.spans[i].seq <= p.fencedSeq {
+	if p.spans[i].seq <= p.fencedSeq {
+		return false
+	}
+	if p.a.capturing() {
+		return true // no fence while a capture is underway (capture.go)
+	}
+	if p.live < 2 {
 		return false
 	}
 	for j := range p.streams {

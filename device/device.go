@@ -151,6 +151,26 @@ type Copier interface {
 	Copy(dst, src Ptr, n uint64) error
 }
 
+// Capture is the optional capability of telling which streams are being
+// captured into a CUDA graph (cuStreamGetCaptureInfo). Work enqueued on a
+// capturing stream is recorded into the graph, not run: recording an event
+// on such a stream, querying or waiting for one recorded there, or
+// synchronizing it or the whole device breaks the capture (the driver
+// invalidates it, and the program's graph is lost). An allocator must do
+// none of these while a capture is underway (see gpumem's BeginCapture).
+type Capture interface {
+	// CaptureInfo reports whether work on s is being captured, and the id
+	// of that capture: shared by every stream that joined it, unique in
+	// the process.
+	CaptureInfo(s Stream) (capturing bool, id uint64, err error)
+}
+
+// AsCapture returns d's capture capability, if it has one.
+func AsCapture(d Device) (Capture, bool) {
+	c, ok := d.(Capture)
+	return c, ok
+}
+
 // AsCopier returns d's copy capability, if it has one.
 func AsCopier(d Device) (Copier, bool) {
 	c, ok := d.(Copier)
@@ -188,6 +208,9 @@ var (
 	ErrNoDriver = errors.New("GPU driver not available")
 	// ErrInjected: a fault injected by a test hook.
 	ErrInjected = errors.New("injected fault")
+	// ErrCapturing: the operation is not permitted while a stream is being
+	// captured into a CUDA graph (see Capture).
+	ErrCapturing = errors.New("operation not permitted when stream is capturing")
 )
 
 // OpError reports a failed device operation: which operation, with which

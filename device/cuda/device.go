@@ -39,6 +39,7 @@ var (
 	_ device.VirtualMemory = (*Device)(nil)
 	_ device.Events        = (*Device)(nil)
 	_ device.Streams       = (*Device)(nil)
+	_ device.Capture       = (*Device)(nil)
 )
 
 // Open loads the driver (once per process), initializes it, and retains the
@@ -125,6 +126,13 @@ func (d *Device) call(fn uintptr, args ...uintptr) result {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	// Relaxed capture mode for the call (see "Graph capture" in doc.go):
+	// the mode the thread had is exchanged back afterwards.
+	mode := uintptr(cuStreamCaptureModeRelaxed)
+	if r := ccall(d.drv.cuThreadExchangeStreamCaptureMode, uintptr(unsafe.Pointer(&mode))); r != cudaSuccess {
+		return r
+	}
+	defer ccall(d.drv.cuThreadExchangeStreamCaptureMode, uintptr(unsafe.Pointer(&mode)))
 	var prev uintptr
 	if r := ccall(d.drv.cuCtxGetCurrent, uintptr(unsafe.Pointer(&prev))); r != cudaSuccess {
 		return r
@@ -138,6 +146,25 @@ func (d *Device) call(fn uintptr, args ...uintptr) result {
 	r := ccall(fn, args...)
 	ccall(d.drv.cuCtxSetCurrent, prev) // prev was current a moment ago: cannot fail
 	return r
+}
+
+// CUstreamCaptureMode and CUstreamCaptureStatus values (cuda.h).
+const (
+	cuStreamCaptureModeRelaxed  = 2
+	cuStreamCaptureStatusActive = 1
+)
+
+// CaptureInfo reports whether stream s is being captured into a CUDA graph,
+// and the id of the capture (cuStreamGetCaptureInfo). A capture that was
+// invalidated counts as underway until it is ended: it is no more legal to
+// record on its stream. device.Capture.
+func (d *Device) CaptureInfo(s device.Stream) (bool, uint64, error) {
+	var status int32
+	var id uint64
+	if r := d.call(d.drv.cuStreamGetCaptureInfo, uintptr(s), uintptr(unsafe.Pointer(&status)), uintptr(unsafe.Pointer(&id)), 0, 0, 0, 0); r != cudaSuccess {
+		return false, 0, d.fail("cuStreamGetCaptureInfo", r, "stream=%#x", uint64(s))
+	}
+	return status != 0, id, nil
 }
 
 // fail builds the *device.OpError for a failed call; the arguments are only

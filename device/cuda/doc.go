@@ -44,6 +44,19 @@
 // wrong GPU. cuCtxSetCurrent was chosen over cuCtxPushCurrent/cuCtxPopCurrent:
 // each is one cheap call, and the pair is skipped in the common case.
 //
+// # Graph capture
+//
+// While any stream of the process captures into a CUDA graph in the
+// default (global) mode, the driver refuses calls it deems unsafe, such as
+// cuMemAlloc, on every thread, and a refused call invalidates the capture.
+// So every call is made in relaxed capture mode: cuThreadExchangeStreamCaptureMode
+// sets it on the thread before the call and puts the thread's mode back
+// after (PyTorch's allocator does the same around its driver calls). What
+// relaxed mode does not permit (an event recorded on, or queried for, a
+// capturing stream; a synchronize of it or of the device) the allocator
+// does not do while a capture is underway (gpumem's BeginCapture);
+// CaptureInfo tells whether a stream captures (cuStreamGetCaptureInfo).
+//
 // # Errors
 //
 // Every CUresult other than CUDA_SUCCESS becomes a *device.OpError whose Op

@@ -34,6 +34,8 @@ type driver struct {
 
 	cuStreamCreate, cuStreamDestroy, cuStreamSynchronize uintptr
 
+	cuThreadExchangeStreamCaptureMode, cuStreamGetCaptureInfo uintptr
+
 	cuMemsetD8, cuMemsetD8Async, cuMemcpyHtoD, cuMemcpyDtoH uintptr
 	cuMemcpyDtoD                                            uintptr
 
@@ -77,6 +79,10 @@ func (d *driver) symbols() []dl.Symbol {
 		{Addr: &d.cuStreamCreate, Names: []string{"cuStreamCreate"}},
 		{Addr: &d.cuStreamDestroy, Names: []string{"cuStreamDestroy_v2"}},
 		{Addr: &d.cuStreamSynchronize, Names: []string{"cuStreamSynchronize"}},
+		{Addr: &d.cuThreadExchangeStreamCaptureMode, Names: []string{"cuThreadExchangeStreamCaptureMode"}},
+		// _v2 and _v3 add out-parameters after these three, which may be
+		// NULL; the call passes NULL for them (ignored by the original).
+		{Addr: &d.cuStreamGetCaptureInfo, Names: []string{"cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo"}},
 		{Addr: &d.cuMemsetD8, Names: []string{"cuMemsetD8_v2"}},
 		{Addr: &d.cuMemsetD8Async, Names: []string{"cuMemsetD8Async"}},
 		{Addr: &d.cuMemcpyHtoD, Names: []string{"cuMemcpyHtoD_v2"}},

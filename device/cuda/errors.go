@@ -74,6 +74,8 @@ func sentinel(r result) error {
 		return device.ErrInvalid
 	case cudaErrNotSupported:
 		return device.ErrUnsupported
+	case 900, 901, 902, 903, 904, 905, 906, 907, 908: // CUDA_ERROR_STREAM_CAPTURE_*, CUDA_ERROR_CAPTURED_EVENT
+		return device.ErrCapturing
 	case cudaErrNotInitialized,
 		4,   // CUDA_ERROR_DEINITIALIZED
 		34,  // CUDA_ERROR_STUB_LIBRARY

@@ -65,7 +65,9 @@ type Device struct {
 	handles map[device.Handle]handleRec
 	events  map[device.Event]eventRec
 
-	streams        []*stream // by id; nil once destroyed and idle
+	streams        []*stream           // by id; nil once destroyed and idle
+	captures       map[uint64]*capture // by id (capture.go)
+	nextCapture    uint64
 	busy           []*stream // streams with pending items
 	pendingTouches int
 
@@ -83,6 +85,7 @@ var (
 	_ device.VirtualMemory = (*Device)(nil)
 	_ device.Events        = (*Device)(nil)
 	_ device.Streams       = (*Device)(nil)
+	_ device.Capture       = (*Device)(nil)
 )
 
 type allocRec struct {
@@ -285,6 +288,9 @@ func (d *Device) Synchronize() error {
 	if err := d.fault(opSynchronize); err != nil {
 		return &device.OpError{Op: "sim.Synchronize", Err: err}
 	}
+	if err := d.refuseAnyCapture("sim.Synchronize"); err != nil {
+		return err
+	}
 	d.completeAll()
 	d.st.Synchronizes++
 	return nil
@@ -305,6 +311,7 @@ type Stats struct {
 	Records, Queries, Waits          uint64
 	StreamWaits                      uint64
 	Synchronizes                     uint64 // Synchronize and SynchronizeStream
+	CaptureViolations                uint64 // calls refused because a stream captured (capture.go): each broke a capture
 	Touches                          uint64
 	Copies, CopiedBytes              uint64
 	Injected                         uint64 // failures injected by FailNth and FailOOM

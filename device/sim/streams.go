@@ -17,7 +17,8 @@ type stream struct {
 	enq, done uint64
 	q         []item
 	head      int
-	busyIdx   int // index in Device.busy, or -1
+	busyIdx   int    // index in Device.busy, or -1
+	capture   uint64 // the capture it is part of (capture.go), 0 if none
 
 	visitEpoch, visitUpto uint64 // CheckHandoff's search marks
 }
@@ -230,6 +231,9 @@ func (d *Device) SynchronizeStream(s device.Stream) error {
 	if err != nil {
 		return &device.OpError{Op: "sim.SynchronizeStream", Args: fmt.Sprintf("s=%d", s), Err: err}
 	}
+	if err := d.refuseCaptured(st, "sim.SynchronizeStream"); err != nil {
+		return err
+	}
 	d.force(s, st.enq)
 	d.st.Synchronizes++
 	return nil
@@ -289,6 +293,9 @@ func (d *Device) Record(e device.Event, s device.Stream) error {
 	}
 	if err != nil {
 		return &device.OpError{Op: "sim.Record", Args: fmt.Sprintf("e=%d, s=%d", e, s), Err: err}
+	}
+	if err := d.refuseCaptured(st, "sim.Record"); err != nil {
+		return err
 	}
 	seq := st.enq
 	if st.held || st.head < len(st.q) {
@@ -351,6 +358,9 @@ func (d *Device) StreamWait(s device.Stream, e device.Event) error {
 	}
 	if err != nil {
 		return &device.OpError{Op: "sim.StreamWait", Args: fmt.Sprintf("s=%d, e=%d", s, e), Err: err}
+	}
+	if err := d.refuseCaptured(st, "sim.StreamWait"); err != nil {
+		return err
 	}
 	if r.recorded && !d.reached(r.stream, r.seq) {
 		d.enqueue(st, item{kind: itemWait, dep: r.stream, a: r.seq})

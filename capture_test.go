@@ -1,0 +1,185 @@
+package gpumem_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+)
+
+// TestCaptureMakesNoForbiddenCall: while a stream captures, an allocator
+// told so (BeginCapture) serves requests on two streams, under a limit that
+// forces the slow path, frees named on the capturing stream by
+// RecordStream, empties spans and runs out of memory, without recording,
+// querying or waiting for an event on the capturing stream or
+// synchronizing the device: the simulated device refuses each of these
+// and marks the capture broken, as the driver does. Once the capture ends,
+// the frees it kept pending go back.
+func TestCaptureMakesNoForbiddenCall(t *testing.T) {
+	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dev := newSim(1 << 30)
+			a := newAlloc(t, dev, gpumem.Config{Mode: mode, Limit: 256 * miB, SpanSize: 4 * miB})
+			s0, _ := dev.NewStream()
+			s1, _ := dev.NewStream()
+			// Memory on both streams before the capture, some of it
+			// freed with its work still pending on s0.
+			var before []gpumem.Buffer
+			for i := range 8 {
+				b, err := a.Alloc(uint64(i+1)*miB, []device.Stream{s0, s1}[i%2])
+				if err != nil {
+					t.Fatal(err)
+				}
+				before = append(before, b)
+			}
+			shared, err := a.Alloc(8*miB, s0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev.Hold(s0)
+
+			a.BeginCapture()
+			dev.BeginCapture(s1)
+			if err := a.RecordStream(shared, s1); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Free(shared); err != nil { // pending: s1 captures
+				t.Fatal(err)
+			}
+			for _, b := range before {
+				if err := a.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var live []gpumem.Buffer
+			for i := range 40 {
+				s := []device.Stream{s0, s1}[i%2]
+				b, err := a.Alloc(uint64(1+i%7)*3*miB, s)
+				if errors.Is(err, gpumem.ErrOutOfMemory) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("alloc %d during the capture: %v", i, err)
+				}
+				live = append(live, b)
+				if i%3 == 0 {
+					if err := a.Free(live[0]); err != nil {
+						t.Fatal(err)
+					}
+					live = live[1:]
+				}
+			}
+			if err := a.Trim(); !errors.Is(err, device.ErrCapturing) {
+				t.Errorf("Trim during a capture: %v, want an error matching device.ErrCapturing", err)
+			}
+			mustCheck(t, a, "the capture's allocations")
+			if v := dev.Stats().CaptureViolations; v != 0 {
+				t.Errorf("%d calls the driver forbids during a capture", v)
+			}
+			if err := dev.EndCapture(s1); err != nil {
+				t.Errorf("the capture was broken: %v", err)
+			}
+			a.EndCapture()
+			dev.Drain(s0)
+
+			for _, b := range live {
+				if err := a.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := a.Trim(); err != nil {
+				t.Fatal(err)
+			}
+			if st := a.Stats(); st.Reserved != 0 {
+				t.Errorf("after the capture and a trim the allocator holds %d bytes, want 0 (the pending free went back)", st.Reserved)
+			}
+		})
+	}
+}
+
+// TestEndCaptureWithoutBegin panics: an unmatched EndCapture would hide the
+// next capture from the allocator.
+func TestEndCaptureWithoutBegin(t *testing.T) {
+	a := newAlloc(t, newSim(1<<30), gpumem.Config{})
+	defer func() {
+		if recover() == nil {
+			t.Error("EndCapture without BeginCapture did not panic")
+		}
+	}()
+	a.EndCapture()
+}
+
+// TestPrivatePool: a private pool's memory is its own (a buffer freed there
+// never serves the root, nor the root's the pool), it counts against the
+// root's limit (an out-of-memory of the root says so), Trim and the root's
+// reclaim leave it where it is, and its Close gives it all back.
+func TestPrivatePool(t *testing.T) {
+	dev := newSim(1 << 30)
+	a := newAlloc(t, dev, gpumem.Config{Limit: 96 * miB})
+	s, _ := dev.NewStream()
+	p, err := a.NewPrivate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Private() || a.Private() {
+		t.Fatalf("Private: pool %v, root %v", p.Private(), a.Private())
+	}
+	x, err := p.Alloc(40*miB, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xp := x.Ptr()
+	if err := p.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	// The root may take what the limit leaves (96 - 40), not the pool's
+	// free 40 MiB.
+	y, err := a.Alloc(40*miB, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lo, hi := y.Ptr(), y.Ptr()+device.Ptr(y.Size()); xp < hi && lo < xp+40*miB {
+		t.Fatalf("the root's buffer [%#x, %#x) overlaps the pool's freed buffer at %#x", lo, hi, xp)
+	}
+	_, err = a.Alloc(40*miB, s)
+	var oom *gpumem.OutOfMemoryError
+	if !errors.As(err, &oom) {
+		t.Fatalf("a second 40 MiB on the root: %v, want an out-of-memory (the pool holds 40 of the 96 MiB limit)", err)
+	}
+	if oom.Cause != gpumem.CauseLimit || oom.Family != p.Stats().Reserved {
+		t.Errorf("verdict: cause %s, family %d; want limit, %d (the pool's)", oom.Cause, oom.Family, p.Stats().Reserved)
+	}
+	if err := p.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Stats().Reserved; r < 40*miB {
+		t.Errorf("the pool holds %d bytes after Trim, want its 40 MiB kept", r)
+	}
+	// The pool's freed memory serves the pool again, at the same address.
+	z, err := p.Alloc(40*miB, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z.Ptr() != xp {
+		t.Errorf("the pool's next 40 MiB is at %#x, want %#x (its own free memory)", z.Ptr(), xp)
+	}
+	mustCheck(t, a, "the root's allocations")
+	mustCheck(t, p, "the pool's allocations")
+	if err := p.Close(); !errors.Is(err, gpumem.ErrLeak) {
+		t.Errorf("Close of a pool with a live buffer: %v, want a leak", err)
+	}
+	if r := p.Stats().Reserved; r != 0 {
+		t.Errorf("a closed pool holds %d bytes", r)
+	}
+	// With the pool gone, the root may take the whole limit.
+	if err := a.Free(y); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Alloc(90*miB, s); err != nil {
+		t.Errorf("90 MiB of a 96 MiB limit once the pool is closed: %v", err)
+	}
+}
