@@ -56,6 +56,7 @@ type Device struct {
 	tab     table
 	rec     atomic.Pointer[recorder] // nil unless recording
 	outside outside                  // the process's memory outside gpumem (outside.go)
+	pools   pools                    // private pools: CUDA graphs' memory (pools.go)
 }
 
 // New makes a Host whose configuration is env (the value of GPUMEM_CONFIG;
@@ -200,6 +201,12 @@ var ErrInvalidDevice = errors.New("gpumem: invalid device")
 // with PyTorch's own allocator. site is the call site of the request when
 // recording (0: none).
 func (h *Host) Alloc(ordinal int, size, stream uint64, site uint32) (uint64, error) {
+	return h.AllocThread(ordinal, size, stream, site, 0)
+}
+
+// AllocThread is Alloc made by thread (an identity of the calling thread,
+// 0 if unknown), which private pools' thread routes match (pools.go).
+func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread uint64) (uint64, error) {
 	if size == 0 {
 		return 0, nil
 	}
@@ -207,11 +214,21 @@ func (h *Host) Alloc(ordinal int, size, stream uint64, site uint32) (uint64, err
 	if err != nil {
 		return 0, err
 	}
-	buf, err := d.Alloc.Alloc(size, device.Stream(stream))
+	a := d.Alloc
+	var pool *privatePool
+	if d.pools.n.Load() > 0 {
+		if pool = d.route(stream, thread); pool != nil {
+			a = pool.alloc
+		}
+	}
+	buf, err := a.Alloc(size, device.Stream(stream))
 	if err != nil {
+		if pool != nil {
+			err = errors.Join(err, d.freed(pool))
+		}
 		return 0, err
 	}
-	e := entry{buf: buf}
+	e := entry{buf: buf, pool: pool}
 	if r := d.rec.Load(); r != nil {
 		e.rec, e.recGen = r.alloc(size, stream, site), r.gen
 	}
@@ -244,7 +261,18 @@ func (d *Device) free(e entry) error {
 	if r := d.rec.Load(); r != nil && e.rec != 0 && e.recGen == r.gen {
 		r.free(e.rec - 1)
 	}
+	if e.pool != nil {
+		return errors.Join(e.pool.alloc.Free(e.buf), d.freed(e.pool))
+	}
 	return d.Alloc.Free(e.buf)
+}
+
+// allocatorOf is the allocator a buffer of the table came from.
+func (d *Device) allocatorOf(e entry) *gpumem.Allocator {
+	if e.pool != nil {
+		return e.pool.alloc
+	}
+	return d.Alloc
 }
 
 // FreeOn frees the buffer at ptr as freed on stream: if that is not the
@@ -258,7 +286,7 @@ func (h *Host) FreeOn(ordinal int, ptr, stream uint64) error {
 	if err != nil {
 		return err
 	}
-	if err := d.Alloc.RecordStream(e.buf, device.Stream(stream)); err != nil {
+	if err := d.allocatorOf(e).RecordStream(e.buf, device.Stream(stream)); err != nil {
 		d.tab.put(ptr, e) // nothing changed: the buffer stays live
 		return err
 	}
@@ -304,7 +332,7 @@ func (h *Host) RecordStream(ordinal int, ptr, stream uint64) error {
 			continue
 		}
 		if e, ok := d.tab.get(ptr); ok {
-			return d.Alloc.RecordStream(e.buf, device.Stream(stream))
+			return d.allocatorOf(e).RecordStream(e.buf, device.Stream(stream))
 		}
 	}
 	return foreign("RecordStream", ordinal, ptr)
@@ -352,7 +380,9 @@ func (h *Host) Stats(ordinal int) (gpumem.Stats, error) {
 		return gpumem.Stats{}, fmt.Errorf("%w: device %d: want 0 to %d", ErrInvalidDevice, ordinal, MaxDevices-1)
 	}
 	if d := h.existing(ordinal); d != nil {
-		return d.Alloc.Stats(), nil
+		st := d.Alloc.Stats()
+		d.poolStats(&st)
+		return st, nil
 	}
 	return gpumem.Stats{}, nil
 }
@@ -362,6 +392,11 @@ func (h *Host) ResetPeaks(ordinal int) {
 	for _, d := range h.Devices() {
 		if ordinal < 0 || d.Ordinal == ordinal {
 			d.Alloc.ResetPeaks()
+			d.pools.mu.Lock()
+			for _, p := range d.pools.byID {
+				p.alloc.ResetPeaks()
+			}
+			d.pools.mu.Unlock()
 		}
 	}
 }
@@ -391,10 +426,12 @@ func (h *Host) MemInfo(ordinal int) (free, total uint64, err error) {
 		return 0, 0, err
 	}
 	st := d.Alloc.Stats()
+	all := st // the private pools' memory counts against the limit, and is not free to the program
+	d.poolStats(&all)
 	total = d.Alloc.Limit()
 	var room uint64
-	if total > st.Reserved {
-		room = min(total-st.Reserved, devFree)
+	if total > all.Reserved {
+		room = min(total-all.Reserved, devFree)
 	}
 	return st.Cached + room, total, nil
 }
@@ -421,6 +458,7 @@ func (h *Host) Close() error {
 		if r := d.rec.Swap(nil); r != nil {
 			errs = append(errs, r.close())
 		}
+		errs = append(errs, d.closePools())
 		if err := d.Alloc.Close(); err != nil && !errors.Is(err, gpumem.ErrLeak) {
 			errs = append(errs, err)
 		}

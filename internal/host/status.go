@@ -34,7 +34,7 @@ func Code(err error) Status {
 		return StatusSuccess
 	case errors.Is(err, gpumem.ErrOutOfMemory):
 		return StatusOutOfMemory
-	case errors.Is(err, gpumem.ErrInvalidSize), errors.Is(err, ErrInvalidDevice):
+	case errors.Is(err, gpumem.ErrInvalidSize), errors.Is(err, ErrInvalidDevice), errors.Is(err, ErrPool):
 		return StatusInvalidValue
 	case errors.Is(err, gpumem.ErrForeign), errors.Is(err, gpumem.ErrDoubleFree):
 		return StatusInvalidPointer

@@ -41,7 +41,8 @@ type slot struct {
 
 // entry is what the host keeps per live buffer.
 type entry struct {
-	buf gpumem.Buffer
+	buf  gpumem.Buffer
+	pool *privatePool // the private pool it came from (pools.go), nil for the device's allocator
 	// rec is the buffer's request ID in the recording of generation
 	// recGen, plus one; 0 when it was not recorded.
 	rec    uint64
@@ -170,4 +171,20 @@ func (s *shard) grow() {
 		s.slots[i] = sl
 		s.n++
 	}
+}
+
+// addrsOf lists the addresses of the buffers of private pool p.
+func (t *table) addrsOf(p *privatePool) []uint64 {
+	var out []uint64
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, sl := range sh.slots {
+			if sl.key != 0 && sl.val.pool == p {
+				out = append(out, sl.key)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
 }

@@ -1,0 +1,322 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+)
+
+// Private pools: the memory of CUDA graphs, as PyTorch's allocator keeps
+// it. A graph's replays write the memory its capture allocated, at the
+// same addresses, for as long as the graph lives; so that memory must
+// serve no other allocation. PyTorch tells its allocator when a capture
+// begins (beginAllocateToPool, with a filter saying which allocations
+// belong to the pool), when it ends (endAllocateToPool), and when a graph
+// that used the pool is gone (releasePool). The Python package
+// (python/gpumem/torch.py) forwards these to BeginPool, EndPool and
+// ReleasePool.
+//
+// A pool is a private allocator of the device's (gpumem.NewPrivate):
+// memory of its own, counted against the device's limit, kept at its
+// addresses until the pool is closed. A route sends allocations to it
+// between BeginPool and EndPool: those made on a stream of the same capture
+// (RouteCapture; PyTorch's graphs), by the thread that began it
+// (RouteThread; torch.compile's CUDA graph trees, MemPool), or every one
+// (RouteAll). The latest route that matches wins. A capture route also
+// tells the device's allocators that a capture is underway
+// (gpumem.Allocator.BeginCapture), until EndPool.
+//
+// A pool counts its uses: BeginPool adds one, ReleasePool takes one. Once
+// no use is left and its last buffer is freed, it is closed and its memory
+// goes back to the driver.
+//
+// Invariants, under pools.mu: n == len(routes); every route's pool is in
+// byID; a pool with uses == 0 and live == 0 is not in byID (closed).
+
+// PoolID names a private pool as PyTorch names it (MempoolId_t).
+type PoolID struct{ Hi, Lo uint64 }
+
+func (id PoolID) String() string { return fmt.Sprintf("(%d, %d)", id.Hi, id.Lo) }
+
+// Route says which allocations a BeginPool sends to its pool (gpumem.h:
+// GPUMEM_POOL_*).
+type Route int
+
+const (
+	// RouteCapture: allocations made on any stream of the capture the
+	// given stream is in (the stream must be capturing), or, on a device
+	// that cannot tell captures, on that stream.
+	RouteCapture Route = iota
+	// RouteThread: allocations made by the calling thread.
+	RouteThread
+	// RouteAll: every allocation on the device.
+	RouteAll
+)
+
+type privatePool struct {
+	id    PoolID
+	alloc *gpumem.Allocator
+	uses  int          // BeginPool calls not yet released (under pools.mu)
+	live  atomic.Int64 // buffers of the pool in the host's table
+}
+
+type route struct {
+	pool     *privatePool
+	kind     Route
+	capture  uint64 // RouteCapture: the capture's id (0: match stream)
+	stream   uint64 // RouteCapture: the stream given
+	thread   uint64 // RouteThread
+	captured bool   // BeginCapture was called for it
+}
+
+type pools struct {
+	mu       sync.Mutex
+	n        atomic.Int32 // len(routes), read on every Alloc
+	captures atomic.Int32 // capture routes among them
+	routes   []route
+	byID     map[PoolID]*privatePool
+}
+
+// ErrPool: a pool call that does not match the pool's state (EndPool or
+// ReleasePool of a pool with no route or no use).
+var ErrPool = errors.New("gpumem: private pool")
+
+// BeginPool sends the allocations that route selects on device ordinal to
+// pool id from now until EndPool(id), making the pool on first use, and
+// counts a use of it. For RouteCapture, stream must be capturing; thread
+// identifies the calling thread for RouteThread.
+func (h *Host) BeginPool(ordinal int, id PoolID, kind Route, stream, thread uint64) error {
+	if kind < RouteCapture || kind > RouteAll {
+		return fmt.Errorf("%w %v: BeginPool: unknown route %d (want 0 capture, 1 thread or 2 all)", ErrPool, id, kind)
+	}
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return err
+	}
+	r := route{kind: kind, stream: stream, thread: thread}
+	if kind == RouteCapture {
+		if c, ok := device.AsCapture(d.dev); ok {
+			capturing, cid, err := c.CaptureInfo(device.Stream(stream))
+			if err != nil {
+				return fmt.Errorf("gpumem: BeginPool%v: %w", id, err)
+			}
+			if !capturing {
+				return fmt.Errorf("%w %v: BeginPool: stream %#x is not capturing", ErrPool, id, stream)
+			}
+			r.capture = cid
+		}
+	}
+	ps := &d.pools
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p := ps.byID[id]
+	if p == nil {
+		a, err := d.Alloc.NewPrivate()
+		if err != nil {
+			return fmt.Errorf("gpumem: BeginPool%v: %w", id, err)
+		}
+		p = &privatePool{id: id, alloc: a}
+		if ps.byID == nil {
+			ps.byID = make(map[PoolID]*privatePool)
+		}
+		ps.byID[id] = p
+	}
+	p.uses++
+	r.pool = p
+	if kind == RouteCapture {
+		d.Alloc.BeginCapture()
+		r.captured = true
+		ps.captures.Add(1)
+	}
+	ps.routes = append(ps.routes, r)
+	ps.n.Store(int32(len(ps.routes)))
+	return nil
+}
+
+// EndPool ends the latest route to pool id on device ordinal. The pool and
+// its memory stay (ReleasePool gives up the use).
+func (h *Host) EndPool(ordinal int, id PoolID) error {
+	d := h.existing(ordinal)
+	if d == nil {
+		return fmt.Errorf("%w %v: EndPool on device %d, where no pool was begun", ErrPool, id, ordinal)
+	}
+	ps := &d.pools
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for i := len(ps.routes) - 1; i >= 0; i-- {
+		r := ps.routes[i]
+		if r.pool.id != id {
+			continue
+		}
+		if r.captured {
+			d.Alloc.EndCapture()
+			ps.captures.Add(-1)
+		}
+		ps.routes = append(ps.routes[:i], ps.routes[i+1:]...)
+		ps.n.Store(int32(len(ps.routes)))
+		return nil
+	}
+	return fmt.Errorf("%w %v: EndPool with no route to the pool on device %d", ErrPool, id, ordinal)
+}
+
+// ReleasePool gives up one use of pool id on device ordinal (a graph that
+// used it is gone). With no use left, the pool's memory goes back to the
+// driver once its last buffer is freed. An unknown pool is not an error:
+// PyTorch releases the pools of graphs that allocated nothing.
+func (h *Host) ReleasePool(ordinal int, id PoolID) error {
+	d := h.existing(ordinal)
+	if d == nil {
+		return nil
+	}
+	ps := &d.pools
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p := ps.byID[id]
+	if p == nil {
+		return nil
+	}
+	if p.uses == 0 {
+		return fmt.Errorf("%w %v: ReleasePool of a pool with no use left on device %d", ErrPool, id, ordinal)
+	}
+	p.uses--
+	return ps.closeIfDone(p)
+}
+
+// closeIfDone closes p once it has no use, no route and no live buffer.
+// Called with ps.mu held.
+func (ps *pools) closeIfDone(p *privatePool) error {
+	if p.uses > 0 || p.live.Load() > 0 || ps.byID[p.id] != p {
+		return nil
+	}
+	for _, r := range ps.routes {
+		if r.pool == p {
+			return nil
+		}
+	}
+	delete(ps.byID, p.id)
+	if err := p.alloc.Close(); err != nil {
+		return fmt.Errorf("gpumem: closing private pool %v: %w", p.id, err)
+	}
+	return nil
+}
+
+// PoolLive lists the addresses of pool id's live buffers on device
+// ordinal (none for an unknown pool): what torch.compile's graph trees
+// check against the tensors they hold.
+func (h *Host) PoolLive(ordinal int, id PoolID) []uint64 {
+	d := h.existing(ordinal)
+	if d == nil {
+		return nil
+	}
+	d.pools.mu.Lock()
+	p := d.pools.byID[id]
+	d.pools.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	return d.tab.addrsOf(p)
+}
+
+// route returns the pool an allocation on stream by thread goes to, with
+// the allocation counted live in it (so that it cannot close meanwhile;
+// freed undoes that if the allocation fails), or nil for the device's own
+// allocator. Called when routes exist.
+func (d *Device) route(stream, thread uint64) *privatePool {
+	ps := &d.pools
+	var capturing bool
+	var cid uint64
+	if ps.captures.Load() > 0 {
+		if c, ok := device.AsCapture(d.dev); ok {
+			capturing, cid, _ = c.CaptureInfo(device.Stream(stream))
+		}
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for i := len(ps.routes) - 1; i >= 0; i-- {
+		r := &ps.routes[i]
+		if r.matches(stream, thread, capturing, cid) {
+			r.pool.live.Add(1)
+			return r.pool
+		}
+	}
+	return nil
+}
+
+func (r *route) matches(stream, thread uint64, capturing bool, cid uint64) bool {
+	switch r.kind {
+	case RouteAll:
+		return true
+	case RouteThread:
+		return thread != 0 && thread == r.thread
+	case RouteCapture:
+		if r.capture != 0 {
+			return capturing && cid == r.capture
+		}
+		return stream == r.stream
+	}
+	return false
+}
+
+// freed notes that a buffer of p was freed, closing p if it was the last
+// and p has no use left.
+func (d *Device) freed(p *privatePool) error {
+	if p.live.Add(-1) > 0 {
+		return nil
+	}
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	return d.pools.closeIfDone(p)
+}
+
+// poolStats adds the device's private pools' numbers to st: gauges and
+// counters add up; each peak adds the pools' own peaks, an upper bound of
+// the peak of the whole.
+func (d *Device) poolStats(st *gpumem.Stats) {
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	for _, p := range d.pools.byID {
+		ps := p.alloc.Stats()
+		st.Allocated += ps.Allocated
+		st.PeakAllocated += ps.PeakAllocated
+		st.Active += ps.Active
+		st.PeakActive += ps.PeakActive
+		st.Reserved += ps.Reserved
+		st.PeakReserved += ps.PeakReserved
+		st.Cached += ps.Cached
+		st.PlainBytes += ps.PlainBytes
+		st.LiveBuffers += ps.LiveBuffers
+		st.Segments += ps.Segments
+		st.Allocs += ps.Allocs
+		st.Frees += ps.Frees
+		st.DeviceAllocs += ps.DeviceAllocs
+		st.DeviceFrees += ps.DeviceFrees
+		st.OOMs += ps.OOMs
+	}
+}
+
+// closePools closes every private pool (Host.Close). Called with no route
+// in use any more.
+func (d *Device) closePools() error {
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	var errs []error
+	for id, p := range d.pools.byID {
+		if err := p.alloc.Close(); err != nil && !errors.Is(err, gpumem.ErrLeak) {
+			errs = append(errs, err)
+		}
+		delete(d.pools.byID, id)
+	}
+	for _, r := range d.pools.routes {
+		if r.captured {
+			d.Alloc.EndCapture()
+		}
+	}
+	d.pools.routes = nil
+	d.pools.n.Store(0)
+	d.pools.captures.Store(0)
+	return errors.Join(errs...)
+}

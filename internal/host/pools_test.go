@@ -1,0 +1,182 @@
+package host
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/gpumem/gpumem/device/sim"
+)
+
+// TestPoolKeepsGraphMemory: what a capture allocates comes from its pool
+// (on the capturing stream and on a stream that joined the capture, not
+// on a stream outside it), is reused within the pool, and serves no
+// allocation outside it after the capture, however many; the capture is
+// never broken; the pool's memory counts in the device's numbers and goes
+// back once its graph is released and its buffers freed.
+func TestPoolKeepsGraphMemory(t *testing.T) {
+	h := newSimHost(t, "limit=2GiB")
+	d, err := h.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := d.dev.(*sim.Device)
+	s1, _ := sd.NewStream()
+	s2, _ := sd.NewStream()
+	id := PoolID{1, 0}
+	alloc := func(size uint64, s uint64) uint64 {
+		t.Helper()
+		p, err := h.Alloc(0, size, s, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	free := func(p uint64) {
+		t.Helper()
+		if err := h.Free(0, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := alloc(32*miB, uint64(s1))
+
+	sd.BeginCapture(s1)
+	if err := h.BeginPool(0, id, RouteCapture, uint64(s1), 0); err != nil {
+		t.Fatal(err)
+	}
+	free(before) // a buffer from before the capture, freed in it
+	tmp := alloc(64*miB, uint64(s1))
+	free(tmp) // an intermediate: the graph's replays still use it
+	out := alloc(64*miB, uint64(s1))
+	if out != tmp {
+		t.Errorf("the capture's second 64 MiB is at %#x, want the %#x it freed (reuse within the pool)", out, tmp)
+	}
+	scratch := alloc(24*miB, uint64(s1))
+	free(scratch) // freed and not reused in the capture: still the graph's
+	sd.JoinCapture(s2, s1)
+	side := alloc(16*miB, uint64(s2))
+	outside := alloc(16*miB, 0) // the default stream does not capture
+	if err := sd.EndCapture(s2); err != nil {
+		t.Fatal(err)
+	}
+	if err := sd.EndCapture(s1); err != nil {
+		t.Errorf("the capture was broken: %v", err)
+	}
+	if err := h.EndPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	if d.Alloc.Capturing() {
+		t.Error("the allocator still counts a capture after EndPool")
+	}
+
+	live := h.PoolLive(0, id)
+	slices.Sort(live)
+	want := []uint64{out, side}
+	slices.Sort(want)
+	if !slices.Equal(live, want) {
+		t.Errorf("PoolLive = %#x, want %#x (out and side, not the outside buffer %#x)", live, want, outside)
+	}
+	pooled := d.Alloc.Stats().Reserved
+	st, _ := h.Stats(0)
+	if st.Reserved < pooled+104*miB {
+		t.Errorf("the device's numbers hold %d bytes, want the pool's 104 MiB beyond the allocator's %d", st.Reserved, pooled)
+	}
+
+	// After the capture: nothing outside the pool lands in its memory.
+	graph := [][2]uint64{{tmp, 64 * miB}, {scratch, 24 * miB}, {side, 16 * miB}}
+	var after []uint64
+	for i := range 24 {
+		p := alloc(uint64(8+i%5*24)*miB, uint64([]uint64{0, uint64(s1), uint64(s2)}[i%3]))
+		for _, g := range graph {
+			if p < g[0]+g[1] && g[0] < p+8*miB {
+				t.Fatalf("allocation %d at %#x lies in the graph's memory [%#x, +%d MiB)", i, p, g[0], g[1]>>20)
+			}
+		}
+		after = append(after, p)
+	}
+	for _, p := range after {
+		free(p)
+	}
+
+	// A graph released, its outputs freed: the pool's memory goes back.
+	if err := h.ReleasePool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	free(out)
+	if len(d.pools.byID) != 1 {
+		t.Errorf("the pool closed with a buffer still live")
+	}
+	free(side)
+	if n := len(d.pools.byID); n != 0 {
+		t.Errorf("%d pools left after the release and the last free, want 0", n)
+	}
+	free(outside)
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := h.Stats(0); st.Reserved != 0 {
+		t.Errorf("%d bytes held after every free and a trim", st.Reserved)
+	}
+	if v := sd.Stats().CaptureViolations; v != 0 {
+		t.Errorf("%d calls the driver forbids during a capture", v)
+	}
+}
+
+// TestPoolRoutes: a thread route takes that thread's allocations only, an
+// all route every one, the latest route wins, and calls that do not match
+// a pool's state fail with ErrPool, changing nothing.
+func TestPoolRoutes(t *testing.T) {
+	h := newSimHost(t, "")
+	a, b := PoolID{0, 1}, PoolID{0, 2}
+	if err := h.BeginPool(0, a, RouteThread, 0, 7); err != nil {
+		t.Fatal(err)
+	}
+	p7, err := h.AllocThread(0, miB, 0, 0, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p8, err := h.AllocThread(0, miB, 0, 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.PoolLive(0, a); !slices.Equal(got, []uint64{p7}) {
+		t.Errorf("pool a holds %#x, want only thread 7's %#x (not thread 8's %#x)", got, p7, p8)
+	}
+	if err := h.BeginPool(0, b, RouteAll, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	q7, _ := h.AllocThread(0, miB, 0, 0, 7)
+	if got := h.PoolLive(0, b); !slices.Equal(got, []uint64{q7}) {
+		t.Errorf("pool b holds %#x, want thread 7's %#x: the latest route wins", got, q7)
+	}
+	if err := h.EndPool(0, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EndPool(0, b); !errors.Is(err, ErrPool) {
+		t.Errorf("a second EndPool: %v, want ErrPool", err)
+	}
+	if err := h.BeginPool(0, b, Route(9), 0, 0); !errors.Is(err, ErrPool) || Code(err) != StatusInvalidValue {
+		t.Errorf("an unknown route: %v (status %d), want ErrPool, invalid value", err, Code(err))
+	}
+	if err := h.ReleasePool(0, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EndPool(0, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ReleasePool(0, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ReleasePool(0, a); !errors.Is(err, ErrPool) {
+		t.Errorf("releasing a pool with no use left: %v, want ErrPool", err)
+	}
+	for _, p := range []uint64{p7, p8, q7} {
+		if err := h.Free(0, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, _ := h.Device(0)
+	if n := len(d.pools.byID); n != 0 {
+		t.Errorf("%d pools left", n)
+	}
+}
