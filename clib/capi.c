@@ -79,6 +79,14 @@ EXPORT gpumem_status gpumem_last_oom(gpumem_oom *out, size_t size) {
 static uint32_t (*_Atomic site_fn)(int);
 static atomic_int recordings;
 
+/* Open pool routes: while there are, allocations say which thread made
+ * them (pthread_self), for GPUMEM_POOL_THREAD. */
+static atomic_int pool_routes;
+
+static uint64_t route_thread(void) {
+	return atomic_load_explicit(&pool_routes, memory_order_relaxed) > 0 ? (uint64_t)pthread_self() : 0;
+}
+
 EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 	uintptr_t p = 0;
 	uint32_t site = 0;
@@ -86,7 +94,7 @@ EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 		uint32_t (*fn)(int) = atomic_load(&site_fn);
 		if (fn) site = fn(device);
 	}
-	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, site);
+	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, site, route_thread());
 	if (st != GPUMEM_SUCCESS && gpumem_torch_enabled())
 		gpumem_torch_raise(st, gpumem_last_error()); /* does not return */
 	return (void *)p;
@@ -106,7 +114,7 @@ EXPORT void gpumem_free(void *ptr, size_t size, int device, void *stream) {
 EXPORT gpumem_status gpumem_allocate(void **ptr, size_t size, int device, void *stream) {
 	if (!ptr) return GPUMEM_ERROR_INVALID_VALUE;
 	uintptr_t p = 0;
-	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, 0);
+	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, 0, route_thread());
 	*ptr = (void *)p;
 	return st;
 }
@@ -121,6 +129,27 @@ EXPORT gpumem_status gpumem_deallocate_on(void *ptr, int device, void *stream) {
 
 EXPORT gpumem_status gpumem_record_stream(void *ptr, int device, void *stream) {
 	return gpumemGo_record_stream((uintptr_t)ptr, device, (uintptr_t)stream);
+}
+
+EXPORT gpumem_status gpumem_pool_begin(int device, uint64_t hi, uint64_t lo, void *stream, int route) {
+	gpumem_status st = gpumemGo_pool_begin(device, hi, lo, (uintptr_t)stream, route, (uint64_t)pthread_self());
+	if (st == GPUMEM_SUCCESS) atomic_fetch_add(&pool_routes, 1);
+	return st;
+}
+
+EXPORT gpumem_status gpumem_pool_end(int device, uint64_t hi, uint64_t lo) {
+	gpumem_status st = gpumemGo_pool_end(device, hi, lo);
+	if (st == GPUMEM_SUCCESS) atomic_fetch_sub(&pool_routes, 1);
+	return st;
+}
+
+EXPORT gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo) {
+	return gpumemGo_pool_release(device, hi, lo);
+}
+
+EXPORT gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint64_t *ptrs, size_t cap, size_t *n) {
+	if (!n || (cap > 0 && !ptrs)) return GPUMEM_ERROR_INVALID_VALUE;
+	return gpumemGo_pool_live(device, hi, lo, ptrs, cap, n);
 }
 
 EXPORT gpumem_status gpumem_configure(const char *config) {

@@ -16,6 +16,7 @@ import "C"
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"runtime/debug"
 	"sync"
@@ -102,8 +103,8 @@ func status(err error, device C.int) C.gpumem_status {
 }
 
 //export gpumemGo_alloc
-func gpumemGo_alloc(out *C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t, site C.uint32_t) C.gpumem_status {
-	p, err := theHost().Alloc(int(device), uint64(size), uint64(stream), uint32(site))
+func gpumemGo_alloc(out *C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t, site C.uint32_t, thread C.uint64_t) C.gpumem_status {
+	p, err := theHost().AllocThread(int(device), uint64(size), uint64(stream), uint32(site), uint64(thread))
 	if err != nil {
 		return fail(err, device)
 	}
@@ -130,6 +131,39 @@ func gpumemGo_free_on(ptr C.uintptr_t, device C.int, stream C.uintptr_t) C.gpume
 //export gpumemGo_record_stream
 func gpumemGo_record_stream(ptr C.uintptr_t, device C.int, stream C.uintptr_t) C.gpumem_status {
 	return status(theHost().RecordStream(int(device), uint64(ptr), uint64(stream)), device)
+}
+
+//export gpumemGo_pool_begin
+func gpumemGo_pool_begin(device C.int, hi, lo C.uint64_t, stream C.uintptr_t, route C.int, thread C.uint64_t) C.gpumem_status {
+	id := host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}
+	return status(theHost().BeginPool(int(device), id, host.Route(route), uint64(stream), uint64(thread)), device)
+}
+
+//export gpumemGo_pool_end
+func gpumemGo_pool_end(device C.int, hi, lo C.uint64_t) C.gpumem_status {
+	return status(theHost().EndPool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}), device)
+}
+
+//export gpumemGo_pool_release
+func gpumemGo_pool_release(device C.int, hi, lo C.uint64_t) C.gpumem_status {
+	return status(theHost().ReleasePool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}), device)
+}
+
+// gpumemGo_pool_live copies the pool's live addresses into C's buffer of
+// capacity cap (ptrs is C memory; nothing of Go's crosses).
+//
+//export gpumemGo_pool_live
+func gpumemGo_pool_live(device C.int, hi, lo C.uint64_t, ptrs *C.uint64_t, capacity C.size_t, n *C.size_t) C.gpumem_status {
+	live := theHost().PoolLive(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)})
+	*n = C.size_t(len(live))
+	if len(live) > int(capacity) {
+		return fail(fmt.Errorf("%w: pool live: %d addresses, room for %d", host.ErrTooSmall, len(live), capacity), device)
+	}
+	if len(live) > 0 {
+		dst := unsafe.Slice((*uint64)(unsafe.Pointer(ptrs)), len(live))
+		copy(dst, live)
+	}
+	return 0
 }
 
 //export gpumemGo_configure

@@ -230,6 +230,39 @@ void gpumem_string_free(char *s);
  * process; GPUMEM_CONFIG's serve= starts it at the first allocation. */
 char *gpumem_serve(const char *addr);
 
+/* --- Private pools: CUDA graphs ------------------------------------------ */
+
+/* A CUDA graph's replays write, at the same addresses, the memory its
+ * capture allocated, for as long as the graph lives: that memory must serve
+ * no other allocation. These calls give it a private pool, as PyTorch's
+ * allocator does (beginAllocateToPool, endAllocateToPool, releasePool);
+ * gpumem.torch.use() makes them for PyTorch. A pool is named by two
+ * numbers (PyTorch's MempoolId_t: hi is its first, lo its second). Its
+ * memory counts against the device's limit and is never given back or
+ * moved while the pool has a use; then it goes back with its last buffer.
+ * While a capture route is open, gpumem makes no driver call that would
+ * break the capture. Thread-safe. */
+enum {
+	GPUMEM_POOL_CAPTURE = 0, /* allocations on any stream of stream's capture (stream must be capturing) */
+	GPUMEM_POOL_THREAD = 1,  /* allocations by the calling thread (stream ignored) */
+	GPUMEM_POOL_ALL = 2,     /* every allocation on the device (stream ignored) */
+};
+/* From now until gpumem_pool_end, the allocations that route selects on
+ * device come from pool (hi, lo), made on first use; counts one use of the
+ * pool. The latest route that matches an allocation wins. A bad route, or
+ * a capture route on a stream that is not capturing:
+ * GPUMEM_ERROR_INVALID_VALUE. */
+gpumem_status gpumem_pool_begin(int device, uint64_t hi, uint64_t lo, void *stream, int route);
+/* Ends the latest route to the pool. GPUMEM_ERROR_INVALID_VALUE if none. */
+gpumem_status gpumem_pool_end(int device, uint64_t hi, uint64_t lo);
+/* Gives up one use of the pool (a graph that used it is gone). An unknown
+ * pool is no error; one with no use left is GPUMEM_ERROR_INVALID_VALUE. */
+gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo);
+/* The addresses of the pool's live buffers: up to cap of them into ptrs,
+ * and how many there are into *n (0 for an unknown pool).
+ * GPUMEM_ERROR_BUFFER_TOO_SMALL when cap < *n: call again with more room. */
+gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint64_t *ptrs, size_t cap, size_t *n);
+
 /* --- Recording -------------------------------------------------------------- */
 
 /* Starts writing device's allocations and frees to a gpumem trace at path

@@ -48,6 +48,8 @@ func Code(err error) Status {
 		return StatusFormat
 	case errors.Is(err, ErrIO):
 		return StatusIO
+	case errors.Is(err, ErrTooSmall):
+		return StatusTooSmall
 	case errors.Is(err, device.ErrInvalid), errors.Is(err, device.ErrUnsupported), errors.Is(err, device.ErrOutOfMemory):
 		return StatusDevice
 	}
@@ -57,6 +59,9 @@ func Code(err error) Status {
 	}
 	return StatusInternal
 }
+
+// ErrTooSmall: the caller's buffer cannot hold the answer.
+var ErrTooSmall = errors.New("gpumem: buffer too small")
 
 // ErrIO is matched by errors reading or writing a file (a recording, an
 // imported snapshot).
