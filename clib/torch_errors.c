@@ -33,6 +33,7 @@
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -99,11 +100,41 @@ __attribute__((visibility("default"))) gpumem_status gpumem_torch_errors(const c
 	return GPUMEM_SUCCESS;
 }
 
-void gpumem_torch_raise(gpumem_status status, const char *msg) {
+/* PyTorch's format_size (c10/cuda/CUDACachingAllocator.cpp): bytes up to
+ * 1 KiB, then KiB, MiB and GiB with two decimals. */
+static void torch_size(char *out, size_t n, uint64_t v) {
+	if (v <= 1024) snprintf(out, n, "%llu bytes", (unsigned long long)v);
+	else if (v <= 1048576) snprintf(out, n, "%.2f KiB", v / 1024.0);
+	else if (v <= 1073741824ULL) snprintf(out, n, "%.2f MiB", v / 1048576.0);
+	else snprintf(out, n, "%.2f GiB", v / 1073741824.0);
+}
+
+/* The message of an out-of-memory as PyTorch's begins ("CUDA out of
+ * memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ...":
+ * what batch-size finders and other tools match on), then gpumem's
+ * verdict. */
+static void torch_oom_message(char *out, size_t n, const gpumem_oom *o, const char *verdict) {
+	char req[32], total[32], free_[32], active[32], cached[32];
+	torch_size(req, sizeof req, o->requested);
+	torch_size(total, sizeof total, o->total);
+	torch_size(free_, sizeof free_, o->device_free);
+	torch_size(active, sizeof active, o->active);
+	torch_size(cached, sizeof cached, o->reserved > o->active ? o->reserved - o->active : 0);
+	snprintf(out, n,
+	         "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is free. "
+	         "Of the allocated memory %s is allocated by PyTorch, and %s is reserved by gpumem but unallocated. %s",
+	         req, o->device, total, free_, active, cached, verdict);
+}
+
+void gpumem_torch_raise(gpumem_status status, const char *verdict) {
 	if (status != GPUMEM_ERROR_OUT_OF_MEMORY) {
-		cxx.check_fail("gpumem_alloc", "gpumem", 0, msg); /* throws c10::Error */
+		cxx.check_fail("gpumem_alloc", "gpumem", 0, verdict); /* throws c10::Error */
 		return;
 	}
+	char msg[3072];
+	gpumem_oom o;
+	gpumem_last_oom(&o, sizeof o);
+	torch_oom_message(msg, sizeof msg, &o, verdict);
 	size_t n = strlen(msg);
 	cxx_string s;
 	s.p = cxx.op_new(n + 1);

@@ -73,7 +73,9 @@ def test_out_of_memory_is_torchs_error():
             print("absurd", type(e).__name__)
     """)
     lines = p.stdout.splitlines()
-    assert lines[0].startswith("OOM gpumem: out of memory (allocator limit): requested 600.00 MiB"), lines
+    # PyTorch's words first (what batch-size finders match on), then gpumem's verdict.
+    assert lines[0].startswith("OOM CUDA out of memory. Tried to allocate 600.00 MiB. GPU 0 has a total capacity of "), lines
+    assert "gpumem: out of memory (allocator limit): requested 600.00 MiB" in lines[0], lines
     cause, req, limit, would_fit = lines[1].split()[1:]
     assert cause == "limit" and int(req) == 600 << 20 and int(limit) == 1 << 30
     assert lines[2] == "after 1024"
