@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/internal/longtest"
 )
 
 // randomFree runs a program that frees at random (bench/synth's rand, made
@@ -218,6 +219,7 @@ func TestChurnGuardQuiet(t *testing.T) {
 // succeeds (the invariants checked after every operation); near a limit
 // the slack takes nothing.
 func TestChurnGuardRefused(t *testing.T) {
+	longtest.Skip(t, "the churn guard refused, under the checker")
 	dev := sim.MustNew(sim.Config{Capacity: 16 << 30})
 	a, err := New(dev, Config{CheckInvariants: true})
 	if err != nil {

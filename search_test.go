@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/internal/longtest"
 	"github.com/gpumem/gpumem/replay"
 	"github.com/gpumem/gpumem/trace"
 )
@@ -20,6 +21,7 @@ import (
 // partly backed holes, most candidates are answered without a placement
 // search.
 func TestFindBackedAgreesOnTraces(t *testing.T) {
+	longtest.Skip(t, "every placement search against the full scan, over the shipped traces")
 	shipped, err := filepath.Glob("testdata/traces/*.trace.gz")
 	if err != nil || len(shipped) == 0 {
 		t.Fatalf("no shipped traces: %v", err)
@@ -86,6 +88,7 @@ func TestFindBackedAgreesOnTraces(t *testing.T) {
 // device is sized to the program (the checker walks every chunk of the
 // arena, twice the device, after every operation).
 func TestReadyCacheChecked(t *testing.T) {
+	longtest.Skip(t, "the ready cache against fresh searches, three passes of two traces, under the checker")
 	if testing.Short() {
 		t.Skip("the checker after every operation of three passes: seconds per trace")
 	}

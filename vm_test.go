@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/internal/longtest"
 	"github.com/gpumem/gpumem/replay"
 	"github.com/gpumem/gpumem/trace"
 )
@@ -79,6 +80,7 @@ func TestSecondPassReusesSpans(t *testing.T) {
 // below what the best PyTorch allocator held over ten passes of the same
 // trace on the H100 (expandable segments, which never gives memory back).
 func TestLaterPassesFit(t *testing.T) {
+	longtest.Skip(t, "six passes of six traces")
 	if testing.Short() {
 		t.Skip("six passes of six traces: not in -short")
 	}
