@@ -210,6 +210,20 @@ EXPORT gpumem_status gpumem_import_snapshot(const char *snapshot, const char *tr
 	return gpumemGo_import_snapshot((char *)snapshot, (char *)trace);
 }
 
+/* Devices whose history is on: each counts as a recording, so that
+ * gpumem_alloc asks for call sites. */
+static atomic_int history_on[64];
+
+EXPORT gpumem_status gpumem_history(int device, int enabled, size_t max_entries) {
+	gpumem_status st = gpumemGo_history(device, enabled, max_entries);
+	if (st != GPUMEM_SUCCESS || device < 0 || device >= 64) return st;
+	if (atomic_exchange(&history_on[device], enabled != 0) != (enabled != 0))
+		atomic_fetch_add(&recordings, enabled ? 1 : -1);
+	return st;
+}
+
+EXPORT char *gpumem_torch_snapshot_json(int device) { return gpumemGo_json(device, 2); }
+
 EXPORT gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device)) {
 	atomic_store(&site_fn, fn);
 	return GPUMEM_SUCCESS;

@@ -166,6 +166,14 @@ func gpumemGo_pool_live(device C.int, hi, lo C.uint64_t, ptrs *C.uint64_t, capac
 	return 0
 }
 
+//export gpumemGo_history
+func gpumemGo_history(device C.int, enabled C.int, maxEntries C.size_t) C.gpumem_status {
+	if maxEntries > 1<<31 {
+		maxEntries = 1 << 31
+	}
+	return status(theHost().RecordHistory(int(device), enabled != 0, int(maxEntries)), device)
+}
+
 //export gpumemGo_configure
 func gpumemGo_configure(cfg *C.char) C.gpumem_status {
 	if cfg == nil {
@@ -231,17 +239,21 @@ func gpumemGo_mem_info(device C.int, free, total *C.uint64_t) C.gpumem_status {
 	return 0
 }
 
-// gpumemGo_json returns device's snapshot (what 0) or stats (what 1) as a
-// JSON string in C memory, which the caller frees; NULL on failure.
+// gpumemGo_json returns device's snapshot (what 0), stats (what 1) or
+// snapshot in PyTorch's layout (what 2) as a JSON string in C memory, which
+// the caller frees; NULL on failure.
 //
 //export gpumemGo_json
 func gpumemGo_json(device C.int, what C.int) *C.char {
 	h := theHost()
 	var v any
 	var err error
-	if what == 0 {
+	switch what {
+	case 0:
 		v, err = h.Snapshot(int(device))
-	} else {
+	case 2:
+		v = h.TorchSnapshot(int(device))
+	default:
 		var s gpumem.Stats
 		s, err = h.Stats(int(device))
 		v = s

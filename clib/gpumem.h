@@ -277,6 +277,18 @@ gpumem_status gpumem_record_site(int device, uint32_t id, const char *text);
  * gpumem_record_site, or 0. NULL removes it. */
 gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device));
 
+/* Memory history in PyTorch's snapshot format (torch.cuda.memory.
+ * _record_memory_history and _snapshot under gpumem). gpumem_history turns
+ * device's history on (enabled != 0), keeping the latest max_entries
+ * allocations and frees with their call sites (gpumem_set_site_callback's
+ * ids), or off. gpumem_torch_snapshot_json returns the device's segments
+ * and blocks in PyTorch's layout and the history, as JSON
+ * ({"segments": [...], "device_traces": [[...]]}; a block's or entry's
+ * "site" is the call site id, 0 if none), in memory the caller frees with
+ * gpumem_string_free; NULL on failure. */
+gpumem_status gpumem_history(int device, int enabled, size_t max_entries);
+char *gpumem_torch_snapshot_json(int device);
+
 /* Converts a PyTorch memory snapshot (the pickle that
  * torch.cuda.memory._dump_snapshot writes) into gpumem traces, as
  * `gpumem import SNAPSHOT -o TRACE` does: device 0's (or the only device's)

@@ -57,6 +57,7 @@ type Device struct {
 	rec     atomic.Pointer[recorder] // nil unless recording
 	outside outside                  // the process's memory outside gpumem (outside.go)
 	pools   pools                    // private pools: CUDA graphs' memory (pools.go)
+	hist    atomic.Pointer[history]  // nil unless the history is on (history.go)
 }
 
 // New makes a Host whose configuration is env (the value of GPUMEM_CONFIG;
@@ -226,9 +227,15 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 		if pool != nil {
 			err = errors.Join(err, d.freed(pool))
 		}
+		if hs := d.hist.Load(); hs != nil && errors.Is(err, gpumem.ErrOutOfMemory) {
+			hs.add("oom", 0, size, stream, site)
+		}
 		return 0, err
 	}
-	e := entry{buf: buf, pool: pool}
+	e := entry{buf: buf, pool: pool, site: site}
+	if hs := d.hist.Load(); hs != nil {
+		hs.add("alloc", uint64(buf.Ptr()), size, stream, site)
+	}
 	if r := d.rec.Load(); r != nil {
 		e.rec, e.recGen = r.alloc(size, stream, site), r.gen
 	}
@@ -260,6 +267,11 @@ func (h *Host) Free(ordinal int, ptr uint64) error {
 func (d *Device) free(e entry) error {
 	if r := d.rec.Load(); r != nil && e.rec != 0 && e.recGen == r.gen {
 		r.free(e.rec - 1)
+	}
+	if hs := d.hist.Load(); hs != nil {
+		p, n := uint64(e.buf.Ptr()), e.buf.Size()
+		hs.add("free_requested", p, n, 0, e.site)
+		hs.add("free_completed", p, n, 0, e.site)
 	}
 	if e.pool != nil {
 		return errors.Join(e.pool.alloc.Free(e.buf), d.freed(e.pool))

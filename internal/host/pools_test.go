@@ -180,3 +180,80 @@ func TestPoolRoutes(t *testing.T) {
 		t.Errorf("%d pools left", n)
 	}
 }
+
+// TestTorchSnapshot: the snapshot in PyTorch's layout has every live buffer
+// as an active_allocated block with its site, in a segment that holds it,
+// private pools' segments named by their pool; the history keeps the
+// latest entries, oldest first, alloc then free_requested and
+// free_completed.
+func TestTorchSnapshot(t *testing.T) {
+	h := newSimHost(t, "")
+	if err := h.RecordHistory(0, true, 5); err != nil {
+		t.Fatal(err)
+	}
+	var live []uint64
+	for i := range 4 {
+		p, err := h.Alloc(0, uint64(i+1)*3*miB, 0, uint32(10+i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, p)
+	}
+	if err := h.Free(0, live[0]); err != nil {
+		t.Fatal(err)
+	}
+	live = live[1:]
+	id := PoolID{3, 0}
+	if err := h.BeginPool(0, id, RouteAll, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	pooled, err := h.Alloc(0, miB, 0, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := h.TorchSnapshot(0)
+	found := map[uint64]TorchBlock{}
+	for _, seg := range s.Segments {
+		var sum uint64
+		for _, b := range seg.Blocks {
+			if b.Address < seg.Address || b.Address+b.Size > seg.Address+seg.TotalSize {
+				t.Errorf("block %#x+%d outside its segment %#x+%d", b.Address, b.Size, seg.Address, seg.TotalSize)
+			}
+			sum += b.Size
+			if b.State == "active_allocated" {
+				found[b.Address] = b
+				if b.Address == pooled && seg.PoolID != [2]uint64{3, 0} {
+					t.Errorf("the pool's buffer is in a segment of pool %v", seg.PoolID)
+				}
+			}
+		}
+		if sum != seg.TotalSize {
+			t.Errorf("segment %#x: blocks cover %d of %d bytes", seg.Address, sum, seg.TotalSize)
+		}
+	}
+	for i, p := range live {
+		if b, ok := found[p]; !ok || b.Site != uint32(11+i) || b.Requested != uint64(i+2)*3*miB {
+			t.Errorf("live buffer %#x: block %+v, want active_allocated, site %d", p, b, 11+i)
+		}
+	}
+	if b := found[pooled]; b.Site != 20 {
+		t.Errorf("the pool's buffer: %+v", b)
+	}
+	var actions []string
+	for _, e := range s.DeviceTraces[0] {
+		actions = append(actions, e.Action)
+	}
+	want := []string{"alloc", "alloc", "free_requested", "free_completed", "alloc"}
+	if !slices.Equal(actions, want) {
+		t.Errorf("history %v, want the latest five: %v", actions, want)
+	}
+	if err := h.RecordHistory(0, false, 0); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.TorchSnapshot(0); len(s.DeviceTraces[0]) != 0 {
+		t.Errorf("history off, %d entries", len(s.DeviceTraces[0]))
+	}
+	if err := h.EndPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -43,6 +43,7 @@ type slot struct {
 type entry struct {
 	buf  gpumem.Buffer
 	pool *privatePool // the private pool it came from (pools.go), nil for the device's allocator
+	site uint32       // the call site the host program gave (0: none), for the history (history.go)
 	// rec is the buffer's request ID in the recording of generation
 	// recGen, plus one; 0 when it was not recorded.
 	rec    uint64
@@ -182,6 +183,22 @@ func (t *table) addrsOf(p *privatePool) []uint64 {
 		for _, sl := range sh.slots {
 			if sl.key != 0 && sl.val.pool == p {
 				out = append(out, sl.key)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// sites maps the address of every buffer that has a call site to it.
+func (t *table) sites() map[uint64]uint32 {
+	out := make(map[uint64]uint32)
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, sl := range sh.slots {
+			if sl.key != 0 && sl.val.site != 0 {
+				out[sl.key] = sl.val.site
 			}
 		}
 		sh.mu.Unlock()
