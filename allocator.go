@@ -423,6 +423,8 @@ const flushBytes = 4 << 20
 func (p *pool) noteAlloc(size, req uint64) {
 	p.allocated += req
 	p.active += size
+	p.allocBytes += size
+	p.allocReq += req
 	p.peakAllocated = max(p.peakAllocated, p.allocated)
 	p.peakActive = max(p.peakActive, p.active)
 	p.dAllocated += int64(req)
@@ -435,6 +437,8 @@ func (p *pool) noteAlloc(size, req uint64) {
 func (p *pool) noteFree(size, req uint64) {
 	p.allocated -= req
 	p.active -= size
+	p.freeBytes += size
+	p.freeReq += req
 	p.dAllocated -= int64(req)
 	p.dActive -= int64(size)
 	if p.dActive <= -flushBytes {

@@ -89,6 +89,9 @@ type pool struct {
 	sites map[string]*SiteTotal
 
 	nallocs, nfrees uint64
+	// bytes of the blocks allocated and freed so far, and the bytes
+	// requested for them (Stats.AllocBytes and the three after it)
+	allocBytes, freeBytes, allocReq, freeReq uint64
 	// gauges: exact for this pool; see noteAlloc.
 	allocated, active         uint64
 	peakAllocated, peakActive uint64

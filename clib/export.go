@@ -225,6 +225,11 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		limit:  C.uint64_t(limit),
 		splits: C.uint64_t(s.Splits), copies: C.uint64_t(s.Copies),
 		copied_bytes: C.uint64_t(s.CopiedBytes), split_ns: C.uint64_t(s.SplitNanos),
+		alloc_bytes: C.uint64_t(s.AllocBytes), free_bytes: C.uint64_t(s.FreeBytes),
+		alloc_requested: C.uint64_t(s.AllocRequested), free_requested: C.uint64_t(s.FreeRequested),
+		segments: C.uint64_t(s.Segments), retries: C.uint64_t(s.Retries),
+		device_allocs: C.uint64_t(s.DeviceAllocs), device_frees: C.uint64_t(s.DeviceFrees),
+		pool_reserved: C.uint64_t(h.PoolReserved(int(device))),
 	}
 	return 0
 }

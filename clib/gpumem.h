@@ -157,6 +157,16 @@ typedef struct gpumem_stats {
 	 * moved, the device copies that moved them and their bytes, and the
 	 * wall time of the moves in nanoseconds. */
 	uint64_t splits, copies, copied_bytes, split_ns;
+	/* Bytes of every allocation and free so far, as blocks and as asked
+	 * for: alloc_bytes - free_bytes == active, alloc_requested -
+	 * free_requested == allocated. Plain segments and virtual arenas held
+	 * (segments); allocations retried after the cache went back
+	 * (retries); device_allocs and device_frees: cuMemAlloc and cuMemFree
+	 * of plain segments. The device's figures include its private pools
+	 * (CUDA graphs), which pool_reserved counts alone. */
+	uint64_t alloc_bytes, free_bytes, alloc_requested, free_requested;
+	uint64_t segments, retries, device_allocs, device_frees;
+	uint64_t pool_reserved;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------

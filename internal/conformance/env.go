@@ -340,6 +340,10 @@ func statsIdentities(st gpumem.Stats) error {
 	if st.Allocs-st.Frees != st.LiveBuffers {
 		bad("Allocs %d - Frees %d != LiveBuffers %d", st.Allocs, st.Frees, st.LiveBuffers)
 	}
+	if st.AllocBytes-st.FreeBytes != st.Active || st.AllocRequested-st.FreeRequested != st.Allocated {
+		bad("AllocBytes %d - FreeBytes %d != Active %d, or AllocRequested %d - FreeRequested %d != Allocated %d",
+			st.AllocBytes, st.FreeBytes, st.Active, st.AllocRequested, st.FreeRequested, st.Allocated)
+	}
 	if st.Reserved != st.PlainBytes+st.MappedBytes+st.SpareBytes {
 		bad("Reserved %d != PlainBytes %d + MappedBytes %d + SpareBytes %d", st.Reserved, st.PlainBytes, st.MappedBytes, st.SpareBytes)
 	}

@@ -292,10 +292,30 @@ func (d *Device) poolStats(st *gpumem.Stats) {
 		st.Segments += ps.Segments
 		st.Allocs += ps.Allocs
 		st.Frees += ps.Frees
+		st.AllocBytes += ps.AllocBytes
+		st.FreeBytes += ps.FreeBytes
+		st.AllocRequested += ps.AllocRequested
+		st.FreeRequested += ps.FreeRequested
+		st.Retries += ps.Retries
 		st.DeviceAllocs += ps.DeviceAllocs
 		st.DeviceFrees += ps.DeviceFrees
 		st.OOMs += ps.OOMs
 	}
+}
+
+// PoolReserved is what device ordinal's private pools hold from the driver.
+func (h *Host) PoolReserved(ordinal int) uint64 {
+	d := h.existing(ordinal)
+	if d == nil {
+		return 0
+	}
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	var n uint64
+	for _, p := range d.pools.byID {
+		n += p.alloc.Stats().Reserved
+	}
+	return n
 }
 
 // closePools closes every private pool (Host.Close). Called with no route
