@@ -162,6 +162,17 @@
 // stream must outlive that memory: call ReleaseStream (or Close) before
 // destroying a stream.
 //
+// # CUDA graphs
+//
+// While a stream captures work into a CUDA graph, the driver forbids event
+// records, queries and synchronizes that touch the capture; BeginCapture
+// and EndCapture tell the allocator, which then defers whatever needs
+// them (capture.go). A graph replays into the memory its capture
+// allocated, so that memory comes from a private pool (NewPrivate): plain
+// segments kept at their addresses until the pool is closed, counted
+// against the same limit, serving no other allocation. internal/host
+// routes a program's allocations to pools as PyTorch's graph pools do.
+//
 // # Invariants
 //
 // Each structure states its invariants beside its type. Allocator.Check
