@@ -26,6 +26,12 @@ OOM_CAUSES = {0: "none", 1: "device", 2: "limit", 3: "fragmentation"}
 ANSWERS = {0: "unknown", 1: "no", 2: "yes", 3: "n/a"}  # GPUMEM_ANSWER_*
 MODES = {1: "plain", 2: "virtual"}  # GPUMEM_MODE_*
 
+# Routes of a private pool (gpumem.h's GPUMEM_POOL_*): which allocations
+# pool_begin sends to the pool.
+POOL_CAPTURE = 0  # those on any stream of the capture the given stream is in
+POOL_THREAD = 1   # those made by the calling thread
+POOL_ALL = 2      # every one on the device
+
 
 class GpumemError(RuntimeError):
     """A failed gpumem call: status is the code of gpumem.h, the message the
@@ -135,7 +141,13 @@ _PROTOTYPES = {
 }
 _PROTOTYPES["gpumem_serve"] = (ctypes.c_void_p, [ctypes.c_char_p])
 _PROTOTYPES["gpumem_import_snapshot"] = (_status, [ctypes.c_char_p, ctypes.c_char_p])
-_OPTIONAL = {}  # functions of later versions, bound when present
+_OPTIONAL = {  # functions of later versions, bound when present
+    "gpumem_pool_begin": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_int]),
+    "gpumem_pool_end": (_status, [ctypes.c_int, _u64, _u64]),
+    "gpumem_pool_release": (_status, [ctypes.c_int, _u64, _u64]),
+    "gpumem_pool_live": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64), ctypes.c_size_t,
+                                   ctypes.POINTER(ctypes.c_size_t)]),
+}
 
 LIBRARY_NAME = "libgpumem.so"
 
@@ -195,6 +207,15 @@ class Library:
     def check(self, status):
         if status != SUCCESS:
             raise self.error(status)
+
+    def _optional(self, name, what):
+        """The C function name of a later version, or one clear GpumemError
+        when this library predates it."""
+        try:
+            return getattr(self._c, name)
+        except AttributeError:
+            raise GpumemError(ERROR_CONFIG, f"gpumem: {self.path} has no {name} ({what}): it is older "
+                                            "than this package; rebuild it with scripts/lib.sh") from None
 
     # Calls.
 
@@ -272,6 +293,36 @@ class Library:
 
     def set_site_callback(self, callback):
         self.check(self._c.gpumem_set_site_callback(callback))
+
+    # Private pools (CUDA graphs): pool is PyTorch's MempoolId_t, (hi, lo).
+
+    def pool_begin(self, device, pool, stream=0, route=POOL_CAPTURE):
+        hi, lo = pool
+        fn = self._optional("gpumem_pool_begin", "private pools for CUDA graphs")
+        self.check(fn(device, hi, lo, stream or None, route))
+
+    def pool_end(self, device, pool):
+        hi, lo = pool
+        self.check(self._optional("gpumem_pool_end", "private pools for CUDA graphs")(device, hi, lo))
+
+    def pool_release(self, device, pool):
+        hi, lo = pool
+        self.check(self._optional("gpumem_pool_release", "private pools for CUDA graphs")(device, hi, lo))
+
+    def pool_live(self, device, pool):
+        """The addresses of the pool's live buffers, as a set of ints (empty
+        for an unknown pool)."""
+        hi, lo = pool
+        fn = self._optional("gpumem_pool_live", "private pools for CUDA graphs")
+        n, cap = ctypes.c_size_t(), 64
+        while True:
+            ptrs = (_u64 * cap)()
+            status = fn(device, hi, lo, ptrs, cap, ctypes.byref(n))
+            if status == ERROR_BUFFER_TOO_SMALL and n.value > cap:
+                cap = n.value + 64  # room for buffers made meanwhile
+                continue
+            self.check(status)
+            return set(ptrs[:n.value])
 
     def torch_errors(self, c10, c10_cuda):
         return self._c.gpumem_torch_errors(os.fsencode(c10), os.fsencode(c10_cuda))

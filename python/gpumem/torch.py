@@ -19,7 +19,21 @@ what PyTorch does not pass to a pluggable allocator by itself:
 - an out-of-memory raises torch.cuda.OutOfMemoryError, as PyTorch's own
   allocator does, with gpumem's verdict (limit, device or fragmentation,
   the numbers, and what would have fit: a smaller request, after
-  empty_cache(), with mode=virtual); last_oom() returns it as an object.
+  empty_cache(), with mode=virtual); last_oom() returns it as an object;
+- CUDA graphs keep their memory: what a capture allocates (on any stream
+  of the capture) comes from the graph's private pool, which serves no
+  other allocation until the graph is reset or collected, as under
+  PyTorch's allocator. Wired: torch.cuda.CUDAGraph's capture_begin,
+  capture_end (and capture_end_pre where it exists), reset and its
+  collection; torch._C's _cuda_beginAllocateCurrentThreadToPool,
+  _cuda_beginAllocateToPool, _cuda_beginAllocateCurrentStreamToPool,
+  _cuda_endAllocateToPool, _cuda_endAllocateCurrentStreamToPool,
+  _cuda_releasePool and _cuda_checkPoolLiveAllocations (torch.cuda.graph,
+  make_graphed_callables, use_mem_pool and torch.compile's graph trees call
+  these), also where a module imported them by name. Allocator checkpoints
+  (_cuda_getCheckpointState, _cuda_setCheckpointPoolState), which
+  torch.compile(mode="reduce-overhead") needs, raise a one-line
+  RuntimeError saying so instead of PyTorch's "does not yet support".
 
 record(path) writes a gpumem trace of the code it wraps, for gpumem replay.
 """
@@ -29,13 +43,17 @@ import os
 import sys
 import tempfile
 import threading
+import types
+import warnings
+import weakref
 
 from . import _lib, configure
 
 __all__ = ["use", "installed", "stats", "trim", "snapshot", "memory_summary", "last_oom", "record"]
 
 _state = {"installed": False}
-_patched = {}
+_patched = {}  # (module or class, name) -> what gpumem put its own in the place of
+_lock = threading.Lock()
 
 
 def installed():
@@ -148,6 +166,335 @@ def _patch(torch, lib):
                 setattr(module, name, fn)
     _patched[("torch.Tensor", "record_stream")] = torch.Tensor.record_stream
     torch.Tensor.record_stream = record_stream
+    _patch_graphs(torch, lib)
+
+
+# --- CUDA graphs -------------------------------------------------------------
+#
+# A CUDA graph's replays write, at the addresses the capture got, the memory
+# its capture allocated, for as long as the graph lives. PyTorch's own
+# allocator routes the allocations of a capture into the graph's private
+# pool (beginAllocateToPool/endAllocateToPool) and keeps that pool from
+# every other allocation until the graph is reset or deleted (releasePool);
+# CUDAPluggableAllocator drops these calls. So they are made here, at the
+# Python entry points that lead to them, against gpumem's private pools.
+
+_CHECKPOINTS = ("gpumem: torch.compile(mode='reduce-overhead') needs allocator checkpoints ({}), "
+                "which gpumem does not support yet; use mode='max-autotune-no-cudagraphs' "
+                "or run without gpumem.torch.use()")
+
+
+def _pool_id(pool):
+    """(hi, lo) of a pool as PyTorch names it: a MempoolId_t tuple
+    (torch.cuda.graph_pool_handle(), CUDAGraph.pool()) or a MemPool (.id)."""
+    pid = getattr(pool, "id", pool)
+    if callable(pid):
+        pid = pid()
+    hi, lo = pid
+    return int(hi), int(lo)
+
+
+class _GraphPools:
+    """gpumem's side of one CUDA graph: the route its capture opened and the
+    pool uses it holds. It holds no reference to the graph, so that the
+    weakref.finalize set on the graph fires when the graph is collected."""
+
+    __slots__ = ("lib", "route", "held")
+
+    def __init__(self, lib):
+        self.lib = lib
+        self.route = None  # (device, pool) while the capture's route is open
+        self.held = []     # [(device, pool)]: uses to give back (reset, collection)
+
+    def begin(self, device, pool, stream):
+        self.lib.pool_begin(device, pool, stream, _lib.POOL_CAPTURE)
+        self.route = (device, pool)
+        self.held.append((device, pool))
+
+    def end(self):
+        route, self.route = self.route, None
+        if route is not None:
+            self.lib.pool_end(*route)
+
+    def release(self):
+        held, self.held = self.held, []
+        failed = None
+        for device, pool in held:
+            try:
+                self.lib.pool_release(device, pool)
+            except Exception as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
+
+    def collected(self):
+        """The graph was collected (its C++ destructor resets it without
+        calling Python): give its uses back. Runs in the garbage collector,
+        so it warns rather than raises."""
+        for step in (self.end, self.release):
+            try:
+                step()
+            except Exception as e:
+                warnings.warn(f"gpumem: giving back a collected CUDA graph's pool: {e}", RuntimeWarning)
+
+
+_graph_states = weakref.WeakKeyDictionary()  # for graphs that take no attribute
+
+
+def _graph_pools(graph, lib=None):
+    """graph's _GraphPools; with lib, made (and set to be given back when the
+    graph is collected) if it has none yet."""
+    st = getattr(graph, "_gpumem_pools", None)
+    if st is None:
+        st = _graph_states.get(graph)
+    if st is None and lib is not None:
+        st = _GraphPools(lib)
+        try:
+            graph._gpumem_pools = st
+        except AttributeError:
+            _graph_states[graph] = st
+        weakref.finalize(graph, st.collected).atexit = False
+    return st
+
+
+def _quietly(fn):
+    try:
+        fn()
+    except Exception:
+        pass
+
+
+def _capture_pool(torch, args, kwargs):
+    """capture_begin's arguments with the pool made explicit, and its (hi, lo).
+    PyTorch's CUDAGraph.pool() answers only after the capture has ended
+    (TORCH_CHECK(capture_ended_)), so when the caller names no pool, a fresh
+    torch.cuda.graph_pool_handle() goes in its place: the graph's pool, known
+    while the capture runs, serving this graph alone as the one PyTorch would
+    have made."""
+    args = list(args)
+    pool = args[0] if args else kwargs.get("pool")
+    if pool is None or _pool_id(pool) == (0, 0):
+        pool = torch.cuda.graph_pool_handle()
+        if args:
+            args[0] = pool
+        else:
+            kwargs["pool"] = pool
+    return tuple(args), kwargs, _pool_id(pool)
+
+
+def _patch_graphs(torch, lib):
+    graphs = getattr(torch.cuda, "graphs", None)
+    cls = getattr(graphs, "CUDAGraph", None) or getattr(torch.cuda, "CUDAGraph", None)
+    if cls is not None:
+        _patch_graph_class(torch, lib, cls)
+    _patch_pool_calls(torch, lib)
+
+
+def _patch_graph_class(torch, lib, cls):
+    """Wraps torch.cuda.CUDAGraph (the Python class; torch.cuda.graphs.CUDAGraph
+    is the same): its capture routes to its pool, its reset and collection
+    give its pool uses back."""
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    originals = {}
+    for name in ("capture_begin", "capture_end", "capture_end_pre", "reset"):
+        fn = getattr(cls, name, None)
+        if fn is not None:
+            originals[name] = _patched[(where, name)] = fn
+
+    begin, end, reset = originals.get("capture_begin"), originals.get("capture_end"), originals.get("reset")
+    if begin is None or end is None:
+        return
+
+    def capture_begin(self, *args, **kwargs):
+        args, kwargs, pool = _capture_pool(torch, args, kwargs)
+        st = _graph_pools(self, lib)
+        st.end()
+        begin(self, *args, **kwargs)
+        # The capture runs now on the current stream (PyTorch has begun it):
+        # send its allocations, on whatever stream joins it, to the pool.
+        device = torch.cuda.current_device()
+        try:
+            st.begin(device, pool, torch.cuda.current_stream(device).cuda_stream)
+        except BaseException:
+            _quietly(lambda: end(self))  # leave no stream capturing
+            raise
+
+    def ending(orig):
+        def capture_end(self, *args, **kwargs):
+            st = _graph_pools(self)
+            try:
+                result = orig(self, *args, **kwargs)
+            except BaseException:
+                if st is not None:
+                    _quietly(st.end)
+                raise
+            if st is not None:
+                st.end()
+            return result
+        return capture_end
+
+    def reset_graph(self, *args, **kwargs):
+        # PyTorch's order: releasePool, then the graph and its exec are
+        # destroyed. The release gives the memory back only once the pool's
+        # buffers are all freed.
+        st = _graph_pools(self)
+        try:
+            if st is not None:
+                try:
+                    st.end()
+                finally:
+                    st.release()
+        finally:
+            if reset is not None:
+                reset(self, *args, **kwargs)
+
+    capture_begin.__doc__ = getattr(begin, "__doc__", None)
+    cls.capture_begin = capture_begin
+    for name in ("capture_end", "capture_end_pre"):
+        if name in originals:
+            fn = ending(originals[name])
+            fn.__name__ = fn.__qualname__ = name
+            fn.__doc__ = getattr(originals[name], "__doc__", None)
+            setattr(cls, name, fn)
+    if reset is not None:
+        reset_graph.__name__ = reset_graph.__qualname__ = "reset"
+        reset_graph.__doc__ = getattr(reset, "__doc__", None)
+        cls.reset = reset_graph
+
+
+def _replace_all(torch, news):
+    """Puts news[name] in the place of torch._C.<name> there and in every
+    loaded module that holds it (from torch._C import <name>, under any
+    name): torch.cuda.memory, for one."""
+    olds = {}
+    for name, new in news.items():
+        orig = getattr(torch._C, name, None)
+        if orig is not None:
+            new.__name__ = new.__qualname__ = name
+            olds[id(orig)] = (orig, new)
+    modules = [torch._C, getattr(torch.cuda, "memory", None), getattr(torch.cuda, "graphs", None)]
+    modules += [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
+    seen = set()
+    for module in modules:
+        if module is None or id(module) in seen:
+            continue
+        seen.add(id(module))
+        try:
+            found = [(k, olds[id(v)]) for k, v in list(vars(module).items()) if id(v) in olds]
+        except TypeError:
+            continue
+        for k, (orig, new) in found:
+            if getattr(module, k, None) is orig:
+                _patched[(getattr(module, "__name__", "?"), k)] = orig
+                setattr(module, k, new)
+
+
+def _patch_pool_calls(torch, lib):
+    """torch._C's private-pool calls, made on gpumem's pools too. PyTorch's
+    own (called first) do nothing under a pluggable allocator."""
+    C = torch._C
+
+    def dev(device):
+        return torch.cuda._utils._get_device_index(device, optional=True)
+
+    begun = {}  # device -> [pool]: routes begun here, for the old end(device)
+
+    def began(device, pool):
+        with _lock:
+            begun.setdefault(device, []).append(pool)
+
+    def ended(device, pool):
+        """The pool of the route end(device, pool) ends: pool, or, for the
+        old one-argument end, the latest begun on device."""
+        with _lock:
+            stack = begun.get(device, [])
+            if pool is None:
+                return stack.pop() if stack else None
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] == pool:
+                    del stack[i]
+                    break
+            return pool
+
+    news = {}
+
+    def patch(name, make):
+        orig = getattr(C, name, None)
+        if orig is not None:
+            news[name] = make(orig)
+
+    def beginning(route):
+        def make(orig):
+            def begin(device, mempool_id):
+                orig(device, mempool_id)
+                d, pool = dev(device), _pool_id(mempool_id)
+                lib.pool_begin(d, pool, 0, route)
+                began(d, pool)
+            return begin
+        return make
+
+    # PyTorch's filters: the calling thread; every allocation ([](cudaStream_t) { return true; }).
+    patch("_cuda_beginAllocateCurrentThreadToPool", beginning(_lib.POOL_THREAD))
+    patch("_cuda_beginAllocateToPool", beginning(_lib.POOL_ALL))
+
+    def stream_begin(orig):
+        # Older PyTorch: allocations on the current stream. gpumem routes by
+        # capture, which holds the stream, when it captures, else by thread.
+        def begin(device, mempool_id):
+            orig(device, mempool_id)
+            d, pool = dev(device), _pool_id(mempool_id)
+            capturing = d == torch.cuda.current_device() and torch.cuda.is_current_stream_capturing()
+            if capturing:
+                lib.pool_begin(d, pool, torch.cuda.current_stream(d).cuda_stream, _lib.POOL_CAPTURE)
+            else:
+                lib.pool_begin(d, pool, 0, _lib.POOL_THREAD)
+            began(d, pool)
+        return begin
+
+    patch("_cuda_beginAllocateCurrentStreamToPool", stream_begin)
+
+    def ending(orig):
+        def end(device, mempool_id=None):
+            if mempool_id is None:
+                orig(device)
+            else:
+                orig(device, mempool_id)
+            d = dev(device)
+            pool = ended(d, None if mempool_id is None else _pool_id(mempool_id))
+            if pool is not None:
+                lib.pool_end(d, pool)
+        return end
+
+    patch("_cuda_endAllocateToPool", ending)
+    patch("_cuda_endAllocateCurrentStreamToPool", ending)
+
+    def releasing(orig):
+        def release(device, mempool_id):
+            orig(device, mempool_id)
+            lib.pool_release(dev(device), _pool_id(mempool_id))
+        return release
+
+    patch("_cuda_releasePool", releasing)
+
+    def checking(orig):
+        # PyTorch's answer: whether the pool's allocated blocks are exactly these.
+        def check(device, mempool_id, expected_live_allocations):
+            live = lib.pool_live(dev(device), _pool_id(mempool_id))
+            return live == {int(p) for p in expected_live_allocations}
+        return check
+
+    patch("_cuda_checkPoolLiveAllocations", checking)
+
+    def unsupported(what):
+        def make(orig):
+            def fn(*args, **kwargs):
+                raise RuntimeError(_CHECKPOINTS.format(what))
+            return fn
+        return make
+
+    patch("_cuda_getCheckpointState", unsupported("getCheckpointState"))
+    patch("_cuda_setCheckpointPoolState", unsupported("setCheckpointPoolState"))
+    _replace_all(torch, news)
 
 
 def _torch_stats(s):
