@@ -158,7 +158,12 @@ func (h *Host) EndPool(ordinal int, id PoolID) error {
 		}
 		ps.routes = append(ps.routes[:i], ps.routes[i+1:]...)
 		ps.n.Store(int32(len(ps.routes)))
-		return nil
+		// Pools released during the capture close now.
+		var errs []error
+		for _, p := range ps.byID {
+			errs = append(errs, d.closeIfDone(p))
+		}
+		return errors.Join(errs...)
 	}
 	return fmt.Errorf("%w %v: EndPool with no route to the pool on device %d", ErrPool, id, ordinal)
 }
@@ -183,19 +188,27 @@ func (h *Host) ReleasePool(ordinal int, id PoolID) error {
 		return fmt.Errorf("%w %v: ReleasePool of a pool with no use left on device %d", ErrPool, id, ordinal)
 	}
 	p.uses--
-	return ps.closeIfDone(p)
+	return d.closeIfDone(p)
 }
 
-// closeIfDone closes p once it has no use, no route and no live buffer.
-// Called with ps.mu held.
-func (ps *pools) closeIfDone(p *privatePool) error {
-	if p.uses > 0 || p.live.Load() > 0 || ps.byID[p.id] != p {
+// closeIfDone closes p once it has no use, no route and no live buffer:
+// after a synchronize of the device, since a replay of the graph that was
+// released may still run (PyTorch frees a released pool only in
+// empty_cache, after one too). While a capture is underway no synchronize
+// is allowed: the pool waits, and EndPool closes it once the capture ends.
+// Called with d.pools.mu held.
+func (d *Device) closeIfDone(p *privatePool) error {
+	ps := &d.pools
+	if p.uses > 0 || p.live.Load() > 0 || ps.byID[p.id] != p || d.Alloc.Capturing() {
 		return nil
 	}
 	for _, r := range ps.routes {
 		if r.pool == p {
 			return nil
 		}
+	}
+	if err := d.dev.Synchronize(); err != nil {
+		return fmt.Errorf("gpumem: closing private pool %v: waiting for the device: %w", p.id, err)
 	}
 	delete(ps.byID, p.id)
 	if err := p.alloc.Close(); err != nil {
@@ -269,7 +282,7 @@ func (d *Device) freed(p *privatePool) error {
 	}
 	d.pools.mu.Lock()
 	defer d.pools.mu.Unlock()
-	return d.pools.closeIfDone(p)
+	return d.closeIfDone(p)
 }
 
 // poolStats adds the device's private pools' numbers to st: gauges and

@@ -257,3 +257,52 @@ func TestTorchSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPoolClosesAfterCapture: a pool whose last use and buffer go while
+// another graph captures is not closed then (closing synchronizes the
+// device, which would break the capture), but when the capture ends.
+func TestPoolClosesAfterCapture(t *testing.T) {
+	h := newSimHost(t, "")
+	d, _ := h.Device(0)
+	sd := d.dev.(*sim.Device)
+	s1, _ := sd.NewStream()
+	a, b := PoolID{1, 0}, PoolID{2, 0}
+	if err := h.BeginPool(0, b, RouteThread, 0, 9); err != nil {
+		t.Fatal(err)
+	}
+	p, err := h.AllocThread(0, miB, 0, 0, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EndPool(0, b); err != nil {
+		t.Fatal(err)
+	}
+	sd.BeginCapture(s1)
+	if err := h.BeginPool(0, a, RouteCapture, uint64(s1), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ReleasePool(0, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Free(0, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := d.pools.byID[b]; !ok {
+		t.Error("pool b closed during a capture")
+	}
+	if err := sd.EndCapture(s1); err != nil {
+		t.Errorf("the capture was broken: %v", err)
+	}
+	if err := h.EndPool(0, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := d.pools.byID[b]; ok {
+		t.Error("pool b still open after the capture ended")
+	}
+	if err := h.ReleasePool(0, a); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d.pools.byID); n != 0 {
+		t.Errorf("%d pools left", n)
+	}
+}

@@ -101,7 +101,10 @@ class Stats(ctypes.Structure):
         ("fragmentation", ctypes.c_double)] + [
         (name, ctypes.c_uint64) for name in
         ("live_buffers", "allocs", "frees", "device_calls", "ooms", "trims", "limit",
-         "splits", "copies", "copied_bytes", "split_ns")]
+         "splits", "copies", "copied_bytes", "split_ns",
+         # later versions (an older library leaves them 0)
+         "alloc_bytes", "free_bytes", "alloc_requested", "free_requested",
+         "segments", "retries", "device_allocs", "device_frees", "pool_reserved")]
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_}
@@ -142,6 +145,8 @@ _PROTOTYPES = {
 _PROTOTYPES["gpumem_serve"] = (ctypes.c_void_p, [ctypes.c_char_p])
 _PROTOTYPES["gpumem_import_snapshot"] = (_status, [ctypes.c_char_p, ctypes.c_char_p])
 _OPTIONAL = {  # functions of later versions, bound when present
+    "gpumem_history": (_status, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t]),
+    "gpumem_torch_snapshot_json": (ctypes.c_void_p, [ctypes.c_int]),
     "gpumem_pool_begin": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_int]),
     "gpumem_pool_end": (_status, [ctypes.c_int, _u64, _u64]),
     "gpumem_pool_release": (_status, [ctypes.c_int, _u64, _u64]),
@@ -295,6 +300,16 @@ class Library:
         self.check(self._c.gpumem_set_site_callback(callback))
 
     # Private pools (CUDA graphs): pool is PyTorch's MempoolId_t, (hi, lo).
+
+    def history(self, device, enabled, max_entries):
+        """Turns device's memory history on (the latest max_entries
+        allocations and frees) or off."""
+        fn = self._optional("gpumem_history", "memory history")
+        self.check(fn(device, 1 if enabled else 0, max_entries))
+
+    def torch_snapshot_json(self, device=0):
+        """device's memory in PyTorch's snapshot layout, as JSON."""
+        return self._json(self._optional("gpumem_torch_snapshot_json", "snapshots in PyTorch's layout"), device)
 
     def pool_begin(self, device, pool, stream=0, route=POOL_CAPTURE):
         hi, lo = pool

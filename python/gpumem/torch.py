@@ -35,6 +35,13 @@ what PyTorch does not pass to a pluggable allocator by itself:
   torch.compile(mode="reduce-overhead") needs, raise a one-line
   RuntimeError saying so instead of PyTorch's "does not yet support".
 
+- torch.cuda.memory_stats() answers with PyTorch's keys wherever gpumem
+  has the figure, memory_summary() in PyTorch's table layout, and
+  torch.cuda.memory._record_memory_history, _snapshot, _dump_snapshot and
+  memory_snapshot in PyTorch's snapshot format, with Python frames
+  (_torchmem.py): torch.cuda._memory_viz renders it, gpumem import reads
+  it.
+
 record(path) writes a gpumem trace of the code it wraps, for gpumem replay.
 """
 
@@ -47,7 +54,7 @@ import types
 import warnings
 import weakref
 
-from . import _lib, configure
+from . import _lib, _torchmem, configure
 
 __all__ = ["use", "installed", "stats", "trim", "snapshot", "memory_summary", "last_oom", "record"]
 
@@ -123,7 +130,8 @@ def _patch(torch, lib):
         return lib.mem_info(_device(device))
 
     def memory_stats(device=None):
-        return _torch_stats(lib.stats(_device(device)))
+        """PyTorch's keys over gpumem's numbers (patched by gpumem.torch)."""
+        return _torchmem.memory_stats(lib.stats(_device(device)))
 
     def memory_allocated(device=None):
         return lib.stats(_device(device)).active
@@ -141,7 +149,9 @@ def _patch(torch, lib):
         lib.reset_peaks(_device(device))
 
     def summary(device=None, abbreviated=False):
-        return memory_summary(device)
+        """PyTorch's table over gpumem's numbers (patched by gpumem.torch)."""
+        dev = _device(device)
+        return _torchmem.memory_summary(lib.stats(dev), dev, abbreviated)
 
     def record_stream(self, stream):
         """Keeps this tensor's memory from reuse until stream's work up to its
@@ -167,6 +177,47 @@ def _patch(torch, lib):
     _patched[("torch.Tensor", "record_stream")] = torch.Tensor.record_stream
     torch.Tensor.record_stream = record_stream
     _patch_graphs(torch, lib)
+    _patch_history(torch, lib)
+
+
+def _patch_history(torch, lib):
+    """PyTorch's memory history and snapshots, answered by gpumem
+    (_torchmem.History): _record_memory_history, _snapshot, _dump_snapshot,
+    memory_snapshot and torch._C._cuda_isHistoryEnabled."""
+    hist = _state["history"] = _torchmem.History(lib)
+    mem = torch.cuda.memory
+
+    def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                               device=None, clear_history=False, **kwargs):
+        """Records gpumem's allocations and frees for _snapshot (patched by
+        gpumem.torch)."""
+        if _state.get("recording"):
+            raise RuntimeError("gpumem: _record_memory_history while gpumem.torch.record() runs: "
+                               "the two share the call-site hook; end the recording first")
+        hist.record(enabled, context, stacks, max_entries, device, clear_history, **kwargs)
+
+    def _snapshot(device=None, *args, **kwargs):
+        """gpumem's segments and history in PyTorch's snapshot format
+        (patched by gpumem.torch)."""
+        return hist.snapshot(device)
+
+    def _dump_snapshot(filename="dump_snapshot.pickle"):
+        """Pickles _snapshot() to filename (patched by gpumem.torch)."""
+        hist.dump(filename)
+
+    def memory_snapshot(*args, **kwargs):
+        """gpumem's segments in PyTorch's format (patched by gpumem.torch)."""
+        return hist.snapshot()["segments"]
+
+    for module in (mem, torch.cuda):
+        for name, fn in (("_record_memory_history", _record_memory_history), ("_snapshot", _snapshot),
+                         ("_dump_snapshot", _dump_snapshot), ("memory_snapshot", memory_snapshot)):
+            if hasattr(module, name):
+                _patched[(module.__name__, name)] = getattr(module, name)
+                setattr(module, name, fn)
+    if hasattr(torch._C, "_cuda_isHistoryEnabled"):
+        _patched[("torch._C", "_cuda_isHistoryEnabled")] = torch._C._cuda_isHistoryEnabled
+        torch._C._cuda_isHistoryEnabled = lambda *a, **k: bool(hist.on)
 
 
 # --- CUDA graphs -------------------------------------------------------------
@@ -497,28 +548,6 @@ def _patch_pool_calls(torch, lib):
     _replace_all(torch, news)
 
 
-def _torch_stats(s):
-    """gpumem's numbers under torch.cuda.memory_stats()'s keys (those that
-    have a meaning here; "allocated" is PyTorch's: blocks, rounded)."""
-    out = {}
-    for key, cur, peak in [("allocated_bytes", s.active, s.peak_active),
-                           ("active_bytes", s.active, s.peak_active),
-                           ("requested_bytes", s.allocated, s.peak_allocated),
-                           ("reserved_bytes", s.reserved, s.peak_reserved)]:
-        out[f"{key}.all.current"] = cur
-        out[f"{key}.all.peak"] = peak
-    out["inactive_split_bytes.all.current"] = s.cached - s.releasable
-    out["active.all.current"] = s.live_buffers
-    out["allocation.all.allocated"] = s.allocs
-    out["allocation.all.freed"] = s.frees
-    out["num_ooms"] = s.ooms
-    out["num_device_calls"] = s.device_calls
-    out["num_trims"] = s.trims
-    out["fragmentation"] = s.fragmentation
-    out["limit"] = s.limit
-    return dict(sorted(out.items()))
-
-
 def stats(device=None):
     """gpumem's numbers for device (default: the current one), as a dict."""
     return _lib.load().stats(_device(device)).as_dict()
@@ -632,14 +661,20 @@ def record(path, device=None, sites=True):
     lib = _lib.load()
     dev = _device(device)
     if _state["installed"]:
+        hist = _state.get("history")
+        if sites and hist is not None and hist.sites is not None:
+            raise RuntimeError("gpumem: record() while torch.cuda.memory._record_memory_history is on: "
+                               "the two share the call-site hook; turn the history off first")
         lib.record_start(dev, path)
         s = None
         if sites:
             s = _Sites(lib, dev)
             lib.set_site_callback(s.callback)
+        _state["recording"] = _state.get("recording", 0) + 1
         try:
             yield
         finally:
+            _state["recording"] -= 1
             if s is not None:
                 lib.set_site_callback(_lib.SITE_CALLBACK())
             lib.record_stop(dev)

@@ -1,0 +1,220 @@
+"""PyTorch's memory statistics, history and snapshots, answered by gpumem.
+
+gpumem.torch.use() installs these in place of what PyTorch's pluggable
+allocator refuses or answers wrongly:
+
+- memory_stats(): PyTorch's keys wherever gpumem has the figure (the "all"
+  pool: gpumem does not split small and large requests into two pools, so
+  small_pool and large_pool keys are absent, as are keys of figures gpumem
+  does not keep), plus gpumem's own (fragmentation, limit, ...);
+- memory_summary(): PyTorch's table layout over those figures;
+- _record_memory_history(), _snapshot(), _dump_snapshot(): PyTorch's
+  snapshot format (segments with their blocks, and device_traces of alloc,
+  free_requested, free_completed and oom entries), from gpumem's segments
+  and a ring of its latest allocations and frees, each with the Python
+  frames that made it. torch.cuda._memory_viz renders it and `gpumem
+  import` reads it back.
+"""
+
+import json
+import pickle
+import sys
+import threading
+
+_DEPTH = 16  # Python frames kept per call site
+
+
+class Sites:
+    """Interns the Python call sites of allocations: the library calls
+    callback on the allocating thread (ctypes takes the GIL) while a
+    recording or a history is on; each new stack gets an id, its frames in
+    PyTorch's form ({"filename", "line", "name"}, innermost first) and, for
+    a recording, its text through on_new(id, text)."""
+
+    def __init__(self, on_new=None):
+        self.on_new = on_new
+        self.ids = {}
+        self.frames = {0: []}
+        self.lock = threading.Lock()
+
+    def site(self, skip=1):
+        try:
+            frame = sys._getframe(skip + 1)
+            key, frames = [], []
+            while frame is not None and len(frames) < _DEPTH:
+                code = frame.f_code
+                key.append((id(code), frame.f_lineno))
+                frames.append({"filename": code.co_filename, "line": frame.f_lineno, "name": code.co_name})
+                frame = frame.f_back
+            key = tuple(key)
+            with self.lock:
+                site = self.ids.get(key)
+                if site is None:
+                    site = len(self.ids) + 1
+                    self.ids[key] = site
+                    self.frames[site] = frames
+                    if self.on_new is not None:
+                        self.on_new(site, frames)
+            return site
+        except Exception:  # a site never breaks an allocation
+            return 0
+
+
+def site_text(frames):
+    """A call site as a gpumem trace writes it."""
+    if not frames:
+        return "<no Python frame: a C++ thread such as autograd's>"
+    return " < ".join(f"{f['name']} {f['filename']}:{f['line']}" for f in frames)
+
+
+# --- statistics -------------------------------------------------------------
+
+def memory_stats(s):
+    """gpumem's numbers (a _lib.Stats) under torch.cuda.memory_stats()'s
+    keys, sorted as PyTorch sorts them."""
+    out = {}
+
+    def stat(name, current=None, peak=None, allocated=None, freed=None):
+        for key, v in (("current", current), ("peak", peak), ("allocated", allocated), ("freed", freed)):
+            if v is not None:
+                out[f"{name}.all.{key}"] = int(v)
+
+    # PyTorch's allocated and active bytes are its blocks' (requests
+    # rounded): gpumem's active; requested_bytes are the requests.
+    stat("allocated_bytes", s.active, s.peak_active, s.alloc_bytes, s.free_bytes)
+    stat("active_bytes", s.active, s.peak_active, s.alloc_bytes, s.free_bytes)
+    stat("requested_bytes", s.allocated, s.peak_allocated, s.alloc_requested, s.free_requested)
+    stat("reserved_bytes", s.reserved, s.peak_reserved)
+    stat("inactive_split_bytes", s.cached - min(s.releasable, s.cached))
+    stat("allocation", s.live_buffers, None, s.allocs, s.frees)
+    stat("active", s.live_buffers, None, s.allocs, s.frees)
+    stat("segment", s.segments, None, s.device_allocs, s.device_frees)
+    out["num_alloc_retries"] = s.retries
+    out["num_ooms"] = s.ooms
+    out["num_device_alloc"] = s.device_allocs
+    out["num_device_free"] = s.device_frees
+    # gpumem's own.
+    out["num_device_calls"] = s.device_calls
+    out["num_trims"] = s.trims
+    out["fragmentation"] = s.fragmentation
+    out["limit"] = s.limit
+    out["graph_pool_reserved_bytes"] = s.pool_reserved
+    return dict(sorted(out.items()))
+
+
+def _fmt_bytes(n):
+    # PyTorch's memory_summary format (_format_size).
+    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 * 1024 or unit == "TiB":
+            return f"{n:6d} {unit}"
+        n //= 1024
+
+
+def _fmt_count(n):
+    for unit in (" ", "K", "M"):
+        if abs(n) < 1000 * 1000 or unit == "M":
+            return f"{n:8d} {unit}"
+        n //= 1000
+
+
+def memory_summary(s, device, abbreviated=False):
+    """torch.cuda.memory_summary()'s table over gpumem's figures: the
+    rows PyTorch prints for all requests (gpumem keeps no small/large
+    split), a blank cell where gpumem keeps no such figure."""
+    st = memory_stats(s)
+    width = 75
+    rule, thick = "|" + "-" * width + "|", "|" + "=" * width + "|"
+    lines = [thick, "|{:^75}|".format(f"gpumem CUDA memory summary, device ID {device}"), rule,
+             "|{:^37}|{:^37}|".format(f"CUDA OOMs: {s.ooms}", f"allocation retries: {s.retries}"), thick,
+             "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |", rule]
+    rows = [("Allocated memory", "allocated_bytes", _fmt_bytes), ("Active memory", "active_bytes", _fmt_bytes),
+            ("Requested memory", "requested_bytes", _fmt_bytes), ("GPU reserved memory", "reserved_bytes", _fmt_bytes),
+            ("Non-releasable memory", "inactive_split_bytes", _fmt_bytes), ("Allocations", "allocation", _fmt_count),
+            ("Active allocs", "active", _fmt_count), ("GPU reserved segments", "segment", _fmt_count)]
+    for title, name, fmt in rows:
+        cells = []
+        for key in ("current", "peak", "allocated", "freed"):
+            v = st.get(f"{name}.all.{key}")
+            cells.append(" " * 10 if v is None else fmt(v))
+        lines.append("| {:<21} | {} |".format(title, " | ".join(cells)))
+        lines.append(rule)
+    for text in (f" Fragmentation {100 * s.fragmentation:.1f}%; limit {s.limit} bytes; {s.device_calls} driver calls",
+                 f" CUDA graphs' pools hold {s.pool_reserved} bytes (in the figures above)"):
+        lines.append("|{:<75}|".format(text[:75]))
+    lines.append(thick)
+    return "\n".join(lines) + "\n"
+
+
+# --- history and snapshots --------------------------------------------------
+
+class History:
+    """PyTorch's memory history under gpumem: which devices record, and
+    the call sites (shared with gpumem.torch.record: one site callback)."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        self.on = {}  # device -> "all" or "state"
+        self.sites = None
+
+    def record(self, enabled="all", context="all", stacks="all", max_entries=sys.maxsize, device=None,
+               clear_history=False, **ignored):
+        """torch.cuda.memory._record_memory_history: enabled None (off),
+        "state" (blocks keep their sites) or "all" (also the trace of
+        allocations and frees, the latest max_entries); context None
+        records no frames; stacks "python" and "all" both give Python
+        frames (gpumem sees no C++ stack)."""
+        import torch
+        if enabled is True:
+            enabled = "all"
+        if enabled not in (None, False, "state", "all"):
+            raise ValueError(f"gpumem: _record_memory_history(enabled={enabled!r}): want None, 'state' or 'all'")
+        dev = torch.cuda._utils._get_device_index(device, optional=True)
+        if not enabled:
+            self.lib.history(dev, False, 0)
+            self.on.pop(dev, None)
+        else:
+            if clear_history or dev not in self.on:
+                self.lib.history(dev, True, max(1, min(int(max_entries), 1 << 31)))
+            self.on[dev] = enabled
+        self._callback(context is not None and bool(self.on))
+
+    def _callback(self, want):
+        from . import _lib
+        if want and self.sites is None:
+            self.sites = Sites()
+            self._c = _lib.SITE_CALLBACK(lambda device: self.sites.site() if self.sites is not None else 0)
+            self.lib.set_site_callback(self._c)
+        elif not want and self.sites is not None:
+            self.lib.set_site_callback(_lib.SITE_CALLBACK())
+            self.sites = None
+
+    def frames(self, site):
+        s = self.sites
+        return list(s.frames.get(site, [])) if s is not None else []
+
+    def snapshot(self, device=None):
+        """torch.cuda.memory._snapshot: every device's segments, and the
+        traces of the devices whose history is on ("all")."""
+        import torch
+        n = torch.cuda.device_count()
+        segments, traces = [], []
+        for dev in range(n):
+            snap = json.loads(self.lib.torch_snapshot_json(dev))
+            for seg in snap["segments"]:
+                seg["segment_pool_id"] = tuple(seg["segment_pool_id"])
+                seg["frames"] = []
+                for b in seg["blocks"]:
+                    b["frames"] = self.frames(b.pop("site"))
+                segments.append(seg)
+            trace = []
+            if self.on.get(dev) == "all":
+                for e in snap["device_traces"][0]:
+                    e["frames"] = self.frames(e.pop("site"))
+                    trace.append(e)
+            traces.append(trace)
+        return {"segments": segments, "device_traces": traces}
+
+    def dump(self, filename="dump_snapshot.pickle"):
+        """torch.cuda.memory._dump_snapshot."""
+        with open(filename, "wb") as f:
+            pickle.dump(self.snapshot(), f)

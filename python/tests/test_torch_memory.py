@@ -1,0 +1,157 @@
+"""PyTorch's memory statistics, history and snapshots under gpumem: the
+keys and table of memory_stats and memory_summary, and
+_record_memory_history / _snapshot / _dump_snapshot in PyTorch's format,
+which torch.cuda._memory_viz renders and `gpumem import` reads back.
+
+The GPU tests run one script under gpumem and under PyTorch's allocator
+(each in its own process) and assert the same properties of both. The
+tests at the top need no GPU."""
+
+import json
+import os
+import textwrap
+
+from conftest import needs_gpu, needs_library, run
+
+SIM = "device=sim,capacity=4GiB,check=true"
+
+
+class _Stats:
+    def __init__(self, **kw):
+        for k in ("allocated", "peak_allocated", "active", "peak_active", "reserved", "peak_reserved",
+                  "cached", "releasable", "live_buffers", "allocs", "frees", "device_calls", "ooms", "trims",
+                  "limit", "alloc_bytes", "free_bytes", "alloc_requested", "free_requested", "segments",
+                  "retries", "device_allocs", "device_frees", "pool_reserved"):
+            setattr(self, k, kw.get(k, 0))
+        self.fragmentation = kw.get("fragmentation", 0.0)
+
+
+def test_memory_stats_keys_and_summary():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from gpumem import _torchmem
+    s = _Stats(active=3 << 20, peak_active=5 << 20, allocated=3 << 20, alloc_bytes=9 << 20, free_bytes=6 << 20,
+               alloc_requested=8 << 20, free_requested=5 << 20, reserved=4 << 20, peak_reserved=6 << 20,
+               cached=1 << 20, live_buffers=3, allocs=10, frees=7, segments=2, ooms=1, retries=1)
+    st = _torchmem.memory_stats(s)
+    # The keys tools read, with gpumem's figures.
+    assert st["active_bytes.all.allocated"] == 9 << 20 and st["active_bytes.all.freed"] == 6 << 20
+    assert st["allocated_bytes.all.current"] == 3 << 20 and st["allocated_bytes.all.peak"] == 5 << 20
+    assert st["requested_bytes.all.allocated"] - st["requested_bytes.all.freed"] == st["requested_bytes.all.current"]
+    assert st["reserved_bytes.all.current"] == 4 << 20 and st["allocation.all.current"] == 3
+    assert st["num_ooms"] == 1 and st["num_alloc_retries"] == 1 and st["segment.all.current"] == 2
+    # No figure gpumem does not keep is made up.
+    assert not any(".small_pool." in k or ".large_pool." in k for k in st)
+    assert list(st) == sorted(st)
+    table = _torchmem.memory_summary(s, 0)
+    lines = table.splitlines()
+    assert lines[0].startswith("|====") and "CUDA OOMs: 1" in table
+    assert all(len(line) == 77 for line in lines), [len(line) for line in lines]
+    row = next(line for line in lines if line.startswith("| Allocated memory"))
+    assert row.split("|")[2].strip() == "3072 KiB" and row.split("|")[4].strip() == "9216 KiB", row
+
+
+@needs_library
+def test_history_and_snapshot_on_the_simulated_device():
+    """The library's history and PyTorch-layout snapshot, without torch:
+    live buffers are active_allocated blocks, the trace lists allocations
+    and frees in order, with the sites the callback gave."""
+    p = run("""
+        import json, gpumem
+        from gpumem import _lib
+        lib = gpumem.library()
+        lib.history(0, True, 100)
+        sites = iter(range(1, 100))
+        cb = _lib.SITE_CALLBACK(lambda device: next(sites))
+        lib.set_site_callback(cb)
+        lib._c.gpumem_record_start  # present
+        a = [lib.allocate(n << 20) for n in (1, 2, 3)]
+        lib.deallocate(a[1])
+        snap = json.loads(lib.torch_snapshot_json(0))
+        blocks = {b["address"]: b for seg in snap["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"}
+        print("live", sorted(blocks) == sorted([a[0], a[2]]))
+        print("trace", [(e["action"], e["size"]) for e in snap["device_traces"][0]])
+        lib.history(0, False, 0)
+    """, config=SIM)
+    lines = p.stdout.splitlines()
+    assert lines[0] == "live True", p.stdout
+    # gpumem_alloc asks for a site only when called through the C entry
+    # point with a recording or history on; gpumem_allocate does not.
+    assert lines[1] == "trace " + str([("alloc", 1 << 20), ("alloc", 2 << 20), ("alloc", 3 << 20),
+                                       ("free_requested", 2 << 20), ("free_completed", 2 << 20)]), p.stdout
+
+
+SCRIPT = r"""
+import json, os, pickle, sys, tempfile
+import torch
+if os.environ["ALLOCATOR"] == "gpumem":
+    import gpumem.torch
+    gpumem.torch.use()
+dev = torch.device("cuda")
+torch.cuda.memory._record_memory_history(max_entries=100000)
+
+def make(n):
+    return torch.empty(n, dtype=torch.uint8, device=dev)
+
+keep = [make(n << 20) for n in (1, 3, 5)]
+gone = make(7 << 20)
+del gone
+snap = torch.cuda.memory._snapshot()
+out = {}
+blocks = {}
+for seg in snap["segments"]:
+    for b in seg["blocks"]:
+        blocks[b["address"]] = b
+        assert seg["address"] <= b["address"] and b["address"] + b["size"] <= seg["address"] + seg["total_size"]
+out["live_found"] = all(blocks.get(t.data_ptr(), {}).get("state") == "active_allocated" for t in keep)
+frames = blocks.get(keep[1].data_ptr(), {}).get("frames", [])
+out["frames_name_make"] = any(f.get("name") == "make" for f in frames)
+trace = snap["device_traces"][torch.cuda.current_device()]
+sizes = [e["size"] for e in trace if e["action"] == "alloc"]
+out["allocs_traced"] = all(n << 20 in sizes for n in (1, 3, 5, 7))
+out["free_traced"] = any(e["action"] == "free_requested" and e["size"] == 7 << 20 for e in trace)
+out["trace_frames"] = any(f.get("name") == "make" for e in trace if e["action"] == "alloc" for f in e["frames"])
+path = os.path.join(tempfile.mkdtemp(), "snap.pickle")
+torch.cuda.memory._dump_snapshot(path)
+with open(path, "rb") as f:
+    again = pickle.load(f)
+out["dump_loads"] = len(again["segments"]) == len(snap["segments"])
+from torch.cuda import _memory_viz
+out["viz_trace"] = len(_memory_viz.trace_plot(again)) > 1000
+out["viz_segments"] = len(_memory_viz.segment_plot(again)) > 1000
+out["history_enabled"] = bool(torch._C._cuda_isHistoryEnabled()) if hasattr(torch._C, "_cuda_isHistoryEnabled") else True
+torch.cuda.memory._record_memory_history(enabled=None)
+st = torch.cuda.memory_stats()
+out["stats_keys"] = all(k in st for k in ("active_bytes.all.allocated", "active_bytes.all.freed", "allocated_bytes.all.current",
+                                          "reserved_bytes.all.current", "requested_bytes.all.current", "num_ooms"))
+out["stats_active"] = st["allocated_bytes.all.current"] == torch.cuda.memory_allocated()
+out["summary"] = torch.cuda.memory_summary().startswith("|====")
+out["pickle"] = path
+print("RESULT " + json.dumps(out))
+"""
+
+
+@needs_library
+@needs_gpu
+def test_history_snapshot_viz_and_import():
+    results = {}
+    for allocator in ("gpumem", "torch"):
+        p = run(SCRIPT, env={"ALLOCATOR": allocator}, check=False)
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+        results[allocator] = json.loads(line[-1][7:])
+    for allocator, r in results.items():
+        bad = [k for k, v in r.items() if v is False]
+        assert not bad, (allocator, bad, r)
+    # gpumem import reads gpumem's snapshot back: a trace with the four
+    # allocations and the free.
+    trace = results["gpumem"]["pickle"] + ".trace"
+    p = run(f"""
+        import gpumem
+        gpumem.library().import_snapshot({results["gpumem"]["pickle"]!r}, {trace!r})
+    """, config=SIM)
+    with open(trace) as f:
+        lines = f.read().splitlines()
+    sizes = [int(l.split()[2]) for l in lines if l.startswith("a ")]
+    assert all(n << 20 in sizes for n in (1, 3, 5, 7)), lines[:20]
+    assert any(l.startswith("f ") for l in lines), lines[:20]
