@@ -13,7 +13,11 @@
 #                                   over PASSES=10 passes in a row, gpumem
 #                                   and PyTorch's allocators), python (the
 #                                   Python package's tests, PyTorch and
-#                                   CuPy on gpumem) and train (real
+#                                   CuPy on gpumem), wheel (the wheel
+#                                   in a fresh venv: a PyTorch and a JAX
+#                                   program from it), torchtests
+#                                   (PyTorch's test_cuda.py under each
+#                                   allocator: bench/torchtests) and train (real
 #                                   training under each allocator:
 #                                   bench/train; PROGRAMS=a,b for some).
 #
@@ -38,6 +42,8 @@ build() {
 	go test -c "${ld[@]}" -o "$bin/gpumem_pkg.test" .
 	go build "${ld[@]}" -o "$bin/gpumem" ./cmd/gpumem
 	scripts/lib.sh # build/libgpumem.so and its copy in python/gpumem/ (cgo)
+	rm -f "$bin"/gpumem-*.whl
+	scripts/wheel.sh "$bin" # the wheel (libgpumem.so, the shim, the command) for the wheel part
 	git describe --always --dirty >"$bin/COMMIT" 2>/dev/null || true
 	ls -l "$bin"
 }
@@ -48,6 +54,16 @@ run() {
 	local parts=("$@")
 	[ ${#parts[@]} -eq 0 ] && parts=(tests cost cpubench replay peers table)
 	export GPUMEM_REQUIRE_GPU=1
+	# The library the Python parts load: the checkout's if built there,
+	# else the one the wheel part installed (so only the wheel need be
+	# carried).
+	use_wheel_library() {
+		[ -n "${GPUMEM_LIBRARY:-}" ] || [ -f python/gpumem/libgpumem.so ] && return
+		local lib
+		lib=$(ls "${TMPDIR:-/tmp}"/gpumem-wheel-venv/lib/python*/site-packages/gpumem/libgpumem.so 2>/dev/null | head -1)
+		[ -n "$lib" ] && export GPUMEM_LIBRARY=$lib
+		return 0
+	}
 	# Times are medians of this many runs (gpumem and the C++ peers): one
 	# pass on this machine varies by tens of percent.
 	local repeat=${REPEAT:-5}
@@ -100,11 +116,46 @@ run() {
 			rm -f "$out/peers_table.md"
 			;;
 		python)
+			use_wheel_library
 			{
 				machine
+				echo "library: ${GPUMEM_LIBRARY:-python/gpumem/libgpumem.so}"
 				python3 -m pytest -v -rs python/tests 2>&1
 			} >"$out/python.log" 2>&1 || true
 			tail -1 "$out/python.log" >&2
+			;;
+		wheel)
+			# The wheel alone, as a user without Go installs it: a fresh
+			# venv (system site packages: PyTorch, JAX), pip with no index,
+			# then a PyTorch program under gpumem.torch.use() and a JAX
+			# program under gpumem run, both run from outside the checkout.
+			{
+				machine
+				local venv=${TMPDIR:-/tmp}/gpumem-wheel-venv here=$PWD
+				rm -rf "$venv"
+				python3 -m venv --system-site-packages "$venv"
+				# PyTorch and JAX where the machine's python3 finds them but
+				# a venv would not (a user site or PYTHONPATH): named in a
+				# .pth file of the venv, said here.
+				local m dir site
+				site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+				for m in torch jax; do
+					"$venv/bin/python" -c "import $m" 2>/dev/null && continue
+					dir=$(python3 -c "import $m, os; print(os.path.dirname(os.path.dirname($m.__file__)))" 2>/dev/null) || continue
+					echo "$dir" >>"$site/machine-packages.pth"
+					echo "venv: $m from $dir (not a system site package of python3)"
+				done
+				"$venv/bin/pip" install --no-index --no-deps "$bin"/gpumem-*.whl
+				(cd "$venv" && "$venv/bin/gpumem" --help | head -3 && "$venv/bin/python" -m gpumem version)
+				(cd "$venv" && "$venv/bin/python" "$here/bench/wheel/torch_train.py") || echo "FAIL: torch_train.py"
+				(cd "$venv" && "$venv/bin/gpumem" run -- "$venv/bin/python" "$here/bench/wheel/jax_train.py") || echo "FAIL: jax_train.py"
+			} >"$out/wheel.log" 2>&1 || true
+			grep -E '^(ok|FAIL)' "$out/wheel.log" >&2 || true
+			;;
+		torchtests)
+			use_wheel_library
+			OUT="$out/torchtests" bash bench/torchtests/run.sh >"$out/torchtests.log" 2>&1 || true
+			tail -30 "$out/torchtests.log" >&2
 			;;
 		train)
 			local progs=()

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p build
-CGO_ENABLED=1 go build -buildmode=c-shared -trimpath -o build/libgpumem.so ./clib
+CGO_ENABLED=1 go build -buildmode=c-shared -trimpath -ldflags="-s -w" -o build/libgpumem.so ./clib
 rm -f build/libgpumem.h # cgo's generated header; users include clib/gpumem.h
 cp clib/gpumem.h build/gpumem.h
 cc -O2 -Wall -fPIC -shared -o build/libgpumem_preload.so shim/c/preload.c -ldl -lpthread

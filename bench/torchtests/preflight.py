@@ -53,6 +53,8 @@ def main():
         print(f"preflight: this interpreter does not have the {want} allocator as asked", file=sys.stderr)
         return 1
     if len(sys.argv) > 2:
+        import compat
+        compat.apply()
         return import_test_file(sys.argv[2])
     return 0
 

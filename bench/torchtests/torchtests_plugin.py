@@ -188,4 +188,6 @@ class TorchTestsPlugin:
 
 
 def pytest_configure(config):
+    import compat  # bench/torchtests, on PYTHONPATH
+    compat.apply()
     config.pluginmanager.register(TorchTestsPlugin(config), "torchtests-plugin")

@@ -223,9 +223,16 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 		}
 	}
 	buf, err := a.Alloc(size, device.Stream(stream))
+	if errors.Is(err, gpumem.ErrOutOfMemory) {
+		// Freeable graph pools go back before an out-of-memory, as
+		// PyTorch's do (pools.go).
+		if closed, cerr := d.closeFreeable(); closed && cerr == nil {
+			buf, err = a.Alloc(size, device.Stream(stream))
+		}
+	}
 	if err != nil {
 		if pool != nil {
-			err = errors.Join(err, d.freed(pool))
+			d.freed(pool)
 		}
 		if hs := d.hist.Load(); hs != nil && errors.Is(err, gpumem.ErrOutOfMemory) {
 			hs.add("oom", 0, size, stream, site)
@@ -274,7 +281,9 @@ func (d *Device) free(e entry) error {
 		hs.add("free_completed", p, n, 0, e.site)
 	}
 	if e.pool != nil {
-		return errors.Join(e.pool.alloc.Free(e.buf), d.freed(e.pool))
+		err := e.pool.alloc.Free(e.buf)
+		d.freed(e.pool)
+		return err
 	}
 	return d.Alloc.Free(e.buf)
 }
@@ -351,12 +360,14 @@ func (h *Host) RecordStream(ordinal int, ptr, stream uint64) error {
 }
 
 // Trim returns every cached byte of device ordinal (-1: of every device)
-// to the driver.
+// to the driver, and the memory of the private pools that are freeable
+// (pools.go).
 func (h *Host) Trim(ordinal int) error {
 	var errs []error
 	for _, d := range h.Devices() {
 		if ordinal < 0 || d.Ordinal == ordinal {
-			errs = append(errs, d.Alloc.Trim())
+			_, err := d.closeFreeable() // released graph pools (pools.go)
+			errs = append(errs, err, d.Alloc.Trim())
 		}
 	}
 	return errors.Join(errs...)

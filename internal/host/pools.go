@@ -31,8 +31,13 @@ import (
 // (gpumem.Allocator.BeginCapture), until EndPool.
 //
 // A pool counts its uses: BeginPool adds one, ReleasePool takes one. Once
-// no use is left and its last buffer is freed, it is closed and its memory
-// goes back to the driver.
+// no use is left and its last buffer is freed, it is freeable: its memory
+// goes back to the driver at the next Trim (torch.cuda.empty_cache) or
+// when an allocation would otherwise run out of memory, as PyTorch frees
+// its freeable graph pools. Not sooner: a graph captured later may still
+// use a buffer of the pool that was freed during its capture (PyTorch's
+// own test_graph_capture_reset_recapture does), and a replay may still
+// run.
 //
 // Invariants, under pools.mu: n == len(routes); every route's pool is in
 // byID; a pool with uses == 0 and live == 0 is not in byID (closed).
@@ -158,12 +163,7 @@ func (h *Host) EndPool(ordinal int, id PoolID) error {
 		}
 		ps.routes = append(ps.routes[:i], ps.routes[i+1:]...)
 		ps.n.Store(int32(len(ps.routes)))
-		// Pools released during the capture close now.
-		var errs []error
-		for _, p := range ps.byID {
-			errs = append(errs, d.closeIfDone(p))
-		}
-		return errors.Join(errs...)
+		return nil
 	}
 	return fmt.Errorf("%w %v: EndPool with no route to the pool on device %d", ErrPool, id, ordinal)
 }
@@ -188,33 +188,52 @@ func (h *Host) ReleasePool(ordinal int, id PoolID) error {
 		return fmt.Errorf("%w %v: ReleasePool of a pool with no use left on device %d", ErrPool, id, ordinal)
 	}
 	p.uses--
-	return d.closeIfDone(p)
+	return nil
 }
 
-// closeIfDone closes p once it has no use, no route and no live buffer:
-// after a synchronize of the device, since a replay of the graph that was
-// released may still run (PyTorch frees a released pool only in
-// empty_cache, after one too). While a capture is underway no synchronize
-// is allowed: the pool waits, and EndPool closes it once the capture ends.
+// freeable reports whether p has no use, no route and no live buffer.
 // Called with d.pools.mu held.
-func (d *Device) closeIfDone(p *privatePool) error {
-	ps := &d.pools
-	if p.uses > 0 || p.live.Load() > 0 || ps.byID[p.id] != p || d.Alloc.Capturing() {
-		return nil
+func (d *Device) freeable(p *privatePool) bool {
+	if p.uses > 0 || p.live.Load() > 0 {
+		return false
 	}
-	for _, r := range ps.routes {
+	for _, r := range d.pools.routes {
 		if r.pool == p {
-			return nil
+			return false
 		}
 	}
+	return true
+}
+
+// closeFreeable closes the freeable pools, giving their memory back, after
+// a synchronize of the device (a replay of a released graph may still
+// run; PyTorch synchronizes before it frees them too), and reports whether
+// it closed any. While a capture is underway it closes none: a synchronize
+// would break the capture.
+func (d *Device) closeFreeable() (bool, error) {
+	ps := &d.pools
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var done []*privatePool
+	for _, p := range ps.byID {
+		if d.freeable(p) {
+			done = append(done, p)
+		}
+	}
+	if len(done) == 0 || d.Alloc.Capturing() {
+		return false, nil
+	}
 	if err := d.dev.Synchronize(); err != nil {
-		return fmt.Errorf("gpumem: closing private pool %v: waiting for the device: %w", p.id, err)
+		return false, fmt.Errorf("gpumem: closing private pools: waiting for the device: %w", err)
 	}
-	delete(ps.byID, p.id)
-	if err := p.alloc.Close(); err != nil {
-		return fmt.Errorf("gpumem: closing private pool %v: %w", p.id, err)
+	var errs []error
+	for _, p := range done {
+		delete(ps.byID, p.id)
+		if err := p.alloc.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("gpumem: closing private pool %v: %w", p.id, err))
+		}
 	}
-	return nil
+	return true, errors.Join(errs...)
 }
 
 // PoolLive lists the addresses of pool id's live buffers on device
@@ -274,16 +293,8 @@ func (r *route) matches(stream, thread uint64, capturing bool, cid uint64) bool 
 	return false
 }
 
-// freed notes that a buffer of p was freed, closing p if it was the last
-// and p has no use left.
-func (d *Device) freed(p *privatePool) error {
-	if p.live.Add(-1) > 0 {
-		return nil
-	}
-	d.pools.mu.Lock()
-	defer d.pools.mu.Unlock()
-	return d.closeIfDone(p)
-}
+// freed notes that a buffer of p was freed.
+func (d *Device) freed(p *privatePool) { p.live.Add(-1) }
 
 // poolStats adds the device's private pools' numbers to st: gauges and
 // counters add up; each peak adds the pools' own peaks, an upper bound of

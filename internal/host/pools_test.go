@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/sim"
 )
 
@@ -103,16 +104,18 @@ func TestPoolKeepsGraphMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	free(out)
-	if len(d.pools.byID) != 1 {
-		t.Errorf("the pool closed with a buffer still live")
-	}
 	free(side)
-	if n := len(d.pools.byID); n != 0 {
-		t.Errorf("%d pools left after the release and the last free, want 0", n)
+	// Freeable now, not closed: a graph captured later may still use a
+	// buffer freed in its capture; the next trim gives it back.
+	if n := len(d.pools.byID); n != 1 {
+		t.Errorf("%d pools after the release and the last free, want the freeable one kept", n)
 	}
 	free(outside)
 	if err := h.Trim(0); err != nil {
 		t.Fatal(err)
+	}
+	if n := len(d.pools.byID); n != 0 {
+		t.Errorf("%d pools left after a trim, want 0", n)
 	}
 	if st, _ := h.Stats(0); st.Reserved != 0 {
 		t.Errorf("%d bytes held after every free and a trim", st.Reserved)
@@ -174,6 +177,9 @@ func TestPoolRoutes(t *testing.T) {
 		if err := h.Free(0, p); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
 	}
 	d, _ := h.Device(0)
 	if n := len(d.pools.byID); n != 0 {
@@ -258,11 +264,12 @@ func TestTorchSnapshot(t *testing.T) {
 	}
 }
 
-// TestPoolClosesAfterCapture: a pool whose last use and buffer go while
-// another graph captures is not closed then (closing synchronizes the
-// device, which would break the capture), but when the capture ends.
-func TestPoolClosesAfterCapture(t *testing.T) {
-	h := newSimHost(t, "")
+// TestFreeablePools: a pool released with its buffers freed is given back
+// by a trim, but not while another graph captures (the synchronize would
+// break the capture), nor sooner (a later capture may use a buffer it
+// freed); and an allocation that would run out of memory gets it first.
+func TestFreeablePools(t *testing.T) {
+	h := newSimHost(t, "limit=256MiB")
 	d, _ := h.Device(0)
 	sd := d.dev.(*sim.Device)
 	s1, _ := sd.NewStream()
@@ -270,7 +277,7 @@ func TestPoolClosesAfterCapture(t *testing.T) {
 	if err := h.BeginPool(0, b, RouteThread, 0, 9); err != nil {
 		t.Fatal(err)
 	}
-	p, err := h.AllocThread(0, miB, 0, 0, 9)
+	p, err := h.AllocThread(0, 160*miB, 0, 0, 9)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,6 +294,9 @@ func TestPoolClosesAfterCapture(t *testing.T) {
 	if err := h.Free(0, p); err != nil {
 		t.Fatal(err)
 	}
+	if err := h.Trim(0); !errors.Is(err, device.ErrCapturing) {
+		t.Errorf("Trim during a capture: %v, want ErrCapturing", err)
+	}
 	if _, ok := d.pools.byID[b]; !ok {
 		t.Error("pool b closed during a capture")
 	}
@@ -296,10 +306,24 @@ func TestPoolClosesAfterCapture(t *testing.T) {
 	if err := h.EndPool(0, a); err != nil {
 		t.Fatal(err)
 	}
+	if _, ok := d.pools.byID[b]; !ok {
+		t.Error("pool b closed before a trim or a shortage")
+	}
+	// 160 MiB of the 256 MiB limit are b's: a 200 MiB request gets them.
+	q, err := h.Alloc(0, 200*miB, 0, 0)
+	if err != nil {
+		t.Fatalf("200 MiB with a freeable pool holding 160 of the 256 MiB limit: %v", err)
+	}
 	if _, ok := d.pools.byID[b]; ok {
-		t.Error("pool b still open after the capture ended")
+		t.Error("pool b still open after the shortage")
+	}
+	if err := h.Free(0, q); err != nil {
+		t.Fatal(err)
 	}
 	if err := h.ReleasePool(0, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Trim(0); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(d.pools.byID); n != 0 {

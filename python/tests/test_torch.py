@@ -31,7 +31,8 @@ def test_train_and_give_back():
         assert torch.cuda.memory_allocated() == s["active"]
         assert torch.cuda.max_memory_reserved() == s["peak_reserved"] >= s["reserved"]
         assert torch.cuda.memory_stats()["reserved_bytes.all.current"] == s["reserved"]
-        assert "gpumem memory summary" in torch.cuda.memory_summary()
+        table = torch.cuda.memory_summary()  # PyTorch's table layout, gpumem's figures
+        assert table.startswith("|====") and "gpumem CUDA memory summary" in table, table
         free1, total1 = torch.cuda.mem_get_info()
         assert total1 == total0 and free1 <= free0
         del model, opt, loss
