@@ -96,7 +96,7 @@ EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 	}
 	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, site, route_thread());
 	if (st != GPUMEM_SUCCESS && gpumem_torch_enabled())
-		gpumem_torch_raise(st, gpumem_last_error()); /* does not return */
+		gpumem_torch_raise(st, gpumem_last_error(), size, device); /* does not return */
 	return (void *)p;
 }
 

@@ -13,6 +13,10 @@ void gpumem_set_error(gpumem_status status, const char *msg, size_t n, const gpu
 /* torch_errors.c: whether PyTorch's exceptions were enabled, and the raise
  * itself, which does not return. */
 int gpumem_torch_enabled(void);
-void gpumem_torch_raise(gpumem_status status, const char *msg);
+/* The raise, for an allocation of size bytes on device that failed with
+ * status: out-of-memory (and an absurd size, as PyTorch's allocator) as
+ * c10::OutOfMemoryError with PyTorch's words first, anything else as
+ * c10::Error. */
+void gpumem_torch_raise(gpumem_status status, const char *msg, size_t size, int device);
 
 #endif

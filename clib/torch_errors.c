@@ -126,15 +126,26 @@ static void torch_oom_message(char *out, size_t n, const gpumem_oom *o, const ch
 	         req, o->device, total, free_, active, cached, verdict);
 }
 
-void gpumem_torch_raise(gpumem_status status, const char *verdict) {
-	if (status != GPUMEM_ERROR_OUT_OF_MEMORY) {
-		cxx.check_fail("gpumem_alloc", "gpumem", 0, verdict); /* throws c10::Error */
-		return;
-	}
+void gpumem_torch_raise(gpumem_status status, const char *verdict, size_t size, int device) {
 	char msg[3072];
 	gpumem_oom o;
-	gpumem_last_oom(&o, sizeof o);
-	torch_oom_message(msg, sizeof msg, &o, verdict);
+	if (status == GPUMEM_ERROR_INVALID_VALUE && size > 0 && strstr(verdict, "invalid size")) {
+		/* A size beyond anything the device could hold: PyTorch's own
+		 * allocator calls that an out-of-memory, and so do its tests. */
+		char copy[2048];
+		snprintf(copy, sizeof copy, "%s", verdict);
+		memset(&o, 0, sizeof o);
+		o.requested = size;
+		o.device = device;
+		gpumem_mem_info(device, &o.device_free, &o.total);
+		torch_oom_message(msg, sizeof msg, &o, copy);
+	} else if (status != GPUMEM_ERROR_OUT_OF_MEMORY) {
+		cxx.check_fail("gpumem_alloc", "gpumem", 0, verdict); /* throws c10::Error */
+		return;
+	} else {
+		gpumem_last_oom(&o, sizeof o);
+		torch_oom_message(msg, sizeof msg, &o, verdict);
+	}
 	size_t n = strlen(msg);
 	cxx_string s;
 	s.p = cxx.op_new(n + 1);

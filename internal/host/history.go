@@ -137,6 +137,9 @@ func (h *Host) TorchSnapshot(ordinal int) TorchSnapshot {
 		out.Segments = append(out.Segments, torchSegments(p.alloc.Snapshot(), ordinal, [2]uint64{id.Hi, id.Lo}, sites)...)
 	}
 	d.pools.mu.Unlock()
+	if out.Segments == nil {
+		out.Segments = []TorchSegment{} // JSON [] rather than null
+	}
 	sort.Slice(out.Segments, func(i, j int) bool { return out.Segments[i].Address < out.Segments[j].Address })
 	if hs := d.hist.Load(); hs != nil {
 		out.DeviceTraces[0] = hs.entries()

@@ -69,9 +69,15 @@ def site_text(frames):
 
 # --- statistics -------------------------------------------------------------
 
-def memory_stats(s):
+def _accumulated(key):
+    """Whether key is an accumulated figure (reset_accumulated_memory_stats)."""
+    return key.endswith((".allocated", ".freed")) or key.startswith("num_")
+
+
+def memory_stats(s, base=None):
     """gpumem's numbers (a _lib.Stats) under torch.cuda.memory_stats()'s
-    keys, sorted as PyTorch sorts them."""
+    keys, sorted as PyTorch sorts them; base is the figures at the last
+    reset_accumulated_memory_stats, which the accumulated ones count from."""
     out = {}
 
     def stat(name, current=None, peak=None, allocated=None, freed=None):
@@ -99,6 +105,9 @@ def memory_stats(s):
     out["fragmentation"] = s.fragmentation
     out["limit"] = s.limit
     out["graph_pool_reserved_bytes"] = s.pool_reserved
+    for k, v in (base or {}).items():
+        if _accumulated(k) and k in out:
+            out[k] -= v
     return dict(sorted(out.items()))
 
 
@@ -117,11 +126,11 @@ def _fmt_count(n):
         n //= 1000
 
 
-def memory_summary(s, device, abbreviated=False):
+def memory_summary(s, device, abbreviated=False, base=None):
     """torch.cuda.memory_summary()'s table over gpumem's figures: the
     rows PyTorch prints for all requests (gpumem keeps no small/large
     split), a blank cell where gpumem keeps no such figure."""
-    st = memory_stats(s)
+    st = memory_stats(s, base)
     width = 75
     rule, thick = "|" + "-" * width + "|", "|" + "=" * width + "|"
     lines = [thick, "|{:^75}|".format(f"gpumem CUDA memory summary, device ID {device}"), rule,
@@ -155,9 +164,10 @@ class History:
         self.lib = lib
         self.on = {}  # device -> "all" or "state"
         self.sites = None
+        self.skip = set()  # trace actions left out (skip_actions)
 
     def record(self, enabled="all", context="all", stacks="all", max_entries=sys.maxsize, device=None,
-               clear_history=False, **ignored):
+               clear_history=False, skip_actions=None, **ignored):
         """torch.cuda.memory._record_memory_history: enabled None (off),
         "state" (blocks keep their sites) or "all" (also the trace of
         allocations and frees, the latest max_entries); context None
@@ -169,6 +179,7 @@ class History:
         if enabled not in (None, False, "state", "all"):
             raise ValueError(f"gpumem: _record_memory_history(enabled={enabled!r}): want None, 'state' or 'all'")
         dev = torch.cuda._utils._get_device_index(device, optional=True)
+        self.skip = set(skip_actions or ())
         if not enabled:
             self.lib.history(dev, False, 0)
             self.on.pop(dev, None)
@@ -200,7 +211,7 @@ class History:
         segments, traces = [], []
         for dev in range(n):
             snap = json.loads(self.lib.torch_snapshot_json(dev))
-            for seg in snap["segments"]:
+            for seg in snap["segments"] or []:
                 seg["segment_pool_id"] = tuple(seg["segment_pool_id"])
                 seg["frames"] = []
                 for b in seg["blocks"]:
@@ -209,6 +220,8 @@ class History:
             trace = []
             if self.on.get(dev) == "all":
                 for e in snap["device_traces"][0]:
+                    if e["action"] in self.skip:
+                        continue
                     e["frames"] = self.frames(e.pop("site"))
                     trace.append(e)
             traces.append(trace)

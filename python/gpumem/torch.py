@@ -129,9 +129,26 @@ def _patch(torch, lib):
         free what could still be allocated (patched by gpumem.torch)."""
         return lib.mem_info(_device(device))
 
+    accumulated_base = {}  # device -> memory_stats at reset_accumulated_memory_stats
+
     def memory_stats(device=None):
         """PyTorch's keys over gpumem's numbers (patched by gpumem.torch)."""
-        return _torchmem.memory_stats(lib.stats(_device(device)))
+        dev = _device(device)
+        return _torchmem.memory_stats(lib.stats(dev), accumulated_base.get(dev))
+
+    def reset_accumulated_memory_stats(device=None):
+        """Counts the accumulated figures of memory_stats (.allocated,
+        .freed, num_*) from now (patched by gpumem.torch)."""
+        dev = _device(device)
+        accumulated_base[dev] = _torchmem.memory_stats(lib.stats(dev))
+
+    def get_per_process_memory_fraction(device=None):
+        """gpumem's limit as a fraction of the device's memory (patched by
+        gpumem.torch)."""
+        dev = _device(device)
+        _, limit = lib.mem_info(dev)  # total as a program on gpumem sees it: the limit
+        total = torch.cuda.get_device_properties(dev).total_memory
+        return min(1.0, limit / total) if limit else 1.0
 
     def memory_allocated(device=None):
         return lib.stats(_device(device)).active
@@ -151,7 +168,7 @@ def _patch(torch, lib):
     def summary(device=None, abbreviated=False):
         """PyTorch's table over gpumem's numbers (patched by gpumem.torch)."""
         dev = _device(device)
-        return _torchmem.memory_summary(lib.stats(dev), dev, abbreviated)
+        return _torchmem.memory_summary(lib.stats(dev), dev, abbreviated, accumulated_base.get(dev))
 
     def record_stream(self, stream):
         """Keeps this tensor's memory from reuse until stream's work up to its
@@ -169,7 +186,9 @@ def _patch(torch, lib):
                      ("max_memory_reserved", max_memory_reserved),
                      ("reset_peak_memory_stats", reset_peak_memory_stats),
                      ("reset_max_memory_allocated", reset_peak_memory_stats),
-                     ("memory_summary", summary)]:
+                     ("memory_summary", summary),
+                     ("reset_accumulated_memory_stats", reset_accumulated_memory_stats),
+                     ("get_per_process_memory_fraction", get_per_process_memory_fraction)]:
         for module in (cuda, mem):
             if hasattr(module, name):
                 _patched[(module.__name__, name)] = getattr(module, name)
