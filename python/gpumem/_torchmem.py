@@ -17,6 +17,7 @@ allocator refuses or answers wrongly:
 """
 
 import json
+import os
 import pickle
 import sys
 import threading
@@ -51,20 +52,33 @@ class Sites:
                 site = self.ids.get(key)
                 if site is None:
                     site = len(self.ids) + 1
+                    if self.on_new is not None:
+                        self.on_new(site, frames)  # named first: an error leaves it unknown
                     self.ids[key] = site
                     self.frames[site] = frames
-                    if self.on_new is not None:
-                        self.on_new(site, frames)
             return site
         except Exception:  # a site never breaks an allocation
             return 0
 
 
-def site_text(frames):
-    """A call site as a gpumem trace writes it."""
+def _short(filename):
+    """A file name as a trace names it: from site-packages on, or relative
+    to the working directory when under it."""
+    i = filename.rfind("site-packages" + os.sep)
+    if i >= 0:
+        return filename[i:]
+    try:
+        rel = os.path.relpath(filename)
+        return rel if not rel.startswith("..") else filename
+    except ValueError:
+        return filename
+
+
+def site_text(frames, depth=8):
+    """A call site as a gpumem trace writes it: its innermost depth frames."""
     if not frames:
         return "<no Python frame: a C++ thread such as autograd's>"
-    return " < ".join(f"{f['name']} {f['filename']}:{f['line']}" for f in frames)
+    return " < ".join(f"{f['name']} {_short(f['filename'])}:{f['line']}" for f in frames[:depth])
 
 
 # --- statistics -------------------------------------------------------------

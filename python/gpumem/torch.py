@@ -616,56 +616,6 @@ def memory_summary(device=None):
 
 # --- record ---------------------------------------------------------------
 
-_SITE_DEPTH = 8
-
-
-def _short(filename):
-    i = filename.rfind("site-packages" + os.sep)
-    if i >= 0:
-        return filename[i:]
-    try:
-        rel = os.path.relpath(filename)
-        return rel if not rel.startswith("..") else filename
-    except ValueError:
-        return filename
-
-
-class _Sites:
-    """Interns the Python call sites of allocations while a recording runs:
-    the callback runs on the allocating thread (ctypes takes the GIL), reads
-    the Python stack that called into PyTorch, and names each new stack once
-    in the trace."""
-
-    def __init__(self, lib, device):
-        self.lib, self.device = lib, device
-        self.ids = {}
-        self.lock = threading.Lock()
-        self.callback = _lib.SITE_CALLBACK(self._site)
-
-    def _site(self, device):
-        try:
-            if device != self.device:
-                return 0
-            frame = sys._getframe(1)
-            key, frames = [], []
-            while frame is not None and len(frames) < _SITE_DEPTH:
-                code = frame.f_code
-                key.append((id(code), frame.f_lineno))
-                frames.append(f"{code.co_name} {_short(code.co_filename)}:{frame.f_lineno}")
-                frame = frame.f_back
-            key = tuple(key)
-            with self.lock:
-                site = self.ids.get(key)
-                if site is None:
-                    site = len(self.ids) + 1
-                    text = " < ".join(frames) if frames else "<no Python frame: a C++ thread such as autograd's>"
-                    self.lib.record_site(self.device, site, text)
-                    self.ids[key] = site
-            return site
-        except Exception:  # never let a site break an allocation
-            return 0
-
-
 @contextlib.contextmanager
 def record(path, device=None, sites=True):
     """Writes a gpumem trace of the allocations made inside the block to
@@ -687,8 +637,10 @@ def record(path, device=None, sites=True):
         lib.record_start(dev, path)
         s = None
         if sites:
-            s = _Sites(lib, dev)
-            lib.set_site_callback(s.callback)
+            # Each new call site is named in the trace once (_torchmem.Sites).
+            interned = _torchmem.Sites(lambda site, frames: lib.record_site(dev, site, _torchmem.site_text(frames)))
+            s = _lib.SITE_CALLBACK(lambda device: interned.site() if device == dev else 0)
+            lib.set_site_callback(s)
         _state["recording"] = _state.get("recording", 0) + 1
         try:
             yield

@@ -155,3 +155,31 @@ def test_history_snapshot_viz_and_import():
     sizes = [int(l.split()[2]) for l in lines if l.startswith("a ")]
     assert all(n << 20 in sizes for n in (1, 3, 5, 7)), lines[:20]
     assert any(l.startswith("f ") for l in lines), lines[:20]
+
+
+@needs_library
+def test_sites_name_each_stack_once_in_a_recording(tmp_path):
+    """_torchmem.Sites as gpumem.torch.record() uses it, through the
+    library's gpumem_alloc on the simulated device: each allocating stack is
+    named once, with its frames, and the allocations carry its id."""
+    path = tmp_path / "sites.trace"
+    run(f"""
+        import gpumem
+        from gpumem import _lib, _torchmem
+        lib = gpumem.library()
+        lib.record_start(0, {str(path)!r})
+        interned = _torchmem.Sites(lambda site, frames: lib.record_site(0, site, _torchmem.site_text(frames)))
+        cb = _lib.SITE_CALLBACK(lambda device: interned.site() if device == 0 else 0)
+        lib.set_site_callback(cb)
+        def make(n):
+            return lib._c.gpumem_alloc(n, 0, None)
+        ptrs = [make(1 << 20) for _ in range(3)] + [lib._c.gpumem_alloc(2 << 20, 0, None)]
+        lib.set_site_callback(_lib.SITE_CALLBACK())
+        lib.record_stop(0)
+    """, config=SIM)
+    lines = open(path).read().splitlines()
+    sites = [l for l in lines if l.startswith("s ")]
+    allocs = [l.split() for l in lines if l.startswith("a ")]
+    assert len(sites) == 2, sites
+    assert any("make <string>" in s for s in sites), sites
+    assert len(allocs) == 4 and len({a[5] for a in allocs[:3]}) == 1 and allocs[3][5] != allocs[0][5], allocs
