@@ -89,15 +89,16 @@ type pool struct {
 	sites map[string]*SiteTotal
 
 	nallocs, nfrees uint64
-	// bytes of the blocks allocated and freed so far, and the bytes
-	// requested for them (Stats.AllocBytes and the three after it)
-	allocBytes, freeBytes, allocReq, freeReq uint64
 	// gauges: exact for this pool; see noteAlloc.
 	allocated, active         uint64
 	peakAllocated, peakActive uint64
 	dAllocated, dActive       int64 // not yet flushed to the allocator
 
 	heldBound int64 // what held says, under mu
+
+	// bytes of the blocks allocated and freed so far, and the bytes
+	// requested for them (Stats.AllocBytes and the three after it)
+	allocBytes, freeBytes, allocReq, freeReq uint64
 
 	// held bounds from above the frees this pool holds back (not yet
 	// flushed), for other pools' flushes (see noteFree); written only by
