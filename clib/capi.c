@@ -143,6 +143,15 @@ EXPORT gpumem_status gpumem_pool_end(int device, uint64_t hi, uint64_t lo) {
 	return st;
 }
 
+EXPORT gpumem_status gpumem_pool_retain(int device, uint64_t hi, uint64_t lo) {
+	return gpumemGo_pool_retain(device, hi, lo);
+}
+
+EXPORT gpumem_status gpumem_pool_uses(int device, uint64_t hi, uint64_t lo, uint64_t *uses) {
+	if (!uses) return GPUMEM_ERROR_INVALID_VALUE;
+	return gpumemGo_pool_uses(device, hi, lo, uses);
+}
+
 EXPORT gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo) {
 	return gpumemGo_pool_release(device, hi, lo);
 }

@@ -144,6 +144,17 @@ func gpumemGo_pool_end(device C.int, hi, lo C.uint64_t) C.gpumem_status {
 	return status(theHost().EndPool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}), device)
 }
 
+//export gpumemGo_pool_retain
+func gpumemGo_pool_retain(device C.int, hi, lo C.uint64_t) C.gpumem_status {
+	return status(theHost().RetainPool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}), device)
+}
+
+//export gpumemGo_pool_uses
+func gpumemGo_pool_uses(device C.int, hi, lo C.uint64_t, uses *C.uint64_t) C.gpumem_status {
+	*uses = C.uint64_t(theHost().PoolUses(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}))
+	return 0
+}
+
 //export gpumemGo_pool_release
 func gpumemGo_pool_release(device C.int, hi, lo C.uint64_t) C.gpumem_status {
 	return status(theHost().ReleasePool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}), device)

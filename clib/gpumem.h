@@ -263,6 +263,12 @@ enum {
  * a capture route on a stream that is not capturing:
  * GPUMEM_ERROR_INVALID_VALUE. */
 gpumem_status gpumem_pool_begin(int device, uint64_t hi, uint64_t lo, void *stream, int route);
+/* Counts one use of the pool, making it if need be, with no route
+ * (PyTorch's createOrIncrefPool: a torch.cuda.MemPool holds one);
+ * gpumem_pool_uses reads how many uses a pool has (0 for an unknown
+ * pool). */
+gpumem_status gpumem_pool_retain(int device, uint64_t hi, uint64_t lo);
+gpumem_status gpumem_pool_uses(int device, uint64_t hi, uint64_t lo, uint64_t *uses);
 /* Ends the latest route to the pool. GPUMEM_ERROR_INVALID_VALUE if none. */
 gpumem_status gpumem_pool_end(int device, uint64_t hi, uint64_t lo);
 /* Gives up one use of the pool (a graph that used it is gone). An unknown

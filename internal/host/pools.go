@@ -30,7 +30,8 @@ import (
 // tells the device's allocators that a capture is underway
 // (gpumem.Allocator.BeginCapture), until EndPool.
 //
-// A pool counts its uses: BeginPool adds one, ReleasePool takes one. Once
+// A pool counts its uses: BeginPool and RetainPool (a MemPool object) add
+// one, ReleasePool takes one. Once
 // no use is left and its last buffer is freed, it is freeable: its memory
 // goes back to the driver at the next Trim (torch.cuda.empty_cache) or
 // when an allocation would otherwise run out of memory, as PyTorch frees
@@ -118,17 +119,9 @@ func (h *Host) BeginPool(ordinal int, id PoolID, kind Route, stream, thread uint
 	ps := &d.pools
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	p := ps.byID[id]
-	if p == nil {
-		a, err := d.Alloc.NewPrivate()
-		if err != nil {
-			return fmt.Errorf("gpumem: BeginPool%v: %w", id, err)
-		}
-		p = &privatePool{id: id, alloc: a}
-		if ps.byID == nil {
-			ps.byID = make(map[PoolID]*privatePool)
-		}
-		ps.byID[id] = p
+	p, err := d.poolLocked(id)
+	if err != nil {
+		return err
 	}
 	p.uses++
 	r.pool = p
@@ -140,6 +133,59 @@ func (h *Host) BeginPool(ordinal int, id PoolID, kind Route, stream, thread uint
 	ps.routes = append(ps.routes, r)
 	ps.n.Store(int32(len(ps.routes)))
 	return nil
+}
+
+// RetainPool counts one use of pool id on device ordinal, making the pool
+// if need be, with no route (PyTorch's createOrIncrefPool: a MemPool
+// object holds one use for as long as it lives).
+func (h *Host) RetainPool(ordinal int, id PoolID) error {
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return err
+	}
+	ps := &d.pools
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p, err := d.poolLocked(id)
+	if err != nil {
+		return err
+	}
+	p.uses++
+	return nil
+}
+
+// PoolUses reports how many uses pool id has on device ordinal (0 for an
+// unknown pool): MemPool.use_count.
+func (h *Host) PoolUses(ordinal int, id PoolID) int {
+	d := h.existing(ordinal)
+	if d == nil {
+		return 0
+	}
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	if p := d.pools.byID[id]; p != nil {
+		return p.uses
+	}
+	return 0
+}
+
+// poolLocked returns pool id, making it if it does not exist. Called with
+// d.pools.mu held.
+func (d *Device) poolLocked(id PoolID) (*privatePool, error) {
+	ps := &d.pools
+	if p := ps.byID[id]; p != nil {
+		return p, nil
+	}
+	a, err := d.Alloc.NewPrivate()
+	if err != nil {
+		return nil, fmt.Errorf("gpumem: pool %v: %w", id, err)
+	}
+	p := &privatePool{id: id, alloc: a}
+	if ps.byID == nil {
+		ps.byID = make(map[PoolID]*privatePool)
+	}
+	ps.byID[id] = p
+	return p, nil
 }
 
 // EndPool ends the latest route to pool id on device ordinal. The pool and

@@ -330,3 +330,48 @@ func TestFreeablePools(t *testing.T) {
 		t.Errorf("%d pools left", n)
 	}
 }
+
+// TestRetainPool: a retained pool (a MemPool) exists with its use and no
+// route, takes a thread route's allocations, counts its uses, and is
+// freeable once every use is released and its buffers freed.
+func TestRetainPool(t *testing.T) {
+	h := newSimHost(t, "")
+	id := PoolID{0, 5}
+	if err := h.RetainPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.PoolUses(0, id); n != 1 {
+		t.Fatalf("uses %d after RetainPool, want 1", n)
+	}
+	if err := h.BeginPool(0, id, RouteThread, 0, 3); err != nil {
+		t.Fatal(err)
+	}
+	p, err := h.AllocThread(0, miB, 0, 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.PoolLive(0, id); !slices.Equal(got, []uint64{p}) {
+		t.Errorf("pool holds %#x, want %#x", got, p)
+	}
+	if n := h.PoolUses(0, id); n != 2 {
+		t.Errorf("uses %d inside the route, want 2", n)
+	}
+	for _, step := range []func() error{
+		func() error { return h.EndPool(0, id) },
+		func() error { return h.ReleasePool(0, id) },
+		func() error { return h.Free(0, p) },
+		func() error { return h.ReleasePool(0, id) },
+		func() error { return h.Trim(0) },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := h.PoolUses(0, id); n != 0 {
+		t.Errorf("uses %d after every release and a trim", n)
+	}
+	d, _ := h.Device(0)
+	if n := len(d.pools.byID); n != 0 {
+		t.Errorf("%d pools left", n)
+	}
+}

@@ -150,6 +150,8 @@ _OPTIONAL = {  # functions of later versions, bound when present
     "gpumem_pool_begin": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_int]),
     "gpumem_pool_end": (_status, [ctypes.c_int, _u64, _u64]),
     "gpumem_pool_release": (_status, [ctypes.c_int, _u64, _u64]),
+    "gpumem_pool_retain": (_status, [ctypes.c_int, _u64, _u64]),
+    "gpumem_pool_uses": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64)]),
     "gpumem_pool_live": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64), ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.c_size_t)]),
 }
@@ -323,6 +325,18 @@ class Library:
     def pool_release(self, device, pool):
         hi, lo = pool
         self.check(self._optional("gpumem_pool_release", "private pools for CUDA graphs")(device, hi, lo))
+
+    def pool_retain(self, device, pool):
+        """Counts one use of pool (a MemPool object's), making it if need be."""
+        hi, lo = pool
+        self.check(self._optional("gpumem_pool_retain", "torch.cuda.MemPool")(device, hi, lo))
+
+    def pool_uses(self, device, pool):
+        """How many uses pool has (0 for an unknown pool)."""
+        hi, lo = pool
+        n = _u64()
+        self.check(self._optional("gpumem_pool_uses", "torch.cuda.MemPool")(device, hi, lo, ctypes.byref(n)))
+        return n.value
 
     def pool_live(self, device, pool):
         """The addresses of the pool's live buffers, as a set of ints (empty

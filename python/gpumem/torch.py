@@ -358,6 +358,65 @@ def _patch_graphs(torch, lib):
     if cls is not None:
         _patch_graph_class(torch, lib, cls)
     _patch_pool_calls(torch, lib)
+    _patch_mempool(torch, lib)
+
+
+def _release_pool(lib, device, pool):
+    try:
+        lib.pool_release(device, pool)
+    except Exception as e:  # in the garbage collector: warn, never raise
+        warnings.warn(f"gpumem: giving back a collected MemPool's pool: {e}", RuntimeWarning)
+
+
+def _patch_mempool(torch, lib):
+    """torch.cuda.MemPool, which PyTorch cannot make for a pluggable
+    allocator ("createOrIncrefPool"): gpumem's own, over a private pool.
+    torch.cuda.use_mem_pool(pool) routes the calling thread's allocations to
+    it through the pool calls patched above; the pool holds one use while
+    the object lives, and its memory goes back, once freeable, at the next
+    empty_cache. Options gpumem does not have (another allocator,
+    use_on_oom, symmetric, no_split) fail at once with one line."""
+    if getattr(torch.cuda, "MemPool", None) is None:
+        return
+
+    class MemPool:
+        """A pool of memory of its own: allocations made inside
+        torch.cuda.use_mem_pool(pool) come from it and its memory serves
+        nothing else (gpumem.torch's, over a gpumem private pool)."""
+
+        def __init__(self, allocator=None, use_on_oom=False, symmetric=False, no_split=False, **kwargs):
+            if allocator is not None or use_on_oom or symmetric or no_split or kwargs:
+                raise RuntimeError("gpumem: torch.cuda.MemPool with an allocator, use_on_oom, symmetric or "
+                                   "no_split is not supported under gpumem.torch.use(); MemPool() is")
+            self._device = torch.cuda.current_device()
+            self._id = _pool_id(torch.cuda.graph_pool_handle())  # unique among PyTorch's pool ids
+            lib.pool_retain(self._device, self._id)
+            weakref.finalize(self, _release_pool, lib, self._device, self._id)
+
+        @property
+        def id(self):
+            """The pool's id, a pair of ints as PyTorch's."""
+            return self._id
+
+        @property
+        def allocator(self):
+            """None: the pool is gpumem's."""
+            return None
+
+        def use_count(self):
+            """How many uses hold the pool: this object, and each
+            use_mem_pool block it is in."""
+            return lib.pool_uses(self._device, self._id)
+
+        def snapshot(self, include_traces=True):
+            """The pool's segments in PyTorch's snapshot format."""
+            segs = _state["history"].snapshot()["segments"]
+            return [seg for seg in segs if tuple(seg["segment_pool_id"]) == self._id]
+
+    for module in (torch.cuda, getattr(torch.cuda, "memory", None)):
+        if module is not None and hasattr(module, "MemPool"):
+            _patched[(module.__name__, "MemPool")] = module.MemPool
+            module.MemPool = MemPool
 
 
 def _patch_graph_class(torch, lib, cls):

@@ -183,3 +183,39 @@ def test_sites_name_each_stack_once_in_a_recording(tmp_path):
     assert len(sites) == 2, sites
     assert any("make <string>" in s for s in sites), sites
     assert len(allocs) == 4 and len({a[5] for a in allocs[:3]}) == 1 and allocs[3][5] != allocs[0][5], allocs
+
+
+MEMPOOL = r"""
+import json, os
+import torch
+if os.environ["ALLOCATOR"] == "gpumem":
+    import gpumem.torch
+    gpumem.torch.use()
+pool = torch.cuda.MemPool()
+out = {"count_outside": pool.use_count()}
+with torch.cuda.use_mem_pool(pool):
+    out["count_inside"] = pool.use_count()
+    x = torch.full((1 << 20,), 3.0, device="cuda")
+y = torch.full((1 << 20,), 4.0, device="cuda")
+blocks = [b for seg in pool.snapshot() for b in seg["blocks"] if b["state"] == "active_allocated"]
+out["x_in_pool"] = any(b["address"] == x.data_ptr() for b in blocks)
+out["y_not_in_pool"] = all(b["address"] != y.data_ptr() for b in blocks)
+out["data"] = float(x.sum()) == 3.0 * (1 << 20) and float(y.sum()) == 4.0 * (1 << 20)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@needs_library
+@needs_gpu
+def test_mempool_routes_like_pytorchs():
+    """torch.cuda.MemPool and use_mem_pool: what is allocated inside comes
+    from the pool, what is allocated after does not, and use_count counts
+    the object and the open block: the same under both allocators."""
+    results = {}
+    for allocator in ("gpumem", "torch"):
+        p = run(MEMPOOL, env={"ALLOCATOR": allocator}, check=False)
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+        results[allocator] = json.loads(line[-1][7:])
+    assert results["gpumem"] == results["torch"], results
+    assert results["gpumem"]["x_in_pool"] and results["gpumem"]["y_not_in_pool"] and results["gpumem"]["data"], results
