@@ -239,7 +239,7 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 		}
 		return 0, err
 	}
-	e := entry{buf: buf, pool: pool, site: site}
+	e := entry{buf: buf, pool: pool, site: site, stream: stream}
 	if hs := d.hist.Load(); hs != nil {
 		hs.add("alloc", uint64(buf.Ptr()), size, stream, site)
 	}
@@ -277,8 +277,8 @@ func (d *Device) free(e entry) error {
 	}
 	if hs := d.hist.Load(); hs != nil {
 		p, n := uint64(e.buf.Ptr()), e.buf.Size()
-		hs.add("free_requested", p, n, 0, e.site)
-		hs.add("free_completed", p, n, 0, e.site)
+		hs.add("free_requested", p, n, e.stream, e.site)
+		hs.add("free_completed", p, n, e.stream, e.site)
 	}
 	if e.pool != nil {
 		err := e.pool.alloc.Free(e.buf)

@@ -119,11 +119,10 @@ func (h *Host) BeginPool(ordinal int, id PoolID, kind Route, stream, thread uint
 	ps := &d.pools
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	p, err := d.poolLocked(id)
+	p, err := d.retainLocked(id)
 	if err != nil {
 		return err
 	}
-	p.uses++
 	r.pool = p
 	if kind == RouteCapture {
 		d.Alloc.BeginCapture()
@@ -143,15 +142,10 @@ func (h *Host) RetainPool(ordinal int, id PoolID) error {
 	if err != nil {
 		return err
 	}
-	ps := &d.pools
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	p, err := d.poolLocked(id)
-	if err != nil {
-		return err
-	}
-	p.uses++
-	return nil
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	_, err = d.retainLocked(id)
+	return err
 }
 
 // PoolUses reports how many uses pool id has on device ordinal (0 for an
@@ -169,18 +163,19 @@ func (h *Host) PoolUses(ordinal int, id PoolID) int {
 	return 0
 }
 
-// poolLocked returns pool id, making it if it does not exist. Called with
-// d.pools.mu held.
-func (d *Device) poolLocked(id PoolID) (*privatePool, error) {
+// retainLocked counts a use of pool id, making the pool if it does not
+// exist, and returns it. Called with d.pools.mu held.
+func (d *Device) retainLocked(id PoolID) (*privatePool, error) {
 	ps := &d.pools
 	if p := ps.byID[id]; p != nil {
+		p.uses++
 		return p, nil
 	}
 	a, err := d.Alloc.NewPrivate()
 	if err != nil {
 		return nil, fmt.Errorf("gpumem: pool %v: %w", id, err)
 	}
-	p := &privatePool{id: id, alloc: a}
+	p := &privatePool{id: id, alloc: a, uses: 1}
 	if ps.byID == nil {
 		ps.byID = make(map[PoolID]*privatePool)
 	}

@@ -3,6 +3,7 @@ package host
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gpumem/gpumem/device"
@@ -197,9 +198,15 @@ func TestTorchSnapshot(t *testing.T) {
 	if err := h.RecordHistory(0, true, 5); err != nil {
 		t.Fatal(err)
 	}
+	d, _ := h.Device(0)
+	s1, _ := d.dev.(*sim.Device).NewStream()
 	var live []uint64
 	for i := range 4 {
-		p, err := h.Alloc(0, uint64(i+1)*3*miB, 0, uint32(10+i))
+		stream := uint64(0)
+		if i == 0 {
+			stream = uint64(s1) // the one freed: its free entries name its stream
+		}
+		p, err := h.Alloc(0, uint64(i+1)*3*miB, stream, uint32(10+i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,6 +255,9 @@ func TestTorchSnapshot(t *testing.T) {
 	var actions []string
 	for _, e := range s.DeviceTraces[0] {
 		actions = append(actions, e.Action)
+		if strings.HasPrefix(e.Action, "free") && e.Stream != uint64(s1) {
+			t.Errorf("%s on stream %d, want the buffer's stream %d", e.Action, e.Stream, s1)
+		}
 	}
 	want := []string{"alloc", "alloc", "free_requested", "free_completed", "alloc"}
 	if !slices.Equal(actions, want) {

@@ -41,9 +41,10 @@ type slot struct {
 
 // entry is what the host keeps per live buffer.
 type entry struct {
-	buf  gpumem.Buffer
-	pool *privatePool // the private pool it came from (pools.go), nil for the device's allocator
-	site uint32       // the call site the host program gave (0: none), for the history (history.go)
+	buf    gpumem.Buffer
+	pool   *privatePool // the private pool it came from (pools.go), nil for the device's allocator
+	site   uint32       // the call site the host program gave (0: none), for the history (history.go)
+	stream uint64       // the stream it was allocated on, for the history's free entries
 	// rec is the buffer's request ID in the recording of generation
 	// recGen, plus one; 0 when it was not recorded.
 	rec    uint64
