@@ -9,7 +9,6 @@ tests at the top need no GPU."""
 
 import json
 import os
-import textwrap
 
 from conftest import needs_gpu, needs_library, run
 
@@ -81,6 +80,18 @@ def test_history_and_snapshot_on_the_simulated_device():
                                        ("free_requested", 2 << 20), ("free_completed", 2 << 20)]), p.stdout
 
 
+def under_both(script):
+    """Runs script under gpumem and under PyTorch's allocator, each in a
+    process of its own; returns {allocator: its RESULT line's dict}."""
+    results = {}
+    for allocator in ("gpumem", "torch"):
+        p = run(script, env={"ALLOCATOR": allocator}, check=False)
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+        results[allocator] = json.loads(line[-1][7:])
+    return results
+
+
 SCRIPT = r"""
 import json, os, pickle, sys, tempfile
 import torch
@@ -134,19 +145,14 @@ print("RESULT " + json.dumps(out))
 @needs_library
 @needs_gpu
 def test_history_snapshot_viz_and_import():
-    results = {}
-    for allocator in ("gpumem", "torch"):
-        p = run(SCRIPT, env={"ALLOCATOR": allocator}, check=False)
-        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
-        results[allocator] = json.loads(line[-1][7:])
+    results = under_both(SCRIPT)
     for allocator, r in results.items():
         bad = [k for k, v in r.items() if v is False]
         assert not bad, (allocator, bad, r)
     # gpumem import reads gpumem's snapshot back: a trace with the four
     # allocations and the free.
     trace = results["gpumem"]["pickle"] + ".trace"
-    p = run(f"""
+    run(f"""
         import gpumem
         gpumem.library().import_snapshot({results["gpumem"]["pickle"]!r}, {trace!r})
     """, config=SIM)
@@ -211,11 +217,6 @@ def test_mempool_routes_like_pytorchs():
     """torch.cuda.MemPool and use_mem_pool: what is allocated inside comes
     from the pool, what is allocated after does not, and use_count counts
     the object and the open block: the same under both allocators."""
-    results = {}
-    for allocator in ("gpumem", "torch"):
-        p = run(MEMPOOL, env={"ALLOCATOR": allocator}, check=False)
-        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
-        results[allocator] = json.loads(line[-1][7:])
+    results = under_both(MEMPOOL)
     assert results["gpumem"] == results["torch"], results
     assert results["gpumem"]["x_in_pool"] and results["gpumem"]["y_not_in_pool"] and results["gpumem"]["data"], results
