@@ -29,6 +29,8 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 
+import torchtests_plugin  # beside this file: the record's reader
+
 OUTCOMES = ["passed", "failed", "error", "skipped", "xfailed", "crashed", "not run"]
 # When one test has several results (pytest 9's subtests report each failing
 # subtest; a teardown error follows a failure), the one shown is the first
@@ -92,15 +94,7 @@ def read_record(path):
     selected, res = None, {}
     if not os.path.exists(path):
         return selected, res
-    events = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    events.append(json.loads(line))
-                except ValueError:
-                    pass
+    events = torchtests_plugin.read_record(path)
     rc_of = {e.get("attempt"): e.get("rc") for e in events if e.get("event") == "process_end"}
     started, finished = {}, set()
     for e in events:
