@@ -23,7 +23,6 @@ standard library.
 
 import argparse
 import glob
-import json
 import os
 import re
 import sys
