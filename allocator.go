@@ -226,6 +226,16 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 			return Buffer{}, err
 		}
 	}
+	buf := p.hand(b, size, si, sc)
+	p.mu.Unlock()
+	return buf, nil
+}
+
+// hand makes allocated block b of pool p the Buffer of a request of size
+// bytes on stream slot si (under p.mu): its books, the pool's gauges and
+// counters, and its call site when recorded.
+func (p *pool) hand(b *block, size uint64, si slot, sc *Scope) Buffer {
+	a := p.a
 	b.si = si
 	b.req = size
 	b.scope = sc
@@ -239,12 +249,10 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 		x.created = time.Now().UnixNano()
 		p.countSite(x.site, size)
 	}
-	buf := Buffer{ptr: device.Ptr(b.addr), size: size, b: b, gen: b.gen}
 	if a.check {
 		a.mustCheckPool(p)
 	}
-	p.mu.Unlock()
-	return buf, nil
+	return Buffer{ptr: device.Ptr(b.addr), size: size, b: b, gen: b.gen}
 }
 
 // Free returns a buffer. Memory freed on the buffer's stream is reusable on

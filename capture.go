@@ -92,3 +92,101 @@ func (a *Allocator) NewPrivate() (*Allocator, error) {
 
 // Private reports whether a is a private pool (NewPrivate).
 func (a *Allocator) Private() bool { return a.keep }
+
+// AllocAt makes a buffer of size bytes at address ptr of private pool a
+// (NewPrivate), in memory the pool holds that no buffer uses now. It is
+// how a checkpoint is put back (PyTorch's setCheckpointPoolState: CUDA
+// graph trees return a pool to the state it had after a recording, each
+// buffer at the address its graph writes; internal/host RestorePool). The
+// buffer belongs to the stream of the pool's memory at ptr.
+//
+// Frees still waiting for other streams (RecordStream) are waited for
+// first if they cover the range. ErrForeign if the range lies outside the
+// pool's memory or on an allocator that is not a private pool; an error
+// naming the block in the way if a live buffer overlaps the range.
+func (a *Allocator) AllocAt(ptr device.Ptr, size uint64) (Buffer, error) {
+	if size == 0 || size > maxRequest {
+		return Buffer{}, fmt.Errorf("%w: AllocAt(%#x, %d): want 1 to %d bytes", ErrInvalidSize, uint64(ptr), size, uint64(maxRequest))
+	}
+	if !a.keep {
+		return Buffer{}, &BufferError{Op: "AllocAt", Ptr: uint64(ptr), Size: size, Err: ErrForeign, Why: "AllocAt serves private pools only (NewPrivate)"}
+	}
+	if a.closed.Load() {
+		return Buffer{}, fmt.Errorf("%w: AllocAt(%#x, %d) on a closed allocator", ErrClosed, uint64(ptr), size)
+	}
+	rounded := (size + minBlock - 1) &^ (minBlock - 1)
+	addr := uint64(ptr)
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		h, b := p.blockAt(addr)
+		if b == nil {
+			p.mu.Unlock()
+			continue
+		}
+		if (b.state != blockFree || addr+rounded > b.end()) && p.npending > 0 {
+			// Part of the range may wait for other streams' work.
+			if a.capturing() {
+				p.mu.Unlock()
+				return Buffer{}, errCapturing
+			}
+			err := p.processPending(true, true)
+			if err != nil {
+				p.mu.Unlock()
+				return Buffer{}, fmt.Errorf("gpumem: AllocAt(%#x, %d): waiting for earlier frees: %w", addr, size, err)
+			}
+			h, b = p.blockAt(addr)
+		}
+		if b.state != blockFree || addr+rounded > b.end() {
+			why := fmt.Sprintf("its segment ends at %#x", b.seg.base+b.seg.size)
+			if b.state == blockFree {
+				b = b.next // free blocks are never neighbours: b.next is in use
+			}
+			if b != nil {
+				why = fmt.Sprintf("block [%#x, %#x) is %s", b.addr, b.end(), b.state)
+			}
+			p.mu.Unlock()
+			return Buffer{}, fmt.Errorf("gpumem: AllocAt(%#x, %d): the range is not free: %s", addr, size, why)
+		}
+		b = p.carve(h, b, rounded, addr-b.addr)
+		b.state = blockAllocated
+		buf := p.hand(b, size, 0, nil) // slot 0: a plain pool serves one stream
+		p.mu.Unlock()
+		return buf, nil
+	}
+	return Buffer{}, &BufferError{Op: "AllocAt", Ptr: addr, Size: size, Err: ErrForeign, Why: "not in the memory of this private pool"}
+}
+
+// blockAt returns the block of p that holds addr and its heap, or nils
+// (under p.mu). A scan of p's segments: AllocAt's, off the hot path.
+func (p *pool) blockAt(addr uint64) (*heap, *block) {
+	for k := range p.heaps {
+		h := &p.heaps[k]
+		for _, seg := range h.segs {
+			if addr < seg.base || addr >= seg.base+seg.size {
+				continue
+			}
+			for b := seg.first; b != nil; b = b.next {
+				if addr < b.end() {
+					return h, b
+				}
+			}
+		}
+	}
+	return nil, nil
+}
+
+// Holds reports whether [ptr, ptr+size) lies within one segment of a's
+// memory, in use or not.
+func (a *Allocator) Holds(ptr device.Ptr, size uint64) bool {
+	addr := uint64(ptr)
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		_, b := p.blockAt(addr)
+		in := b != nil && addr+size <= b.seg.base+b.seg.size
+		p.mu.Unlock()
+		if in {
+			return true
+		}
+	}
+	return false
+}

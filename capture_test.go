@@ -2,6 +2,7 @@ package gpumem_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/gpumem/gpumem"
@@ -181,5 +182,82 @@ func TestPrivatePool(t *testing.T) {
 	}
 	if _, err := a.Alloc(90*miB, s); err != nil {
 		t.Errorf("90 MiB of a 96 MiB limit once the pool is closed: %v", err)
+	}
+}
+
+// TestAllocAt: a private pool's buffers, freed, are made again at their
+// addresses (a checkpoint put back), in any order, including one whose
+// free waited for another stream; the pool's books count them as any
+// buffer; a range in use, outside the pool, or on the root is refused and
+// changes nothing.
+func TestAllocAt(t *testing.T) {
+	dev := newSim(1 << 30)
+	a := newAlloc(t, dev, gpumem.Config{Limit: 256 * miB, CheckInvariants: true})
+	s, _ := dev.NewStream()
+	s2, _ := dev.NewStream()
+	p, err := a.NewPrivate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := []uint64{3 * miB, 700, 5*miB + 1, 64 << 10, 12 * miB}
+	var bufs []gpumem.Buffer
+	for _, n := range sizes {
+		b, err := p.Alloc(n, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs = append(bufs, b)
+	}
+	if err := p.RecordStream(bufs[2], s2); err != nil {
+		t.Fatal(err)
+	}
+	want := p.Stats()
+	for _, b := range bufs {
+		if err := p.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, i := range []int{3, 0, 4, 2, 1} {
+		b, err := p.AllocAt(bufs[i].Ptr(), sizes[i])
+		if err != nil {
+			t.Fatalf("AllocAt(%#x, %d): %v", bufs[i].Ptr(), sizes[i], err)
+		}
+		if b.Ptr() != bufs[i].Ptr() || b.Size() != sizes[i] {
+			t.Fatalf("AllocAt(%#x, %d) = %#x, %d bytes", bufs[i].Ptr(), sizes[i], b.Ptr(), b.Size())
+		}
+		bufs[i] = b
+	}
+	mustCheck(t, p, "after AllocAt")
+	got := p.Stats()
+	if got.Allocated != want.Allocated || got.Active != want.Active || got.Reserved != want.Reserved || got.LiveBuffers != want.LiveBuffers {
+		t.Errorf("after the restore: allocated %d, active %d, reserved %d, live %d; want %d, %d, %d, %d as before the frees",
+			got.Allocated, got.Active, got.Reserved, got.LiveBuffers, want.Allocated, want.Active, want.Reserved, want.LiveBuffers)
+	}
+	// Refusals, each changing nothing.
+	if _, err := p.AllocAt(bufs[0].Ptr(), 512); err == nil || !strings.Contains(err.Error(), "not free") {
+		t.Errorf("AllocAt over a live buffer: %v, want a refusal naming it", err)
+	}
+	if _, err := p.AllocAt(bufs[4].Ptr()+device.Ptr(bufs[4].Size()), 1<<40); !errors.Is(err, gpumem.ErrForeign) && (err == nil || !strings.Contains(err.Error(), "not free")) {
+		t.Errorf("AllocAt past the pool's memory: %v", err)
+	}
+	if _, err := p.AllocAt(1<<50, 512); !errors.Is(err, gpumem.ErrForeign) {
+		t.Errorf("AllocAt outside the pool: %v, want ErrForeign", err)
+	}
+	if _, err := a.AllocAt(bufs[0].Ptr(), 512); !errors.Is(err, gpumem.ErrForeign) {
+		t.Errorf("AllocAt on the root: %v, want ErrForeign", err)
+	}
+	if _, err := p.AllocAt(bufs[0].Ptr(), 0); !errors.Is(err, gpumem.ErrInvalidSize) {
+		t.Errorf("AllocAt of 0 bytes: %v, want ErrInvalidSize", err)
+	}
+	if st := p.Stats(); st.Allocated != want.Allocated || st.LiveBuffers != want.LiveBuffers {
+		t.Errorf("the refusals changed the books: allocated %d, live %d", st.Allocated, st.LiveBuffers)
+	}
+	for _, b := range bufs {
+		if err := p.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("Close after every restored buffer is freed: %v", err)
 	}
 }

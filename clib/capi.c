@@ -161,6 +161,20 @@ EXPORT gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint
 	return gpumemGo_pool_live(device, hi, lo, ptrs, cap, n);
 }
 
+EXPORT gpumem_status gpumem_pool_checkpoint(int device, uint64_t hi, uint64_t lo, gpumem_pool_buffer *bufs, size_t cap, size_t *n) {
+	if (!n || (cap > 0 && !bufs)) return GPUMEM_ERROR_INVALID_VALUE;
+	return gpumemGo_pool_checkpoint(device, hi, lo, (uint64_t *)bufs, cap, n);
+}
+
+EXPORT gpumem_status gpumem_pool_restore(int device, uint64_t hi, uint64_t lo, const gpumem_pool_buffer *bufs, size_t n) {
+	if (n > 0 && !bufs) return GPUMEM_ERROR_INVALID_VALUE;
+	return gpumemGo_pool_restore(device, hi, lo, (uint64_t *)bufs, n);
+}
+
+EXPORT void gpumem_torch_delete(void *ctx) {
+	gpumem_free(ctx, 0, -1, NULL);
+}
+
 EXPORT gpumem_status gpumem_configure(const char *config) {
 	return gpumemGo_configure((char *)config);
 }

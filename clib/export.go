@@ -177,6 +177,44 @@ func gpumemGo_pool_live(device C.int, hi, lo C.uint64_t, ptrs *C.uint64_t, capac
 	return 0
 }
 
+// gpumemGo_pool_checkpoint copies the pool's live buffers into C's array
+// of capacity cap, three words each (gpumem_pool_buffer).
+//
+//export gpumemGo_pool_checkpoint
+func gpumemGo_pool_checkpoint(device C.int, hi, lo C.uint64_t, bufs *C.uint64_t, capacity C.size_t, n *C.size_t) C.gpumem_status {
+	cp, err := theHost().CheckpointPool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)})
+	if err != nil {
+		return fail(err, device)
+	}
+	*n = C.size_t(len(cp))
+	if len(cp) > int(capacity) {
+		return fail(fmt.Errorf("%w: pool checkpoint: %d buffers, room for %d", host.ErrTooSmall, len(cp), capacity), device)
+	}
+	if len(cp) > 0 {
+		dst := unsafe.Slice((*uint64)(unsafe.Pointer(bufs)), 3*len(cp))
+		for i, b := range cp {
+			dst[3*i], dst[3*i+1], dst[3*i+2] = b.Ptr, b.Size, b.Stream
+		}
+	}
+	return 0
+}
+
+//export gpumemGo_pool_restore
+func gpumemGo_pool_restore(device C.int, hi, lo C.uint64_t, bufs *C.uint64_t, n C.size_t) C.gpumem_status {
+	if n > 1<<30 {
+		return fail(fmt.Errorf("%w: pool restore: %d buffers", host.ErrPool, n), device)
+	}
+	cp := make([]host.PoolBuffer, int(n))
+	if n > 0 {
+		src := unsafe.Slice((*uint64)(unsafe.Pointer(bufs)), 3*int(n))
+		for i := range cp {
+			cp[i] = host.PoolBuffer{Ptr: src[3*i], Size: src[3*i+1], Stream: src[3*i+2]}
+		}
+	}
+	_, err := theHost().RestorePool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}, cp)
+	return status(err, device)
+}
+
 //export gpumemGo_history
 func gpumemGo_history(device C.int, enabled C.int, maxEntries C.size_t) C.gpumem_status {
 	if maxEntries > 1<<31 {

@@ -279,6 +279,29 @@ gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo);
  * GPUMEM_ERROR_BUFFER_TOO_SMALL when cap < *n: call again with more room. */
 gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint64_t *ptrs, size_t cap, size_t *n);
 
+/* Checkpoints (torch.compile's CUDA graph trees, PyTorch's
+ * getCheckpointState and setCheckpointPoolState). A live buffer of a pool
+ * as a checkpoint keeps it: address, size asked for, stream. */
+typedef struct gpumem_pool_buffer {
+	uint64_t ptr;
+	uint64_t size;
+	uint64_t stream;
+} gpumem_pool_buffer;
+/* The pool's live buffers in address order: up to cap into bufs, how many
+ * there are into *n. GPUMEM_ERROR_BUFFER_TOO_SMALL when cap < *n;
+ * GPUMEM_ERROR_INVALID_VALUE for an unknown pool. */
+gpumem_status gpumem_pool_checkpoint(int device, uint64_t hi, uint64_t lo, gpumem_pool_buffer *bufs, size_t cap, size_t *n);
+/* Puts the pool back to a checkpoint: frees every live buffer of the pool
+ * (gpumem_pool_live lists them) and makes each of the n buffers at its
+ * address. Not during a capture, nor while another thread allocates into
+ * the pool. A checkpoint that does not fit the pool is refused
+ * (GPUMEM_ERROR_INVALID_VALUE) before anything changes. */
+gpumem_status gpumem_pool_restore(int device, uint64_t hi, uint64_t lo, const gpumem_pool_buffer *bufs, size_t n);
+/* A deleter for PyTorch's DataPtr (c10::DeleterFnPtr): frees the buffer
+ * at ctx, as gpumem_free. Tensors a checkpoint restore gives back to their
+ * owners free through it (python/gpumem/torch.py). */
+void gpumem_torch_delete(void *ctx);
+
 /* --- Recording -------------------------------------------------------------- */
 
 /* Starts writing device's allocations and frees to a gpumem trace at path

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"strings"
@@ -385,3 +386,115 @@ func TestRetainPool(t *testing.T) {
 		t.Errorf("%d pools left", n)
 	}
 }
+
+// TestRestorePool follows torch.compile's CUDA graph trees: a recording
+// into a pool by thread, a checkpoint of its live outputs, then frees and
+// new allocations in the pool (a tensor dropped, another graph warmed up),
+// then the pool put back: exactly the checkpoint's buffers are live again,
+// at their addresses, and the next allocations, in the pool or outside,
+// land elsewhere. A checkpoint that does not fit is refused and changes
+// nothing.
+func TestRestorePool(t *testing.T) {
+	h := newSimHost(t, "limit=2GiB")
+	id := PoolID{7, 1}
+	const thread = 42
+	alloc := func(size uint64) uint64 {
+		t.Helper()
+		p, err := h.AllocThread(0, size, 0, 0, thread)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	free := func(p uint64) {
+		t.Helper()
+		if err := h.Free(0, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.BeginPool(0, id, RouteThread, 0, thread); err != nil {
+		t.Fatal(err)
+	}
+	o1 := alloc(8 * miB)
+	tmp := alloc(16 * miB)
+	o2 := alloc(3*miB + 100)
+	free(tmp)
+	cp, err := h.CheckpointPool(0, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []PoolBuffer{{o1, 8 * miB, 0}, {o2, 3*miB + 100, 0}}
+	slices.SortFunc(want, func(x, y PoolBuffer) int { return cmp.Compare(x.Ptr, y.Ptr) })
+	if !slices.Equal(cp, want) {
+		t.Fatalf("checkpoint %v, want %v", cp, want)
+	}
+	free(o1) // the program dropped an output
+	x := alloc(20 * miB)
+	y := alloc(1 * miB)
+	if err := h.EndPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := h.Stats(0)
+
+	bad := []PoolBuffer{{o1, 8 * miB, 0}, {o1 + miB, miB, 0}}
+	if _, err := h.RestorePool(0, id, bad); !errors.Is(err, ErrPool) || !strings.Contains(err.Error(), "overlap") {
+		t.Errorf("RestorePool of overlapping buffers: %v, want a refusal", err)
+	}
+	if _, err := h.RestorePool(0, id, append(slices.Clone(cp), PoolBuffer{1 << 50, 512, 0})); !errors.Is(err, ErrPool) || !strings.Contains(err.Error(), "not in the pool's memory") {
+		t.Errorf("RestorePool of a buffer outside the pool: %v, want a refusal", err)
+	}
+	if _, err := h.RestorePool(0, PoolID{9, 9}, cp); !errors.Is(err, ErrPool) {
+		t.Errorf("RestorePool of an unknown pool: %v, want ErrPool", err)
+	}
+	if got := sortedLive(h, id); !slices.Equal(got, sorted(o2, x, y)) {
+		t.Fatalf("the refusals changed the pool: live %#x, want %#x", got, sorted(o2, x, y))
+	}
+	if st, _ := h.Stats(0); st.Allocated != before.Allocated {
+		t.Errorf("the refusals changed the books: allocated %d, was %d", st.Allocated, before.Allocated)
+	}
+
+	freed, err := h.RestorePool(0, id, cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Sort(freed); !slices.Equal(freed, sorted(o2, x, y)) {
+		t.Errorf("freed %#x, want the pool's live buffers %#x", freed, sorted(o2, x, y))
+	}
+	if got := sortedLive(h, id); !slices.Equal(got, sorted(o1, o2)) {
+		t.Errorf("after the restore the pool's live buffers are %#x, want the checkpoint's %#x", got, sorted(o1, o2))
+	}
+	st, _ := h.Stats(0)
+	if wantAlloc := before.Allocated - 20*miB - miB + 8*miB; st.Allocated != wantAlloc {
+		t.Errorf("allocated %d after the restore, want %d", st.Allocated, wantAlloc)
+	}
+	// New allocations, in the pool and outside it, keep off the restored
+	// buffers; the restored ones free as any other.
+	if err := h.BeginPool(0, id, RouteThread, 0, thread); err != nil {
+		t.Fatal(err)
+	}
+	in := alloc(8 * miB)
+	if err := h.EndPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.Alloc(0, 8*miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []uint64{in, out} {
+		for _, r := range want {
+			if p < r.Ptr+r.Size && r.Ptr < p+8*miB {
+				t.Errorf("a new buffer at %#x overlaps the restored %#x", p, r.Ptr)
+			}
+		}
+	}
+	for _, p := range []uint64{o1, o2, in, out} {
+		free(p)
+	}
+	if n := h.Live(0); n != 0 {
+		t.Errorf("%d buffers live after every free", n)
+	}
+}
+
+func sorted(ps ...uint64) []uint64 { slices.Sort(ps); return ps }
+
+func sortedLive(h *Host, id PoolID) []uint64 { return sorted(h.PoolLive(0, id)...) }

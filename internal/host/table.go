@@ -1,6 +1,8 @@
 package host
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 
 	"github.com/gpumem/gpumem"
@@ -188,6 +190,23 @@ func (t *table) addrsOf(p *privatePool) []uint64 {
 		}
 		sh.mu.Unlock()
 	}
+	return out
+}
+
+// entriesOf returns the entries of p's live buffers, in address order.
+func (t *table) entriesOf(p *privatePool) []entry {
+	var out []entry
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, sl := range sh.slots {
+			if sl.key != 0 && sl.val.pool == p {
+				out = append(out, sl.val)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	slices.SortFunc(out, func(x, y entry) int { return cmp.Compare(x.buf.Ptr(), y.buf.Ptr()) })
 	return out
 }
 
