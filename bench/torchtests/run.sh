@@ -11,7 +11,8 @@
 #
 # SELECTION: graphs (tests whose name contains "graph") and/or memory (name
 # contains memory, oom, alloc, stream, cache, fraction, record, snapshot or
-# pool, and not graph); default both. Each selection runs under each
+# pool, and not graph); default both. all: every test of TEST_FILE (for
+# other files of PyTorch's, such as test/inductor/test_cudagraph_trees.py). Each selection runs under each
 # allocator in a process of its own: first PyTorch's allocator
 # (GPUMEM_TORCH_ALLOCATOR unset), then gpumem (GPUMEM_TORCH_ALLOCATOR=gpumem,
 # which sitecustomize.py turns into gpumem.torch.use() at interpreter start).
@@ -68,8 +69,8 @@ if [ $# -eq 0 ]; then
 fi
 for sel in "$@"; do
 	case "$sel" in
-	graphs | memory) ;;
-	*) echo "run.sh: unknown selection '$sel' (want graphs and/or memory)" >&2; exit 2 ;;
+	graphs | memory | all) ;;
+	*) echo "run.sh: unknown selection '$sel' (want graphs, memory and/or all)" >&2; exit 2 ;;
 	esac
 done
 for a in $ALLOCATORS; do
@@ -79,8 +80,8 @@ for a in $ALLOCATORS; do
 	esac
 done
 
-include_of() { case "$1" in graphs) echo graph ;; memory) echo memory,oom,alloc,stream,cache,fraction,record,snapshot,pool ;; esac; }
-exclude_of() { case "$1" in graphs) echo "" ;; memory) echo graph ;; esac; }
+include_of() { case "$1" in graphs) echo graph ;; memory) echo memory,oom,alloc,stream,cache,fraction,record,snapshot,pool ;; all) echo "" ;; esac; }
+exclude_of() { case "$1" in graphs) echo "" ;; memory) echo graph ;; all) echo "" ;; esac; }
 
 if [ ! -f "$TEST_FILE" ]; then
 	echo "run.sh: $TEST_FILE is missing: PyTorch's test/test_cuda.py goes there (see bench/torchtests/README.md)" >&2

@@ -154,6 +154,10 @@ _OPTIONAL = {  # functions of later versions, bound when present
     "gpumem_pool_uses": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64)]),
     "gpumem_pool_live": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64), ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.c_size_t)]),
+    "gpumem_pool_checkpoint": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_size_t,
+                                         ctypes.POINTER(ctypes.c_size_t)]),
+    "gpumem_pool_restore": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_size_t]),
+    "gpumem_torch_delete": (None, [ctypes.c_void_p]),
 }
 
 LIBRARY_NAME = "libgpumem.so"
@@ -352,6 +356,35 @@ class Library:
                 continue
             self.check(status)
             return set(ptrs[:n.value])
+
+    def pool_checkpoint(self, device, pool):
+        """The pool's live buffers as a checkpoint: a tuple of (ptr, size,
+        stream) in address order."""
+        hi, lo = pool
+        fn = self._optional("gpumem_pool_checkpoint", "allocator checkpoints (torch.compile's CUDA graph trees)")
+        n, cap = ctypes.c_size_t(), 64
+        while True:
+            words = (_u64 * (3 * cap))()
+            status = fn(device, hi, lo, words, cap, ctypes.byref(n))
+            if status == ERROR_BUFFER_TOO_SMALL and n.value > cap:
+                cap = n.value + 64
+                continue
+            self.check(status)
+            return tuple(tuple(words[3 * i:3 * i + 3]) for i in range(n.value))
+
+    def pool_restore(self, device, pool, buffers):
+        """Puts the pool back to a checkpoint (pool_checkpoint): frees its
+        live buffers and makes each of buffers at its address."""
+        hi, lo = pool
+        fn = self._optional("gpumem_pool_restore", "allocator checkpoints (torch.compile's CUDA graph trees)")
+        words = (_u64 * (3 * len(buffers)))(*[w for b in buffers for w in b])
+        self.check(fn(device, hi, lo, words, len(buffers)))
+
+    def torch_deleter(self):
+        """The address of gpumem_torch_delete, a c10::DeleterFnPtr that frees
+        the buffer its context points to."""
+        fn = self._optional("gpumem_torch_delete", "allocator checkpoints (torch.compile's CUDA graph trees)")
+        return ctypes.cast(fn, ctypes.c_void_p).value
 
     def torch_errors(self, c10, c10_cuda):
         return self._c.gpumem_torch_errors(os.fsencode(c10), os.fsencode(c10_cuda))

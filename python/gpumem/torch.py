@@ -30,10 +30,12 @@ what PyTorch does not pass to a pluggable allocator by itself:
   _cuda_endAllocateToPool, _cuda_endAllocateCurrentStreamToPool,
   _cuda_releasePool and _cuda_checkPoolLiveAllocations (torch.cuda.graph,
   make_graphed_callables, use_mem_pool and torch.compile's graph trees call
-  these), also where a module imported them by name. Allocator checkpoints
-  (_cuda_getCheckpointState, _cuda_setCheckpointPoolState), which
-  torch.compile(mode="reduce-overhead") needs, raise a one-line
-  RuntimeError saying so instead of PyTorch's "does not yet support".
+  these), also where a module imported them by name;
+- torch.compile(mode="reduce-overhead"): the allocator checkpoints its CUDA
+  graph trees take and put back (_cuda_getCheckpointState,
+  _cuda_setCheckpointPoolState) and the storage helpers around them
+  (_cuda_cudaCachingAllocator_raw_delete, _free_And_Remove_DeleterFn,
+  _has_Standard_Deleter) work on gpumem's pools (_checkpoint.py).
 
 - torch.cuda.memory_stats() answers with PyTorch's keys wherever gpumem
   has the figure, memory_summary() in PyTorch's table layout, and
@@ -54,7 +56,7 @@ import types
 import warnings
 import weakref
 
-from . import _lib, _torchmem, configure
+from . import _checkpoint, _lib, _torchmem, configure
 
 __all__ = ["use", "installed", "stats", "trim", "snapshot", "memory_summary", "last_oom", "record"]
 
@@ -248,11 +250,6 @@ def _patch_history(torch, lib):
 # every other allocation until the graph is reset or deleted (releasePool);
 # CUDAPluggableAllocator drops these calls. So they are made here, at the
 # Python entry points that lead to them, against gpumem's private pools.
-
-_CHECKPOINTS = ("gpumem: torch.compile(mode='reduce-overhead') needs allocator checkpoints ({}), "
-                "which gpumem does not support yet; use mode='max-autotune-no-cudagraphs' "
-                "or run without gpumem.torch.use()")
-
 
 def _pool_id(pool):
     """(hi, lo) of a pool as PyTorch names it: a MempoolId_t tuple
@@ -614,15 +611,22 @@ def _patch_pool_calls(torch, lib):
 
     patch("_cuda_checkPoolLiveAllocations", checking)
 
-    def unsupported(what):
+    # Allocator checkpoints, for torch.compile's CUDA graph trees
+    # (_checkpoint.py).
+    cps = _checkpoint.Checkpoints(torch, lib, dev, _pool_id)
+
+    def calling(method):
         def make(orig):
             def fn(*args, **kwargs):
-                raise RuntimeError(_CHECKPOINTS.format(what))
+                return method(*args, **kwargs)
             return fn
         return make
 
-    patch("_cuda_getCheckpointState", unsupported("getCheckpointState"))
-    patch("_cuda_setCheckpointPoolState", unsupported("setCheckpointPoolState"))
+    patch("_cuda_getCheckpointState", calling(cps.get_state))
+    patch("_cuda_setCheckpointPoolState", calling(cps.set_state))
+    patch("_cuda_cudaCachingAllocator_raw_delete", calling(cps.raw_delete))
+    patch("_free_And_Remove_DeleterFn", calling(cps.free_and_remove_deleter))
+    patch("_has_Standard_Deleter", calling(cps.has_standard_deleter))
     _replace_all(torch, news)
 
 
