@@ -87,6 +87,14 @@ static uint64_t route_thread(void) {
 	return atomic_load_explicit(&pool_routes, memory_order_relaxed) > 0 ? (uint64_t)pthread_self() : 0;
 }
 
+/* The out-of-memory observer (PyTorch's attachOutOfMemoryObserver). */
+static void (*_Atomic oom_fn)(int, uint64_t, uint64_t, uint64_t);
+
+EXPORT gpumem_status gpumem_set_oom_callback(void (*fn)(int device, uint64_t size, uint64_t limit, uint64_t device_free)) {
+	atomic_store(&oom_fn, fn);
+	return GPUMEM_SUCCESS;
+}
+
 EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 	uintptr_t p = 0;
 	uint32_t site = 0;
@@ -95,6 +103,20 @@ EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 		if (fn) site = fn(device);
 	}
 	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, site, route_thread());
+	if (st == GPUMEM_ERROR_OUT_OF_MEMORY) {
+		void (*fn)(int, uint64_t, uint64_t, uint64_t) = atomic_load(&oom_fn);
+		if (fn) {
+			/* PyTorch's arguments: the limit where one is set, else the
+			 * device's memory, and the driver's free memory. The verdict
+			 * is copied first: the observer may allocate. */
+			gpumem_oom v;
+			gpumem_last_oom(&v, sizeof v);
+			char msg[1024];
+			snprintf(msg, sizeof msg, "%s", gpumem_last_error());
+			fn(device, size, v.limit && v.limit < v.total ? v.limit : v.total, v.device_free);
+			gpumem_set_error(st, msg, strlen(msg), &v);
+		}
+	}
 	if (st != GPUMEM_SUCCESS && gpumem_torch_enabled())
 		gpumem_torch_raise(st, gpumem_last_error(), size, device); /* does not return */
 	return (void *)p;

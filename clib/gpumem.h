@@ -184,6 +184,18 @@ typedef struct gpumem_stats {
  * out is reported once on stderr and otherwise ignored. */
 void *gpumem_alloc(size_t size, int device, void *stream);
 void gpumem_free(void *ptr, size_t size, int device, void *stream);
+/* Calls fn (on the allocating thread) when gpumem_alloc runs out of
+ * memory, before it fails or raises: the device, the request, the limit
+ * where one is set (else the device's memory) and the driver's free
+ * memory, as PyTorch's out-of-memory observers get them. NULL removes it. */
+gpumem_status gpumem_set_oom_callback(void (*fn)(int device, uint64_t size, uint64_t limit, uint64_t device_free));
+/* Answers PyTorch's C++ cacheInfo queries (cuDNN's benchmark sizes its
+ * workspace by them; CUDAPluggableAllocator refuses them) with what gpumem
+ * could hand out on the device now, by writing gpumem's function into
+ * CUDAPluggableAllocator's vtable in the given, loaded libtorch_cuda.so.
+ * GPUMEM_ERROR_CONFIG, with nothing written, if the symbols or the slot
+ * are not found. */
+gpumem_status gpumem_torch_cache_info(const char *libtorch_cuda);
 
 /* --- Allocation with a status -------------------------------------------- */
 

@@ -111,6 +111,9 @@ class Stats(ctypes.Structure):
 
 
 SITE_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_int)
+# gpumem_set_oom_callback's fn: device, request, limit (or the device's
+# memory), the driver's free memory.
+OOM_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
 
 _u64 = ctypes.c_uint64
 _status = ctypes.c_int
@@ -158,6 +161,8 @@ _OPTIONAL = {  # functions of later versions, bound when present
                                          ctypes.POINTER(ctypes.c_size_t)]),
     "gpumem_pool_restore": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_size_t]),
     "gpumem_torch_delete": (None, [ctypes.c_void_p]),
+    "gpumem_set_oom_callback": (_status, [OOM_CALLBACK]),
+    "gpumem_torch_cache_info": (_status, [ctypes.c_char_p]),
 }
 
 LIBRARY_NAME = "libgpumem.so"
@@ -385,6 +390,17 @@ class Library:
         the buffer its context points to."""
         fn = self._optional("gpumem_torch_delete", "allocator checkpoints (torch.compile's CUDA graph trees)")
         return ctypes.cast(fn, ctypes.c_void_p).value
+
+    def set_oom_callback(self, callback):
+        """Calls callback(device, size, limit, device_free) on each
+        out-of-memory of gpumem_alloc, before it fails; OOM_CALLBACK() to
+        remove. Keep a reference to callback while it is set."""
+        self.check(self._optional("gpumem_set_oom_callback", "out-of-memory observers")(callback))
+
+    def torch_cache_info(self, libtorch_cuda):
+        """Answers PyTorch's C++ cacheInfo queries (cuDNN's benchmark) from
+        gpumem; returns the status (the reason in last_error())."""
+        return self._optional("gpumem_torch_cache_info", "cuDNN benchmark workspace queries")(os.fsencode(libtorch_cuda))
 
     def torch_errors(self, c10, c10_cuda):
         return self._c.gpumem_torch_errors(os.fsencode(c10), os.fsencode(c10_cuda))

@@ -37,6 +37,12 @@ what PyTorch does not pass to a pluggable allocator by itself:
   (_cuda_cudaCachingAllocator_raw_delete, _free_And_Remove_DeleterFn,
   _has_Standard_Deleter) work on gpumem's pools (_checkpoint.py).
 
+- cuDNN's benchmark (torch.backends.cudnn.benchmark) gets its workspace
+  size from gpumem: PyTorch's C++ cacheInfo query, which
+  CUDAPluggableAllocator refuses, is answered (clib/torch_allocator.c);
+- out-of-memory observers (torch._C._cuda_attach_out_of_memory_observer)
+  are called on gpumem's out-of-memory, with PyTorch's arguments;
+
 - torch.cuda.memory_stats() answers with PyTorch's keys wherever gpumem
   has the figure, memory_summary() in PyTorch's table layout, and
   torch.cuda.memory._record_memory_history, _snapshot, _dump_snapshot and
@@ -102,6 +108,11 @@ def use(limit=None, *, config=None):
     if lib.torch_errors(os.path.join(tlib, "libc10.so"), os.path.join(tlib, "libc10_cuda.so")) != _lib.SUCCESS:
         import warnings
         warnings.warn("gpumem: " + lib.last_error() + " (PyTorch " + torch.__version__ + ")", RuntimeWarning, stacklevel=2)
+    # cuDNN's benchmark asks the allocator, from C++, how much it could
+    # hand out (cacheInfo), which CUDAPluggableAllocator refuses.
+    if lib.torch_cache_info(os.path.join(tlib, "libtorch_cuda.so")) != _lib.SUCCESS:
+        import warnings
+        warnings.warn(lib.last_error() + " (PyTorch " + torch.__version__ + ")", RuntimeWarning, stacklevel=2)
     _state["allocator"] = allocator
     _state["installed"] = True
     _patch(torch, lib)
@@ -199,6 +210,42 @@ def _patch(torch, lib):
     torch.Tensor.record_stream = record_stream
     _patch_graphs(torch, lib)
     _patch_history(torch, lib)
+    _patch_oom_observers(torch, lib)
+
+
+def _patch_oom_observers(torch, lib):
+    """torch._C._cuda_attach_out_of_memory_observer (torch.cuda.memory.
+    _attach_out_of_memory_observer): each observer is called as under
+    PyTorch's allocator, observer(device, alloc_size, limit or device
+    total, device_free), when an allocation runs out of memory, before
+    the error is raised. An observer that raises is reported as a
+    warning: the error raised stays the out-of-memory."""
+    observers = []
+
+    def on_oom(device, size, limit, free):
+        for obs in list(observers):
+            try:
+                obs(device, size, limit, free)
+            except Exception as e:
+                warnings.warn(f"gpumem: an out-of-memory observer raised {type(e).__name__}: {e}",
+                              RuntimeWarning)
+
+    callback = _lib.OOM_CALLBACK(on_oom)
+
+    def make(orig):
+        def attach(observer):
+            with _lock:
+                observers.append(observer)
+                if len(observers) == 1:
+                    _state["oom_callback"] = callback  # kept alive while set
+                    lib.set_oom_callback(callback)
+        return attach
+
+    news = {}
+    orig = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if orig is not None:
+        news["_cuda_attach_out_of_memory_observer"] = make(orig)
+        _replace_all(torch, news)
 
 
 def _patch_history(torch, lib):

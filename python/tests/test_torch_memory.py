@@ -220,3 +220,74 @@ def test_mempool_routes_like_pytorchs():
     results = under_both(MEMPOOL)
     assert results["gpumem"] == results["torch"], results
     assert results["gpumem"]["x_in_pool"] and results["gpumem"]["y_not_in_pool"] and results["gpumem"]["data"], results
+
+
+OOM_OBSERVER = r"""
+import json, os
+import torch
+if os.environ["ALLOCATOR"] == "gpumem":
+    import gpumem.torch
+    gpumem.torch.use()
+dev = torch.device("cuda")
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(0.05)
+seen = []
+torch._C._cuda_attach_out_of_memory_observer(lambda *a: seen.append(a))
+keep = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
+raised = None
+try:
+    torch.empty(int(total * 0.2), dtype=torch.uint8, device=dev)
+except torch.cuda.OutOfMemoryError as e:
+    raised = str(e).splitlines()[0][:40]
+after = torch.empty(1 << 20, dtype=torch.uint8, device=dev)  # the process goes on
+(device, size, limit, free), = seen
+print("RESULT " + json.dumps(dict(
+    calls=len(seen), device=device, size=size, raised=raised,
+    limit_fraction=round(limit / total, 3), free_ok=0 < free <= total)))
+"""
+
+
+@needs_library
+@needs_gpu
+def test_oom_observer_like_pytorchs():
+    """torch._C._cuda_attach_out_of_memory_observer: the observer is
+    called once per out-of-memory, before PyTorch's error is raised, with
+    PyTorch's arguments (device, request, the fraction's limit, the
+    driver's free memory), the same under both allocators."""
+    results = under_both(OOM_OBSERVER)
+    ours, native = results["gpumem"], results["torch"]
+    assert ours["calls"] == 1 and ours["raised"].startswith("CUDA out of memory. Tried to allocate"), ours
+    # The request as each allocator rounds it: PyTorch's to 2 MiB.
+    assert 0 <= native["size"] - ours["size"] < 2 << 20, results
+    del ours["size"], native["size"]
+    assert ours == native, results
+
+
+CUDNN_BENCHMARK = r"""
+import json, os
+import torch
+if os.environ["ALLOCATOR"] == "gpumem":
+    import gpumem.torch
+    gpumem.torch.use()
+torch.manual_seed(0)
+torch.backends.cudnn.benchmark = True
+torch.backends.cudnn.allow_tf32 = False
+conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()
+x = torch.randn(8, 16, 64, 64, device="cuda")
+y = conv(x)
+y.sum().backward()
+ref = torch.nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1)
+print("RESULT " + json.dumps(dict(err=float((y.double() - ref).abs().max()), grad=conv.weight.grad is not None)))
+"""
+
+
+@needs_library
+@needs_gpu
+def test_cudnn_benchmark():
+    """torch.backends.cudnn.benchmark = True: cuDNN asks the allocator for
+    its workspace size from C++ (cacheInfo), which a pluggable allocator
+    refuses; under gpumem the convolution runs, forward and backward, with
+    PyTorch's allocator's result."""
+    results = under_both(CUDNN_BENCHMARK)
+    for allocator, r in results.items():
+        assert r["grad"] and r["err"] < 1e-3, (allocator, r)
