@@ -114,6 +114,11 @@ static void torch_size(char *out, size_t n, uint64_t v) {
  * what batch-size finders and other tools match on), then gpumem's
  * verdict. */
 static void torch_oom_message(char *out, size_t n, const gpumem_oom *o, const char *verdict) {
+	if (o->requested >= (1ULL << 60)) {
+		/* PyTorch's words for a request of 1 EB or more. */
+		snprintf(out, n, "CUDA out of memory. Tried to allocate more than 1EB memory. %s", verdict);
+		return;
+	}
 	char req[32], total[32], free_[32], active[32], cached[32];
 	torch_size(req, sizeof req, o->requested);
 	torch_size(total, sizeof total, o->total);

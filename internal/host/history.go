@@ -32,11 +32,10 @@ import (
 // and unmap events are not traced.
 
 type history struct {
-	mu    sync.Mutex
-	start time.Time
-	ring  []TorchTraceEntry // len(ring) <= max; next overwrites the oldest once full
-	max   int
-	next  int
+	mu   sync.Mutex
+	ring []TorchTraceEntry // len(ring) <= max; next overwrites the oldest once full
+	max  int
+	next int
 }
 
 // TorchTraceEntry is one entry of a device trace, in PyTorch's keys (Site
@@ -95,7 +94,7 @@ func (h *Host) RecordHistory(ordinal int, on bool, maxEntries int) error {
 	if maxEntries <= 0 {
 		return fmt.Errorf("%w: history of %d entries: want at least 1", ErrConfig, maxEntries)
 	}
-	d.hist.Store(&history{start: time.Now(), max: maxEntries})
+	d.hist.Store(&history{max: maxEntries})
 	return nil
 }
 
@@ -103,7 +102,7 @@ func (hs *history) add(action string, addr, size, stream uint64, site uint32) {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	e := TorchTraceEntry{Action: action, Addr: addr, Size: size, Stream: stream, Site: site,
-		TimeUS: time.Since(hs.start).Microseconds()}
+		TimeUS: time.Now().UnixMicro()} // PyTorch's time_us: microseconds since the epoch
 	if len(hs.ring) < hs.max {
 		hs.ring = append(hs.ring, e)
 		return

@@ -384,16 +384,18 @@ func (h *Host) SetLimit(ordinal int, n uint64) error {
 }
 
 // SetLimitFraction caps device ordinal's memory at a fraction of its total
-// (torch.cuda.set_per_process_memory_fraction).
+// (torch.cuda.set_per_process_memory_fraction). A fraction of 0 lets
+// nothing more be allocated, as under PyTorch's allocator (a limit of one
+// byte: the allocator's limit 0 means the device's capacity).
 func (h *Host) SetLimitFraction(ordinal int, f float64) error {
-	if !(f > 0 && f <= 1) {
-		return fmt.Errorf("%w: memory fraction %v: want more than 0 and at most 1", ErrConfig, f)
+	if !(f >= 0 && f <= 1) {
+		return fmt.Errorf("%w: memory fraction %v: want 0 to 1", ErrConfig, f)
 	}
 	d, err := h.Device(ordinal)
 	if err != nil {
 		return err
 	}
-	return d.Alloc.SetLimit(uint64(f * float64(d.dev.Info().Total)))
+	return d.Alloc.SetLimit(max(1, uint64(f*float64(d.dev.Info().Total))))
 }
 
 // Stats returns device ordinal's statistics; zeros (and no error) if

@@ -227,6 +227,16 @@ func TestLimitAndTrim(t *testing.T) {
 	if err := h.SetLimitFraction(0, 1.5); Code(err) != StatusConfig {
 		t.Errorf("SetLimitFraction(1.5): %v", err)
 	}
+	if err := h.SetLimitFraction(0, -0.1); Code(err) != StatusConfig {
+		t.Errorf("SetLimitFraction(-0.1): %v", err)
+	}
+	// A fraction of 0, as PyTorch's: nothing more can be allocated.
+	if err := h.SetLimitFraction(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Alloc(0, 512, 0, 0); !errors.Is(err, gpumem.ErrOutOfMemory) {
+		t.Errorf("an allocation under a fraction of 0: %v, want an out-of-memory", err)
+	}
 	if err := h.SetLimit(0, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/sim"
@@ -196,6 +197,7 @@ func TestPoolRoutes(t *testing.T) {
 // free_completed.
 func TestTorchSnapshot(t *testing.T) {
 	h := newSimHost(t, "")
+	began := time.Now().UnixMicro()
 	if err := h.RecordHistory(0, true, 5); err != nil {
 		t.Fatal(err)
 	}
@@ -254,8 +256,12 @@ func TestTorchSnapshot(t *testing.T) {
 		t.Errorf("the pool's buffer: %+v", b)
 	}
 	var actions []string
+	now := time.Now().UnixMicro()
 	for _, e := range s.DeviceTraces[0] {
 		actions = append(actions, e.Action)
+		if e.TimeUS < began || e.TimeUS > now {
+			t.Errorf("%s at time_us %d, want microseconds since the epoch in [%d, %d] (PyTorch's)", e.Action, e.TimeUS, began, now)
+		}
 		if strings.HasPrefix(e.Action, "free") && e.Stream != uint64(s1) {
 			t.Errorf("%s on stream %d, want the buffer's stream %d", e.Action, e.Stream, s1)
 		}

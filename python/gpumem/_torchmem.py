@@ -16,11 +16,13 @@ allocator refuses or answers wrongly:
   import` reads it back.
 """
 
+import bisect
 import json
 import os
 import pickle
 import sys
 import threading
+import time
 
 _DEPTH = 16  # Python frames kept per call site
 
@@ -179,6 +181,10 @@ class History:
         self.on = {}  # device -> "all" or "state"
         self.sites = None
         self.skip = set()  # trace actions left out (skip_actions)
+        # torch.cuda.memory._set_memory_metadata: (time in us, text) at
+        # each change, oldest first; a trace entry carries the text set
+        # at its time (entries are stamped on the same clock).
+        self.metadata = [(0, "")]
 
     def record(self, enabled="all", context="all", stacks="all", max_entries=sys.maxsize, device=None,
                clear_history=False, skip_actions=None, **ignored):
@@ -213,6 +219,20 @@ class History:
             self.lib.set_site_callback(_lib.SITE_CALLBACK())
             self.sites = None
 
+    def set_metadata(self, text):
+        """torch.cuda.memory._set_memory_metadata: text that the trace
+        entries from now on carry (user_metadata)."""
+        self.metadata.append((time.time_ns() // 1000, str(text)))
+        if len(self.metadata) > 1 << 16:
+            del self.metadata[1:1 << 15]  # the oldest changes go first
+
+    def get_metadata(self):
+        return self.metadata[-1][1]
+
+    def _metadata_at(self, t):
+        i = bisect.bisect_right(self.metadata, (t, chr(0x10FFFF))) - 1
+        return self.metadata[max(i, 0)][1]
+
     def frames(self, site):
         s = self.sites
         return list(s.frames.get(site, [])) if s is not None else []
@@ -237,6 +257,8 @@ class History:
                     if e["action"] in self.skip:
                         continue
                     e["frames"] = self.frames(e.pop("site"))
+                    e["user_metadata"] = self._metadata_at(e.get("time_us", 0))
+                    e["compile_context"] = "N/A"  # gpumem does not see torch.compile's contexts
                     trace.append(e)
             traces.append(trace)
         return {"segments": segments, "device_traces": traces}

@@ -7,7 +7,19 @@ Every CuPy allocation then comes from gpumem, on CuPy's current device and
 stream; memory is freed when CuPy lets go of it. An allocation that runs
 out of memory raises cupy.cuda.memory.OutOfMemoryError (a subclass of it
 that carries gpumem's verdict as .verdict and in its message).
+
+Stream capture (cupy.cuda.Stream.begin_capture ... end_capture, CUDA
+graphs): what the capture allocates, on its stream or any stream that
+joins it, comes from a private pool of its own, as PyTorch's graphs do.
+A graph's launches write that memory, so it serves no other allocation
+while the graph lives, and goes back (at the next trim, or before an
+out-of-memory) once the graph is collected. While a capture is underway,
+gpumem makes no call that would break it.
 """
+
+import itertools
+import threading
+import weakref
 
 from . import _lib, configure
 
@@ -86,7 +98,70 @@ def use(limit=None, *, config=None):
     if not _state["installed"]:
         _state["previous"] = cupy.cuda.get_allocator()
     cupy.cuda.set_allocator(malloc)
+    _patch_capture(cupy, lib)
     _state["installed"] = True
+
+
+# Pool ids for CuPy's captures: a space of their own (PyTorch's are
+# (0, n) and (n, 0)).
+_CUPY_POOLS = 0xC0B1 << 48
+_pool_ids = itertools.count(1)
+_capturing = {}  # stream pointer -> (device, pool): routes open
+_capture_lock = threading.Lock()
+
+
+def _release(lib, device, pool):
+    try:
+        lib.pool_release(device, pool)
+    except Exception as e:  # in the garbage collector: say so, never raise
+        import sys
+        print(f"gpumem: giving back a collected CuPy graph's pool: {e}", file=sys.stderr)
+
+
+def _patch_capture(cupy, lib):
+    """Wraps cupy.cuda.Stream's begin_capture and end_capture (once)."""
+    cls = cupy.cuda.Stream
+    if getattr(cls, "_gpumem_capture", False):
+        return
+    begin, end = cls.begin_capture, cls.end_capture
+
+    def begin_capture(self, *args, **kwargs):
+        begin(self, *args, **kwargs)
+        device = cupy.cuda.runtime.getDevice()
+        pool = (_CUPY_POOLS, next(_pool_ids))
+        try:
+            lib.pool_begin(device, pool, self.ptr, _lib.POOL_CAPTURE)
+        except BaseException:
+            try:
+                end(self)  # leave no stream capturing
+            finally:
+                raise
+        with _capture_lock:
+            _capturing[self.ptr] = (device, pool)
+
+    def end_capture(self, *args, **kwargs):
+        with _capture_lock:
+            device, pool = _capturing.pop(self.ptr, (None, None))
+        try:
+            graph = end(self, *args, **kwargs)
+        finally:
+            if pool is not None:
+                lib.pool_end(device, pool)
+        if pool is None:
+            return graph
+        try:
+            weakref.finalize(graph, _release, lib, device, pool).atexit = False
+        except TypeError:
+            # A graph that takes no weak reference (an older CuPy): its
+            # memory stays the graph's until the process ends, never
+            # another allocation's.
+            _state.setdefault("kept_pools", []).append((device, pool))
+        return graph
+
+    begin_capture.__doc__ = getattr(begin, "__doc__", None)
+    end_capture.__doc__ = getattr(end, "__doc__", None)
+    cls.begin_capture, cls.end_capture = begin_capture, end_capture
+    cls._gpumem_capture = True
 
 
 def restore():

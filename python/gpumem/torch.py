@@ -135,6 +135,8 @@ def _patch(torch, lib):
         """Caps gpumem's memory on device at fraction of it (patched by gpumem.torch)."""
         if not isinstance(fraction, float):
             raise TypeError("Invalid type for fraction argument, must be `float`")
+        if fraction < 0 or fraction > 1:  # PyTorch's check and words
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
         lib.set_memory_fraction(_device(device), fraction)
 
     def mem_get_info(device=None):
@@ -277,9 +279,27 @@ def _patch_history(torch, lib):
         """gpumem's segments in PyTorch's format (patched by gpumem.torch)."""
         return hist.snapshot()["segments"]
 
+    def _set_memory_metadata(metadata):
+        """Text the history's entries from now on carry as user_metadata
+        (patched by gpumem.torch)."""
+        hist.set_metadata(metadata)
+
+    def _get_memory_metadata():
+        """The text _set_memory_metadata set (patched by gpumem.torch)."""
+        return hist.get_metadata()
+
+    news = {}
+    if hasattr(torch._C, "_cuda_setMemoryMetadata"):
+        news["_cuda_setMemoryMetadata"] = lambda metadata: hist.set_metadata(metadata)
+    if hasattr(torch._C, "_cuda_getMemoryMetadata"):
+        news["_cuda_getMemoryMetadata"] = lambda: hist.get_metadata()
+    _replace_all(torch, news)
+
     for module in (mem, torch.cuda):
         for name, fn in (("_record_memory_history", _record_memory_history), ("_snapshot", _snapshot),
-                         ("_dump_snapshot", _dump_snapshot), ("memory_snapshot", memory_snapshot)):
+                         ("_dump_snapshot", _dump_snapshot), ("memory_snapshot", memory_snapshot),
+                         ("_set_memory_metadata", _set_memory_metadata),
+                         ("_get_memory_metadata", _get_memory_metadata)):
             if hasattr(module, name):
                 _patched[(module.__name__, name)] = getattr(module, name)
                 setattr(module, name, fn)

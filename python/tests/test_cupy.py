@@ -31,3 +31,58 @@ def test_arrays_and_out_of_memory():
     assert lines[0] == "sum %d" % (sum(range(1 << 20)) * 2)
     assert lines[1].startswith("OOM limit out of memory (allocator limit)")
     assert int(lines[2].split()[1]) <= 702 << 20
+
+
+CAPTURE = """
+    import json, os, sys
+    import cupy
+    if os.environ["ALLOCATOR"] == "gpumem":
+        import gpumem, gpumem.cupy
+        gpumem.cupy.use()
+    x = cupy.arange(1 << 20, dtype=cupy.float32)
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        tmp = x * 2           # an intermediate, freed within the capture
+        y = tmp + 1
+        del tmp
+        z = y * 3
+        g = s.end_capture()
+    # Arrays made after the capture, each with its own value.
+    keep = [cupy.full(n << 16, float(i + 5), dtype=cupy.float32) for i, n in enumerate((16, 4, 16, 1, 8, 32))]
+    ok = True
+    for k in range(3):
+        x += 1                # new input each launch
+        g.launch(stream=s)
+        s.synchronize()
+        want = (cupy.arange(1 << 20, dtype=cupy.float32) + k + 1) * 2 + 1
+        ok = ok and bool(cupy.allclose(y, want)) and bool(cupy.allclose(z, want * 3))
+    changed = [i for i, a in enumerate(keep) if not bool((a == i + 5).all())]
+    out = dict(outputs=ok, changed=changed)
+    if os.environ["ALLOCATOR"] == "gpumem":
+        held = gpumem.stats(0)["pool_reserved"]
+        del g, y, z
+        import gc; gc.collect()
+        gpumem.trim()
+        out.update(pool_held=held > 0, pool_after=gpumem.stats(0)["pool_reserved"])
+    print("RESULT " + json.dumps(out))
+"""
+
+
+def test_stream_capture_keeps_its_memory():
+    """CuPy's stream capture under gpumem: what the capture allocated is the
+    graph's (launches write it), so arrays made after the capture keep
+    their values through launches, and the outputs are right; once the
+    graph is collected its pool goes back at the next trim. CuPy's own pool
+    is run for comparison only."""
+    import json
+    res = {}
+    for allocator in ("gpumem", "cupy"):
+        p = run(CAPTURE, env={"ALLOCATOR": allocator}, check=False)
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+        res[allocator] = json.loads(line[-1][7:])
+        print(allocator, res[allocator])
+    ours = res["gpumem"]
+    assert ours["outputs"] and ours["changed"] == [], res
+    assert ours["pool_held"] and ours["pool_after"] == 0, res

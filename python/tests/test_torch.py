@@ -72,6 +72,10 @@ def test_out_of_memory_is_torchs_error():
             torch.empty(1 << 55, dtype=torch.uint8, device="cuda")
         except RuntimeError as e:
             print("absurd", type(e).__name__)
+        try:
+            torch.empty(1 << 61, dtype=torch.uint8, device="cuda")
+        except RuntimeError as e:
+            print("exa", type(e).__name__, str(e).splitlines()[0][:60])
     """)
     lines = p.stdout.splitlines()
     # PyTorch's words first (what batch-size finders match on), then gpumem's verdict.
@@ -81,6 +85,7 @@ def test_out_of_memory_is_torchs_error():
     assert cause == "limit" and int(req) == 600 << 20 and int(limit) == 1 << 30
     assert lines[2] == "after 1024"
     assert lines[3] == "absurd OutOfMemoryError", lines  # as PyTorch's allocator says of it
+    assert lines[4] == "exa OutOfMemoryError CUDA out of memory. Tried to allocate more than 1EB memory.", lines
 
 
 def test_use_after_first_allocation_says_so():

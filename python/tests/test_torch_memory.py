@@ -98,7 +98,9 @@ import torch
 if os.environ["ALLOCATOR"] == "gpumem":
     import gpumem.torch
     gpumem.torch.use()
+import time
 dev = torch.device("cuda")
+began = time.time_ns() // 1000
 torch.cuda.memory._record_memory_history(max_entries=100000)
 
 def make(n):
@@ -107,8 +109,15 @@ def make(n):
 keep = [make(n << 20) for n in (1, 3, 5)]
 gone = make(7 << 20)
 del gone
+torch.cuda.memory._set_memory_metadata("phase two")
+keep.append(make(2 << 20))
+torch.cuda.memory._set_memory_metadata("")
 snap = torch.cuda.memory._snapshot()
 out = {}
+entries = snap["device_traces"][torch.cuda.current_device()]
+meta = {e["size"]: e.get("user_metadata") for e in entries if e["action"] == "alloc"}
+out["metadata"] = meta.get(2 << 20) == "phase two" and meta.get(1 << 20) == ""
+out["time_us_epoch"] = all(began <= e["time_us"] <= time.time_ns() // 1000 for e in entries)
 blocks = {}
 for seg in snap["segments"]:
     for b in seg["blocks"]:
