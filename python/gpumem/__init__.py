@@ -58,8 +58,15 @@ def configure(config=None, *, limit=None):
         lib.configure(c)
 
 
+# Called by trim() before it trims: the framework modules' own clean-up
+# (gpumem.cupy gives back the pools of collected graphs).
+_before_trim = []
+
+
 def trim(device=-1):
     """Gives every unused byte of device (-1: every device) back to the driver now."""
+    for hook in list(_before_trim):
+        hook()
     load().trim(device)
 
 

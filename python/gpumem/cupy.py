@@ -15,11 +15,17 @@ A graph's launches write that memory, so it serves no other allocation
 while the graph lives, and goes back (at the next trim, or before an
 out-of-memory) once the graph is collected. While a capture is underway,
 gpumem makes no call that would break it.
+
+CuPy's Graph takes no weak reference and no attribute, so gpumem cannot
+be told when one is collected: it keeps a reference to each graph and,
+when the program holds none any more, drops it and gives its pool back.
+It looks at the next capture, at gpumem.trim(), and before an allocation
+fails for want of memory.
 """
 
 import itertools
+import sys
 import threading
-import weakref
 
 from . import _lib, configure
 
@@ -91,7 +97,12 @@ def use(limit=None, *, config=None):
         try:
             ptr = lib.allocate(size, device, stream)
         except _lib.OutOfMemoryError as e:
-            raise OutOfMemoryError(size, e.verdict, str(e)) from None
+            if not _release_unused_graphs():
+                raise OutOfMemoryError(size, e.verdict, str(e)) from None
+            try:  # the pools of graphs the program dropped went back: once more
+                ptr = lib.allocate(size, device, stream)
+            except _lib.OutOfMemoryError as e2:
+                raise OutOfMemoryError(size, e2.verdict, str(e2)) from None
         mem = memory.UnownedMemory(ptr, size, _Owner(lib, ptr, device), device)
         return memory.MemoryPointer(mem, 0)
 
@@ -107,15 +118,36 @@ def use(limit=None, *, config=None):
 _CUPY_POOLS = 0xC0B1 << 48
 _pool_ids = itertools.count(1)
 _capturing = {}  # stream pointer -> (device, pool): routes open
+_graphs = []     # [graph, lib, device, pool]: graphs whose pools are held
 _capture_lock = threading.Lock()
 
 
-def _release(lib, device, pool):
-    try:
-        lib.pool_release(device, pool)
-    except Exception as e:  # in the garbage collector: say so, never raise
-        import sys
-        print(f"gpumem: giving back a collected CuPy graph's pool: {e}", file=sys.stderr)
+def _refs_alone():
+    """What sys.getrefcount says, read as _release_unused_graphs reads it,
+    of an object only a list entry refers to (the interpreter's own count
+    of the argument included or not)."""
+    entry = [object()]
+    return sys.getrefcount(entry[0])
+
+
+_ALONE = _refs_alone()
+
+
+def _release_unused_graphs():
+    """Drops the graphs only _graphs refers to and gives their pools back
+    (gpumem frees a pool's memory at the next trim, or before an
+    out-of-memory). Reports whether any went."""
+    with _capture_lock:
+        done = [g for g in _graphs if sys.getrefcount(g[0]) <= _ALONE]
+        for g in done:
+            _graphs.remove(g)
+    for graph, lib, device, pool in done:
+        del graph
+        try:
+            lib.pool_release(device, pool)
+        except Exception as e:
+            print(f"gpumem: giving back a CuPy graph's pool: {e}", file=sys.stderr)
+    return bool(done)
 
 
 def _patch_capture(cupy, lib):
@@ -126,6 +158,7 @@ def _patch_capture(cupy, lib):
     begin, end = cls.begin_capture, cls.end_capture
 
     def begin_capture(self, *args, **kwargs):
+        _release_unused_graphs()
         begin(self, *args, **kwargs)
         device = cupy.cuda.runtime.getDevice()
         pool = (_CUPY_POOLS, next(_pool_ids))
@@ -147,21 +180,17 @@ def _patch_capture(cupy, lib):
         finally:
             if pool is not None:
                 lib.pool_end(device, pool)
-        if pool is None:
-            return graph
-        try:
-            weakref.finalize(graph, _release, lib, device, pool).atexit = False
-        except TypeError:
-            # A graph that takes no weak reference (an older CuPy): its
-            # memory stays the graph's until the process ends, never
-            # another allocation's.
-            _state.setdefault("kept_pools", []).append((device, pool))
+        if pool is not None:
+            with _capture_lock:
+                _graphs.append([graph, lib, device, pool])
         return graph
 
     begin_capture.__doc__ = getattr(begin, "__doc__", None)
     end_capture.__doc__ = getattr(end, "__doc__", None)
     cls.begin_capture, cls.end_capture = begin_capture, end_capture
     cls._gpumem_capture = True
+    from . import _before_trim
+    _before_trim.append(_release_unused_graphs)
 
 
 def restore():
