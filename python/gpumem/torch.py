@@ -191,7 +191,13 @@ def _patch(torch, lib):
         if self.is_cuda:
             lib.record_stream(self.untyped_storage().data_ptr(), self.device.index, stream.cuda_stream)
 
-    for name, fn in [("empty_cache", empty_cache),
+    def memory_stats_as_nested_dict(device=None):
+        """memory_stats nested by the dots of its keys, as PyTorch's
+        (patched by gpumem.torch)."""
+        return _nested(memory_stats(device))
+
+    for name, fn in [("memory_stats_as_nested_dict", memory_stats_as_nested_dict),
+                     ("empty_cache", empty_cache),
                      ("set_per_process_memory_fraction", set_per_process_memory_fraction),
                      ("mem_get_info", mem_get_info),
                      ("memory_stats", memory_stats),
@@ -208,11 +214,44 @@ def _patch(torch, lib):
             if hasattr(module, name):
                 _patched[(module.__name__, name)] = getattr(module, name)
                 setattr(module, name, fn)
+    # torch.accelerator's memory functions (2.9 and later) ask the C++
+    # allocator, which CUDAPluggableAllocator refuses: gpumem's, where the
+    # current accelerator is CUDA.
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None:
+        for name, fn in [("empty_cache", empty_cache), ("memory_stats", memory_stats),
+                         ("memory_allocated", memory_allocated), ("max_memory_allocated", max_memory_allocated),
+                         ("memory_reserved", memory_reserved), ("max_memory_reserved", max_memory_reserved),
+                         ("reset_peak_memory_stats", reset_peak_memory_stats),
+                         ("reset_accumulated_memory_stats", reset_accumulated_memory_stats),
+                         ("get_memory_info", mem_get_info)]:
+            for module in (acc, getattr(acc, "memory", None)):
+                if module is not None and hasattr(module, name):
+                    _patched[(module.__name__, name)] = getattr(module, name)
+                    setattr(module, name, fn)
+    # torch._C's entry points behind them, for code that calls them directly.
+    news = {"_cuda_memoryStats": lambda device: memory_stats_as_nested_dict(device),
+            "_cuda_resetAccumulatedMemoryStats": lambda device: reset_accumulated_memory_stats(device),
+            "_cuda_resetPeakMemoryStats": lambda device: reset_peak_memory_stats(device),
+            "_cuda_emptyCache": lambda *a: empty_cache()}
+    _replace_all(torch, {k: v for k, v in news.items() if hasattr(torch._C, k)})
     _patched[("torch.Tensor", "record_stream")] = torch.Tensor.record_stream
     torch.Tensor.record_stream = record_stream
     _patch_graphs(torch, lib)
     _patch_history(torch, lib)
     _patch_oom_observers(torch, lib)
+
+
+def _nested(flat):
+    """{"a.b.c": v} as {"a": {"b": {"c": v}}} (PyTorch's memoryStats)."""
+    out = {}
+    for key, value in flat.items():
+        *path, last = key.split(".")
+        d = out
+        for part in path:
+            d = d.setdefault(part, {})
+        d[last] = value
+    return out
 
 
 def _patch_oom_observers(torch, lib):

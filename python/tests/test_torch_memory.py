@@ -42,6 +42,17 @@ def test_memory_stats_keys_and_summary():
     # No figure gpumem does not keep is made up.
     assert not any(".small_pool." in k or ".large_pool." in k for k in st)
     assert list(st) == sorted(st)
+    # memory_stats_as_nested_dict / torch._C._cuda_memoryStats: the same
+    # figures nested by the keys' dots, as PyTorch's.
+    from gpumem.torch import _nested
+    nested = _nested(st)
+    assert nested["active_bytes"]["all"]["allocated"] == 9 << 20 and nested["num_ooms"] == 1
+    flat = {}
+    def walk(prefix, d):
+        for k, v in d.items():
+            walk(prefix + k + ".", v) if isinstance(v, dict) else flat.__setitem__(prefix + k, v)
+    walk("", nested)
+    assert flat == st
     table = _torchmem.memory_summary(s, 0)
     lines = table.splitlines()
     assert lines[0].startswith("|====") and "CUDA OOMs: 1" in table
@@ -300,3 +311,41 @@ def test_cudnn_benchmark():
     results = under_both(CUDNN_BENCHMARK)
     for allocator, r in results.items():
         assert r["grad"] and r["err"] < 1e-3, (allocator, r)
+
+
+ACCELERATOR_STATS = r"""
+import gc, json, os
+import torch
+if os.environ["ALLOCATOR"] == "gpumem":
+    import gpumem.torch
+    gpumem.torch.use()
+acc = torch.accelerator
+x = torch.empty(1, device="cuda")
+gc.collect()
+acc.empty_cache()
+acc.reset_peak_memory_stats()
+acc.reset_accumulated_memory_stats()
+before = acc.memory_stats()["active_bytes.all.current"]
+tmp = torch.randn(256, device="cuda")
+grew = acc.memory_stats()["active_bytes.all.current"] - before
+nested = torch.cuda.memory_stats_as_nested_dict()["active_bytes"]["all"]["current"] - before
+del tmp
+gc.collect()
+acc.empty_cache()
+print("RESULT " + json.dumps(dict(
+    grew=grew, nested=nested, back=acc.memory_stats()["active_bytes.all.current"] == before,
+    freed=acc.memory_stats()["active_bytes.all.freed"],
+    allocated_is_stats=acc.memory_allocated() == acc.memory_stats()["allocated_bytes.all.current"])))
+"""
+
+
+@needs_library
+@needs_gpu
+def test_accelerator_memory_functions():
+    """torch.accelerator's memory functions (PyTorch's test_memory_stats
+    reads them) and memory_stats_as_nested_dict answer under gpumem as
+    under PyTorch's allocator: 1 KiB more active for a 256-float tensor,
+    back after its free, the free counted."""
+    results = under_both(ACCELERATOR_STATS)
+    assert results["gpumem"] == results["torch"], results
+    assert results["gpumem"]["grew"] == 1024 and results["gpumem"]["back"], results
