@@ -56,7 +56,10 @@ class _Layout:
         self.torch = torch
         self.ours = lib.torch_deleter()
         self.nothing = self._delete_nothing(torch)
-        probe = torch._C._construct_storage_from_data_pointer(_PROBE, torch.device("cuda", device), 512)
+        try:
+            probe = torch._C._construct_storage_from_data_pointer(_PROBE, torch.device("cuda", device), 512)
+        except Exception as e:  # an older or newer PyTorch without it
+            raise RuntimeError(_FAIL.format(f"_construct_storage_from_data_pointer: {type(e).__name__}: {e}")) from None
         words = [_word(probe._cdata + 8 * i).value for i in range(_WORDS)]
         found = None
         for i in range(1, _WORDS - 2):
