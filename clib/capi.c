@@ -183,6 +183,10 @@ EXPORT gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint
 	return gpumemGo_pool_live(device, hi, lo, ptrs, cap, n);
 }
 
+EXPORT gpumem_status gpumem_capture_hold(int device) { return gpumemGo_capture_hold(device); }
+
+EXPORT gpumem_status gpumem_capture_release(int device) { return gpumemGo_capture_release(device); }
+
 EXPORT gpumem_status gpumem_pool_checkpoint(int device, uint64_t hi, uint64_t lo, gpumem_pool_buffer *bufs, size_t cap, size_t *n) {
 	if (!n || (cap > 0 && !bufs)) return GPUMEM_ERROR_INVALID_VALUE;
 	return gpumemGo_pool_checkpoint(device, hi, lo, (uint64_t *)bufs, cap, n);

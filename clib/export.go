@@ -215,6 +215,16 @@ func gpumemGo_pool_restore(device C.int, hi, lo C.uint64_t, bufs *C.uint64_t, n 
 	return status(err, device)
 }
 
+//export gpumemGo_capture_hold
+func gpumemGo_capture_hold(device C.int) C.gpumem_status {
+	return status(theHost().HoldCapture(int(device)), device)
+}
+
+//export gpumemGo_capture_release
+func gpumemGo_capture_release(device C.int) C.gpumem_status {
+	return status(theHost().ReleaseCapture(int(device)), device)
+}
+
 //export gpumemGo_history
 func gpumemGo_history(device C.int, enabled C.int, maxEntries C.size_t) C.gpumem_status {
 	if maxEntries > 1<<31 {

@@ -291,6 +291,15 @@ gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo);
  * GPUMEM_ERROR_BUFFER_TOO_SMALL when cap < *n: call again with more room. */
 gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint64_t *ptrs, size_t cap, size_t *n);
 
+/* A capture about to begin on device, before gpumem_pool_begin can route
+ * it (its id exists only once it has begun): from gpumem_capture_hold to
+ * gpumem_capture_release gpumem records, queries and waits for no event
+ * and synchronizes nothing, so that a free on another thread meanwhile
+ * cannot break the capture. Release once the route is open (or the
+ * capture failed). Releasing with none held: GPUMEM_ERROR_INVALID_VALUE. */
+gpumem_status gpumem_capture_hold(int device);
+gpumem_status gpumem_capture_release(int device);
+
 /* Checkpoints (torch.compile's CUDA graph trees, PyTorch's
  * getCheckpointState and setCheckpointPoolState). A live buffer of a pool
  * as a checkpoint keeps it: address, size asked for, stream. */

@@ -83,6 +83,7 @@ type pools struct {
 	mu       sync.Mutex
 	n        atomic.Int32 // len(routes), read on every Alloc
 	captures atomic.Int32 // capture routes among them
+	holds    atomic.Int32 // HoldCapture calls not yet released
 	routes   []route
 	byID     map[PoolID]*privatePool
 }
@@ -404,4 +405,35 @@ func (d *Device) closePools() error {
 	d.pools.n.Store(0)
 	d.pools.captures.Store(0)
 	return errors.Join(errs...)
+}
+
+// HoldCapture tells device ordinal's allocators that a capture is about to
+// begin, before its capture id exists (PyTorch's capture_begin begins the
+// stream capture, and only then can BeginPool route it): from now until
+// ReleaseCapture they record, query and wait for no event and synchronize
+// nothing (gpumem.Allocator.BeginCapture), so that no free on another
+// thread in between breaks the capture. Holds nest.
+func (h *Host) HoldCapture(ordinal int) error {
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return err
+	}
+	d.pools.holds.Add(1)
+	d.Alloc.BeginCapture()
+	return nil
+}
+
+// ReleaseCapture ends what HoldCapture began (the capture's own route, if
+// BeginPool made one meanwhile, keeps the allocators careful until
+// EndPool). ErrPool if device ordinal holds none.
+func (h *Host) ReleaseCapture(ordinal int) error {
+	d := h.existing(ordinal)
+	if d == nil || d.pools.holds.Add(-1) < 0 {
+		if d != nil {
+			d.pools.holds.Add(1)
+		}
+		return fmt.Errorf("%w: ReleaseCapture on device %d with no capture held", ErrPool, ordinal)
+	}
+	d.Alloc.EndCapture()
+	return nil
 }

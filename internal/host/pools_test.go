@@ -504,3 +504,59 @@ func TestRestorePool(t *testing.T) {
 func sorted(ps ...uint64) []uint64 { slices.Sort(ps); return ps }
 
 func sortedLive(h *Host, id PoolID) []uint64 { return sorted(h.PoolLive(0, id)...) }
+
+// TestHoldCaptureCoversTheWindow: between a stream capture's start and the
+// route BeginPool opens for it (PyTorch begins the capture first, and only
+// then is its id known), a free of a buffer another stream used records
+// an event on the capturing stream, which breaks the capture, unless the
+// capture was held before it began.
+func TestHoldCaptureCoversTheWindow(t *testing.T) {
+	for _, hold := range []bool{false, true} {
+		h := newSimHost(t, "")
+		d, err := h.Device(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sd := d.dev.(*sim.Device)
+		s1, _ := sd.NewStream()
+		s2, _ := sd.NewStream()
+		p, err := h.Alloc(0, 4*miB, uint64(s2), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.RecordStream(0, p, uint64(s1)); err != nil { // s1's work reads it
+			t.Fatal(err)
+		}
+		if hold {
+			if err := h.HoldCapture(0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sd.BeginCapture(s1)
+		if err := h.Free(0, p); err != nil { // the window: another thread frees
+			t.Fatal(err)
+		}
+		if err := h.BeginPool(0, PoolID{3, 0}, RouteCapture, uint64(s1), 0); err != nil {
+			t.Fatal(err)
+		}
+		if hold {
+			if err := h.ReleaseCapture(0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h.EndPool(0, PoolID{3, 0}); err != nil {
+			t.Fatal(err)
+		}
+		broken := sd.EndCapture(s1) != nil
+		if broken != !hold {
+			t.Errorf("hold %v: capture broken %v; want broken only without the hold", hold, broken)
+		}
+		if d.Alloc.Capturing() {
+			t.Errorf("hold %v: the allocator still counts a capture", hold)
+		}
+	}
+	h := newSimHost(t, "")
+	if err := h.ReleaseCapture(0); !errors.Is(err, ErrPool) {
+		t.Errorf("ReleaseCapture with none held: %v, want ErrPool", err)
+	}
+}

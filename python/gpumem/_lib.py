@@ -163,6 +163,8 @@ _OPTIONAL = {  # functions of later versions, bound when present
     "gpumem_torch_delete": (None, [ctypes.c_void_p]),
     "gpumem_set_oom_callback": (_status, [OOM_CALLBACK]),
     "gpumem_torch_cache_info": (_status, [ctypes.c_char_p]),
+    "gpumem_capture_hold": (_status, [ctypes.c_int]),
+    "gpumem_capture_release": (_status, [ctypes.c_int]),
 }
 
 LIBRARY_NAME = "libgpumem.so"
@@ -326,6 +328,13 @@ class Library:
         hi, lo = pool
         fn = self._optional("gpumem_pool_begin", "private pools for CUDA graphs")
         self.check(fn(device, hi, lo, stream or None, route))
+
+    def capture_hold(self, device):
+        """A capture is about to begin on device (gpumem_capture_hold)."""
+        self.check(self._optional("gpumem_capture_hold", "capture holds")(device))
+
+    def capture_release(self, device):
+        self.check(self._optional("gpumem_capture_release", "capture holds")(device))
 
     def pool_end(self, device, pool):
         hi, lo = pool

@@ -541,15 +541,22 @@ def _patch_graph_class(torch, lib, cls):
         args, kwargs, pool = _capture_pool(torch, args, kwargs)
         st = _graph_pools(self, lib)
         st.end()
-        begin(self, *args, **kwargs)
-        # The capture runs now on the current stream (PyTorch has begun it):
-        # send its allocations, on whatever stream joins it, to the pool.
         device = torch.cuda.current_device()
+        # Held from before PyTorch begins the capture until its route is
+        # open: a free on another thread in between records no event.
+        lib.capture_hold(device)
         try:
-            st.begin(device, pool, torch.cuda.current_stream(device).cuda_stream)
-        except BaseException:
-            _quietly(lambda: end(self))  # leave no stream capturing
-            raise
+            begin(self, *args, **kwargs)
+            # The capture runs now on the current stream (PyTorch has begun
+            # it): send its allocations, on whatever stream joins it, to the
+            # pool.
+            try:
+                st.begin(device, pool, torch.cuda.current_stream(device).cuda_stream)
+            except BaseException:
+                _quietly(lambda: end(self))  # leave no stream capturing
+                raise
+        finally:
+            lib.capture_release(device)
 
     def ending(orig):
         def capture_end(self, *args, **kwargs):

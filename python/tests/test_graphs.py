@@ -122,7 +122,13 @@ from gpumem import _lib
 
 calls = []
 
+holds = []  # capture_hold / capture_release, kept apart from calls
+
 class FakeLib:
+    def capture_hold(self, device):
+        holds.append(("hold", device, len(calls)))
+    def capture_release(self, device):
+        holds.append(("release", device, len(calls)))
     def pool_begin(self, device, pool, stream, route):
         calls.append(("begin", device, tuple(pool), stream, route))
     def pool_end(self, device, pool):
@@ -209,6 +215,8 @@ def test_graph_wiring_without_torch():
         # answers only after capture_end, and the route needs the id now.
         g = CUDAGraph()
         g.capture_begin(capture_error_mode="thread_local")
+        # Held from before PyTorch's begin to after gpumem's route.
+        assert holds == [("hold", 0, 0), ("release", 0, 2)], holds
         (_, pool, mode), begin = take()
         assert mode == "thread_local" and pool[0] == 0 and pool[1] >= 100, pool
         assert begin == ("begin", 0, pool, 0xABC, CAP), begin
@@ -317,6 +325,8 @@ def test_graph_wiring_without_torch():
         assert gt._patched[("faketorch.cuda.memory", "_cuda_endAllocateToPool")] is originals["_cuda_endAllocateToPool"]
         assert gt._patched[("faketorch.cuda.graphs.CUDAGraph", "reset")] is not CUDAGraph.reset
         assert ("faketorch.cuda.graphs.CUDAGraph", "capture_begin") in gt._patched
+        # Every hold released, also where beginning failed.
+        assert [h[0] for h in holds] == ["hold", "release"] * (len(holds) // 2), holds
         print("ok")
     """))
     lines = p.stdout.splitlines()
