@@ -159,16 +159,22 @@ def _patch_capture(cupy, lib):
 
     def begin_capture(self, *args, **kwargs):
         _release_unused_graphs()
-        begin(self, *args, **kwargs)
         device = cupy.cuda.runtime.getDevice()
         pool = (_CUPY_POOLS, next(_pool_ids))
+        # Held from before the capture begins until its route is open: a
+        # free on another thread in between records no event.
+        lib.capture_hold(device)
         try:
-            lib.pool_begin(device, pool, self.ptr, _lib.POOL_CAPTURE)
-        except BaseException:
+            begin(self, *args, **kwargs)
             try:
-                end(self)  # leave no stream capturing
-            finally:
-                raise
+                lib.pool_begin(device, pool, self.ptr, _lib.POOL_CAPTURE)
+            except BaseException:
+                try:
+                    end(self)  # leave no stream capturing
+                finally:
+                    raise
+        finally:
+            lib.capture_release(device)
         with _capture_lock:
             _capturing[self.ptr] = (device, pool)
 
