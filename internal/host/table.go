@@ -177,37 +177,34 @@ func (s *shard) grow() {
 	}
 }
 
-// addrsOf lists the addresses of the buffers of private pool p.
+// addrsOf returns the addresses of p's live buffers.
 func (t *table) addrsOf(p *privatePool) []uint64 {
 	var out []uint64
-	for i := range t.shards {
-		sh := &t.shards[i]
-		sh.mu.Lock()
-		for _, sl := range sh.slots {
-			if sl.key != 0 && sl.val.pool == p {
-				out = append(out, sl.key)
-			}
-		}
-		sh.mu.Unlock()
-	}
+	t.eachOf(p, func(key uint64, _ *entry) { out = append(out, key) })
 	return out
 }
 
 // entriesOf returns the entries of p's live buffers, in address order.
 func (t *table) entriesOf(p *privatePool) []entry {
 	var out []entry
+	t.eachOf(p, func(_ uint64, e *entry) { out = append(out, *e) })
+	slices.SortFunc(out, func(x, y entry) int { return cmp.Compare(x.buf.Ptr(), y.buf.Ptr()) })
+	return out
+}
+
+// eachOf calls fn for each live buffer of p, shard by shard, under the
+// shard's lock (fn must not call back into the table).
+func (t *table) eachOf(p *privatePool, fn func(key uint64, e *entry)) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for _, sl := range sh.slots {
-			if sl.key != 0 && sl.val.pool == p {
-				out = append(out, sl.val)
+		for j := range sh.slots {
+			if sl := &sh.slots[j]; sl.key != 0 && sl.val.pool == p {
+				fn(sl.key, &sl.val)
 			}
 		}
 		sh.mu.Unlock()
 	}
-	slices.SortFunc(out, func(x, y entry) int { return cmp.Compare(x.buf.Ptr(), y.buf.Ptr()) })
-	return out
 }
 
 // sites maps the address of every buffer that has a call site to it.
