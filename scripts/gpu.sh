@@ -17,7 +17,9 @@
 #                                   in a fresh venv: a PyTorch and a JAX
 #                                   program from it), torchtests
 #                                   (PyTorch's test_cuda.py under each
-#                                   allocator: bench/torchtests) and train (real
+#                                   allocator: bench/torchtests), trees
+#                                   (PyTorch's test_cudagraph_trees.py, the
+#                                   same way) and train (real
 #                                   training under each allocator:
 #                                   bench/train; PROGRAMS=a,b for some).
 #
@@ -157,6 +159,15 @@ run() {
 			OUT="$out/torchtests" bash bench/torchtests/run.sh >"$out/torchtests.log" 2>&1 || true
 			tail -30 "$out/torchtests.log" >&2
 			;;
+		trees)
+			# PyTorch's CUDA graph tree tests (torch.compile's
+			# reduce-overhead) under each allocator: about 2 minutes under
+			# PyTorch's, 6 under gpumem on the H100 (docs/BENCHMARKS.md).
+			use_wheel_library
+			OUT="$out/trees" TEST_FILE=build/third_party/test_cudagraph_trees.py \
+				bash bench/torchtests/run.sh all >"$out/trees.log" 2>&1 || true
+			tail -30 "$out/trees.log" >&2
+			;;
 		train)
 			local progs=()
 			[ -n "${PROGRAMS:-}" ] && progs=(--programs "$PROGRAMS")
@@ -184,5 +195,5 @@ run() {
 case ${1:-} in
 build) build ;;
 run) shift; run "$@" ;;
-*) sed -n '2,19p' "$0"; exit 2 ;;
+*) sed -n '2,24p' "$0"; exit 2 ;;
 esac
