@@ -29,7 +29,7 @@ type SegmentSnapshot struct {
 	Preallocate bool            `json:"preallocated,omitempty"`
 	MappedBytes uint64          `json:"mapped_bytes"`    // plain: Size
 	Spans       []SpanSnapshot  `json:"spans,omitempty"` // virtual: physical memory mapped in it
-	Blocks      []BlockSnapshot `json:"blocks"`
+	Blocks      []BlockSnapshot `json:"blocks"`          // tile the segment, in address order
 }
 
 // SpanSnapshot is one span: a piece of physical memory mapped whole.

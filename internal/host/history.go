@@ -171,11 +171,16 @@ func torchSegment(seg gpumem.SegmentSnapshot, start, size uint64, typ string, or
 	ts := TorchSegment{Device: ordinal, Address: start, TotalSize: size, Stream: seg.Stream, Type: typ,
 		PoolID: pool, Expandable: expandable, Blocks: []TorchBlock{}}
 	end := start + size
-	for _, b := range seg.Blocks {
-		lo, hi := max(b.Address, start), min(b.Address+b.Size, end)
-		if lo >= hi {
-			continue
+	// The blocks tile the segment in address order: those over [start,
+	// end) are a run, found by a search (a segment may have thousands of
+	// blocks and hundreds of runs of spans).
+	bs := seg.Blocks
+	first := sort.Search(len(bs), func(i int) bool { return bs[i].Address+bs[i].Size > start })
+	for _, b := range bs[first:] {
+		if b.Address >= end {
+			break
 		}
+		lo, hi := max(b.Address, start), min(b.Address+b.Size, end)
 		tb := TorchBlock{Address: lo, Size: hi - lo, State: "inactive"}
 		switch b.State {
 		case "allocated":

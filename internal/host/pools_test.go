@@ -560,3 +560,65 @@ func TestHoldCaptureCoversTheWindow(t *testing.T) {
 		t.Errorf("ReleaseCapture with none held: %v, want ErrPool", err)
 	}
 }
+
+// TestTorchSegmentsTileTheirRanges: in a virtual arena whose frees leave
+// unmapped gaps, so that its spans form many runs (a PyTorch segment
+// each), every segment's blocks tile its range exactly, and every live
+// buffer appears once, allocated, with its size.
+func TestTorchSegmentsTileTheirRanges(t *testing.T) {
+	h := newSimHost(t, "mode=virtual")
+	var live, gone []uint64
+	sizes := map[uint64]uint64{}
+	for i := range 120 {
+		n := uint64(1+i%5) * miB // live: 1-5 MiB
+		if i%3 == 1 {
+			n = 48 * miB // freed: whole spans, unmapped by Trim
+		}
+		p, err := h.Alloc(0, n, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 1 {
+			gone = append(gone, p)
+			continue
+		}
+		live = append(live, p)
+		sizes[p] = n
+	}
+	for _, p := range gone {
+		if err := h.Free(0, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.Trim(0); err != nil { // unmaps the emptied spans: gaps between runs
+		t.Fatal(err)
+	}
+	s := h.TorchSnapshot(0)
+	if len(s.Segments) < 2 {
+		t.Fatalf("%d segments: want several runs of spans", len(s.Segments))
+	}
+	seen := map[uint64]int{}
+	for _, seg := range s.Segments {
+		at := seg.Address
+		for _, b := range seg.Blocks {
+			if b.Address != at {
+				t.Fatalf("segment %#x: a block at %#x, want %#x (blocks tile the segment)", seg.Address, b.Address, at)
+			}
+			at += b.Size
+			if b.State == "active_allocated" {
+				seen[b.Address]++
+				if b.Requested != sizes[b.Address] {
+					t.Errorf("block %#x: requested %d, want %d", b.Address, b.Requested, sizes[b.Address])
+				}
+			}
+		}
+		if at != seg.Address+seg.TotalSize {
+			t.Fatalf("segment %#x: blocks end at %#x, the segment at %#x", seg.Address, at, seg.Address+seg.TotalSize)
+		}
+	}
+	for _, p := range live {
+		if seen[p] != 1 {
+			t.Errorf("live buffer %#x appears %d times", p, seen[p])
+		}
+	}
+}
