@@ -40,6 +40,10 @@ what PyTorch does not pass to a pluggable allocator by itself:
 - cuDNN's benchmark (torch.backends.cudnn.benchmark) gets its workspace
   size from gpumem: PyTorch's C++ cacheInfo query, which
   CUDAPluggableAllocator refuses, is answered (clib/torch_allocator.c);
+- settings of PyTorch's own CUDA allocator (PYTORCH_CUDA_ALLOC_CONF,
+  torch.cuda.memory._set_allocator_settings: expandable_segments,
+  max_split_size_mb, ...) have no effect under gpumem, which says so once
+  per setting (gpumem's own: GPUMEM_CONFIG, gpumem.configure());
 - out-of-memory observers (torch._C._cuda_attach_out_of_memory_observer)
   are called on gpumem's out-of-memory, with PyTorch's arguments;
 
@@ -240,6 +244,57 @@ def _patch(torch, lib):
     _patch_graphs(torch, lib)
     _patch_history(torch, lib)
     _patch_oom_observers(torch, lib)
+    _patch_allocator_settings(torch)
+
+
+# Settings of PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF,
+# torch.cuda.memory._set_allocator_settings) that tune the allocator gpumem
+# replaces: they change nothing under gpumem. (pinned_* settings tune
+# PyTorch's host allocator, which stays PyTorch's.)
+_DEVICE_SETTINGS = ("backend", "expandable_segments", "max_split_size_mb", "max_non_split_rounding_mb",
+                    "roundup_power2_divisions", "garbage_collection_threshold", "release_lock_on_cudamalloc",
+                    "graph_capture_record_stream_reuse", "per_process_memory_fraction")
+_said_settings = set()
+
+
+def _settings_ignored(conf, where):
+    """Warns once per setting of conf ("key:value,...") that tunes PyTorch's
+    own CUDA allocator, saying it has no effect under gpumem."""
+    keys = []
+    for item in str(conf or "").split(","):
+        key = item.split(":", 1)[0].strip()
+        if key in _DEVICE_SETTINGS and (where, key) not in _said_settings:
+            _said_settings.add((where, key))
+            keys.append(key)
+    if keys:
+        warnings.warn(f"gpumem: {where} sets {', '.join(keys)} for PyTorch's own CUDA allocator, which "
+                      "gpumem replaces: no effect under gpumem.torch.use(); gpumem's settings are "
+                      "GPUMEM_CONFIG or gpumem.configure()", RuntimeWarning, stacklevel=3)
+    return keys
+
+
+def _patch_allocator_settings(torch):
+    """Says so, once per setting, when PyTorch's allocator settings are given
+    under gpumem: in PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF at use(),
+    or through torch.cuda.memory._set_allocator_settings (which still passes
+    them on: PyTorch's getters read them)."""
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        if os.environ.get(var):
+            _settings_ignored(os.environ[var], var)
+    mem = torch.cuda.memory
+    orig = getattr(mem, "_set_allocator_settings", None)
+    if orig is None:
+        return
+
+    def _set_allocator_settings(env):
+        """PyTorch's allocator settings; those of its CUDA allocator have no
+        effect under gpumem, which says so once each (patched by
+        gpumem.torch)."""
+        _settings_ignored(env, "torch.cuda.memory._set_allocator_settings")
+        return orig(env)
+
+    _patched[(mem.__name__, "_set_allocator_settings")] = orig
+    mem._set_allocator_settings = _set_allocator_settings
 
 
 def _nested(flat):

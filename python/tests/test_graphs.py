@@ -724,3 +724,35 @@ def test_capture_forked_onto_a_second_stream():
         assert res["changed"] == [], (allocator, res)
         assert res["err"] <= TOL, (allocator, res)
     agree(r, "out")
+
+
+def test_allocator_settings_said_to_have_no_effect():
+    """PyTorch's CUDA allocator settings under gpumem: a warning once per
+    setting that tunes the allocator gpumem replaces, from the environment
+    at use() and from _set_allocator_settings (still passed on); none for
+    PyTorch's host allocator's settings."""
+    p = run("""
+        import os, types, warnings
+        import gpumem.torch as gt
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,pinned_use_cuda_host_register:True"
+        passed = []
+        memory = types.ModuleType("faketorch.cuda.memory")
+        memory._set_allocator_settings = lambda env: passed.append(env)
+        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            gt._patch_allocator_settings(torch)
+            memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
+            memory._set_allocator_settings("graph_capture_record_stream_reuse:False")
+            memory._set_allocator_settings("pinned_num_register_threads:8")
+        for x in w:
+            print(str(x.message))
+        print("passed", passed)
+    """)
+    lines = p.stdout.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("gpumem: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments for PyTorch's own CUDA allocator"), lines
+    assert "no effect under gpumem.torch.use()" in lines[0] and "pinned" not in lines[0]
+    assert lines[1].startswith("gpumem: torch.cuda.memory._set_allocator_settings sets graph_capture_record_stream_reuse"), lines
+    assert lines[2] == ("passed ['graph_capture_record_stream_reuse:True', 'graph_capture_record_stream_reuse:False', "
+                        "'pinned_num_register_threads:8']"), lines
