@@ -40,6 +40,10 @@ import (
 // is the caller's to decide (internal/host routes PyTorch's by capture id
 // or thread, as PyTorch's filters do).
 //
+// A private pool's buffer can also be made again at an address it held
+// (AllocAt): CUDA graph trees put a pool back to a checkpoint that way
+// (internal/host/checkpoint.go).
+//
 // Invariant: a private pool never gives memory back before Close (keep;
 // Trim, releaseTo and reclaim return early), and the bytes every member of
 // a family holds add up to *family, at most the root's limit (or the
