@@ -2,6 +2,10 @@
 the check that both replay to the same peak live bytes:
 
   OUTDIR/PROGRAM.gpumem.trace.gz   gpumem.torch.record under gpumem
+  OUTDIR/PROGRAM.gpumem.stats.json gpumem's numbers at the end of that run
+                                   (peak_reserved: the real pool peak, for
+                                   replay_check.py: issue 30's replay-versus-run
+                                   agreement)
   OUTDIR/PROGRAM.snapshot.pickle   PyTorch's memory history under its own
                                    allocator (torch.cuda.memory._dump_snapshot),
                                    for `gpumem import`
@@ -28,6 +32,9 @@ def child(prog, mode, outdir):
         with gpumem.torch.record(os.path.join(outdir, prog + ".gpumem.trace.gz")):
             fn(steps, lambda loss: None)
             torch.cuda.synchronize()
+        import json
+        with open(os.path.join(outdir, prog + ".gpumem.stats.json"), "w") as f:
+            json.dump(gpumem.torch.stats(), f)
     else:
         torch.cuda.memory._record_memory_history(max_entries=10_000_000)
         fn(steps, lambda loss: None)

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""selftest.py: checks of bench/train's offline parts, run anywhere (no GPU,
+no torch), from the repository root:
+
+    python3 bench/train/selftest.py
+
+- replay_check.py replays each recorded trace (build/gpumem, skipped,
+  saying so, without it; on the simulated device) and compares its peak
+  reserved bytes with the run's: within 1% agrees, more disagrees (exit
+  1), a trace without its stats is skipped, nothing to check is exit 2.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+GPUMEM = os.path.join(ROOT, "build", "gpumem")
+TRACE = os.path.join(ROOT, "testdata", "traces", "resnet50_train.trace.gz")
+CHECK = os.path.join(HERE, "replay_check.py")
+
+
+@unittest.skipUnless(os.path.exists(GPUMEM), "build/gpumem missing: CGO_ENABLED=0 go build -o build/gpumem ./cmd/gpumem")
+class ReplayCheck(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+        out = subprocess.run([GPUMEM, "replay", "--json", TRACE], capture_output=True, text=True, check=True)
+        self.peak = int(json.loads(out.stdout.splitlines()[0])["peak_reserved_bytes"])
+
+    def run_check(self):
+        return subprocess.run([sys.executable, CHECK, self.dir, GPUMEM], capture_output=True, text=True)
+
+    def write(self, prog, peak, stats=True):
+        shutil.copy(TRACE, os.path.join(self.dir, prog + ".gpumem.trace.gz"))
+        if stats:
+            with open(os.path.join(self.dir, prog + ".gpumem.stats.json"), "w") as f:
+                json.dump({"peak_reserved": peak}, f)
+
+    def test_agreement_and_disagreement(self):
+        self.write("close", int(self.peak * 1.005))
+        self.write("orphan", 0, stats=False)
+        p = self.run_check()
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertRegex(p.stdout, r"close\s+\d+\s+%d\s+0\.99\d\d  yes" % self.peak)
+        self.assertIn("orphan: no orphan.gpumem.stats.json: skipped", p.stderr)
+        self.write("far", int(self.peak * 1.05))
+        p = self.run_check()
+        self.assertEqual(p.returncode, 1, p.stdout)
+        self.assertRegex(p.stdout, r"far\s+\d+\s+%d\s+0\.95\d\d  NO" % self.peak)
+
+    def test_nothing_to_check(self):
+        self.assertEqual(self.run_check().returncode, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
