@@ -511,3 +511,39 @@ func TestOutside(t *testing.T) {
 		t.Errorf("NVML read %d times for two devices, want once each", calls)
 	}
 }
+
+// BenchmarkTorchSnapshot is one memory_snapshot under gpumem.torch (the
+// layout, before JSON) of a virtual arena holding 4,000 live buffers in
+// runs of spans that unmapped gaps separate: what PyTorch's CUDA graph tree
+// tests ask for after every test.
+func BenchmarkTorchSnapshot(b *testing.B) {
+	h := New("device=sim,capacity=64GiB,mode=virtual", nil)
+	defer h.Close()
+	var gone []uint64
+	for i := range 6000 {
+		n := uint64(1+i%5) * 256 << 10
+		if i%3 == 1 {
+			n = 20 << 20 // freed below: whole spans, unmapped by Trim
+		}
+		p, err := h.Alloc(0, n, 0, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if i%3 == 1 {
+			gone = append(gone, p)
+		}
+	}
+	for _, p := range gone {
+		if err := h.Free(0, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := h.Trim(0); err != nil {
+		b.Fatal(err)
+	}
+	segs := len(h.TorchSnapshot(0).Segments)
+	for b.Loop() {
+		h.TorchSnapshot(0)
+	}
+	b.ReportMetric(float64(segs), "segments")
+}
