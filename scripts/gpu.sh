@@ -19,7 +19,8 @@
 #                                   (PyTorch's test_cuda.py under each
 #                                   allocator: bench/torchtests), trees
 #                                   (PyTorch's test_cudagraph_trees.py, the
-#                                   same way) and train (real
+#                                   same way), jaxcheck (XLA's command
+#                                   buffers' data on gpumem) and train (real
 #                                   training under each allocator:
 #                                   bench/train; PROGRAMS=a,b for some).
 #
@@ -159,6 +160,22 @@ run() {
 			OUT="$out/torchtests" bash bench/torchtests/run.sh >"$out/torchtests.log" 2>&1 || true
 			tail -30 "$out/torchtests.log" >&2
 			;;
+		jaxcheck)
+			# XLA's command buffers on gpumem: bench/jax/cmdbuf_check.py
+			# under XLA's allocator, then under gpumem run with XLA's
+			# default command buffers (captures of cuBLAS calls). Carry
+			# build/gpu/gpumem, build/libgpumem.so and
+			# build/libgpumem_preload.so.
+			{
+				machine
+				echo "== XLA's allocator"
+				XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/jax/cmdbuf_check.py || echo "FAIL (XLA's allocator)"
+				echo "== gpumem run --xla-command-buffers xla"
+				GPUMEM_LIBRARY=build/libgpumem.so GPUMEM_PRELOAD=build/libgpumem_preload.so \
+					"$bin/gpumem" run --xla-command-buffers xla -- python3 bench/jax/cmdbuf_check.py || echo "FAIL (gpumem)"
+			} >"$out/jaxcheck.log" 2>&1 || true
+			tail -6 "$out/jaxcheck.log" >&2
+			;;
 		trees)
 			# PyTorch's CUDA graph tree tests (torch.compile's
 			# reduce-overhead) under each allocator: about 2 minutes under
@@ -195,5 +212,5 @@ run() {
 case ${1:-} in
 build) build ;;
 run) shift; run "$@" ;;
-*) sed -n '2,24p' "$0"; exit 2 ;;
+*) sed -n '2,25p' "$0"; exit 2 ;;
 esac
