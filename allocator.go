@@ -78,6 +78,7 @@ type Allocator struct {
 	// stays where it is until Close (capture.go).
 	family      *atomic.Uint64
 	familyBytes atomic.Uint64 // what family points to, for a root
+	familyPeak  atomic.Uint64 // for a root: the most family has held (FamilyPeakReserved)
 	ownCaptures atomic.Int32  // what captures points to, for a root
 	root        *Allocator
 	keep        bool
@@ -546,6 +547,7 @@ func (a *Allocator) takeBudget(n uint64) bool {
 		}
 		if a.family.CompareAndSwap(r, r+n) {
 			maxTo(&a.peakReserved, a.reserved.Add(n))
+			maxTo(&a.root.familyPeak, r+n)
 			return true
 		}
 	}

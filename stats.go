@@ -230,4 +230,15 @@ func (a *Allocator) ResetPeaks() {
 	a.peakAllocated.Store(uint64(max(allocated, 0)))
 	a.peakActive.Store(uint64(max(active, 0)))
 	a.peakReserved.Store(a.reserved.Load())
+	if a.root == a {
+		a.familyPeak.Store(a.family.Load())
+	}
+}
+
+// FamilyPeakReserved is the most a and its private pools (NewPrivate) have
+// held from the device together, since it was made or its ResetPeaks:
+// exact, where adding each one's PeakReserved gives only an upper bound
+// (their peaks need not coincide). On a private pool, its root's.
+func (a *Allocator) FamilyPeakReserved() uint64 {
+	return max(a.root.familyPeak.Load(), a.family.Load())
 }

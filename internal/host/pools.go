@@ -339,8 +339,9 @@ func (r *route) matches(stream, thread uint64, capturing bool, cid uint64) bool 
 func (d *Device) freed(p *privatePool) { p.live.Add(-1) }
 
 // poolStats adds the device's private pools' numbers to st: gauges and
-// counters add up; each peak adds the pools' own peaks, an upper bound of
-// the peak of the whole.
+// counters add up; the reserved peak is the whole family's, exact; the
+// allocated and active peaks add the pools' own, an upper bound of the
+// peak of the whole.
 func (d *Device) poolStats(st *gpumem.Stats) {
 	d.pools.mu.Lock()
 	defer d.pools.mu.Unlock()
@@ -351,7 +352,6 @@ func (d *Device) poolStats(st *gpumem.Stats) {
 		st.Active += ps.Active
 		st.PeakActive += ps.PeakActive
 		st.Reserved += ps.Reserved
-		st.PeakReserved += ps.PeakReserved
 		st.Cached += ps.Cached
 		st.PlainBytes += ps.PlainBytes
 		st.LiveBuffers += ps.LiveBuffers
@@ -367,6 +367,9 @@ func (d *Device) poolStats(st *gpumem.Stats) {
 		st.DeviceFrees += ps.DeviceFrees
 		st.OOMs += ps.OOMs
 	}
+	// What the device's allocator and its pools held together at most:
+	// exact, unlike a sum of their own peaks.
+	st.PeakReserved = max(d.Alloc.FamilyPeakReserved(), st.Reserved)
 }
 
 // PoolReserved is what device ordinal's private pools hold from the driver.

@@ -622,3 +622,44 @@ func TestTorchSegmentsTileTheirRanges(t *testing.T) {
 		}
 	}
 }
+
+// TestPeakReservedAcrossPools: the device's reserved peak counts what its
+// allocator and its private pools held at the same time, not the sum of
+// their own peaks, which need not coincide; ResetPeaks starts it over.
+func TestPeakReservedAcrossPools(t *testing.T) {
+	h := newSimHost(t, "mode=plain")
+	p, err := h.Alloc(0, 100*miB, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Free(0, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.BeginPool(0, PoolID{4, 0}, RouteAll, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	q, err := h.Alloc(0, 60*miB, 0, 0) // the pool's: the root holds nothing now
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EndPool(0, PoolID{4, 0}); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := h.Stats(0)
+	if st.Reserved < 60*miB || st.Reserved >= 100*miB {
+		t.Fatalf("reserved %d MiB, want the pool's 60 MiB segment", st.Reserved/miB)
+	}
+	if st.PeakReserved < 100*miB || st.PeakReserved >= 160*miB {
+		t.Errorf("peak reserved %d MiB: want the 100 MiB the root held first, not the sum of the two peaks (160)", st.PeakReserved/miB)
+	}
+	h.ResetPeaks(0)
+	if st, _ = h.Stats(0); st.PeakReserved != st.Reserved {
+		t.Errorf("after ResetPeaks: peak reserved %d, reserved %d", st.PeakReserved, st.Reserved)
+	}
+	if err := h.Free(0, q); err != nil {
+		t.Fatal(err)
+	}
+}
