@@ -590,8 +590,8 @@ func (a *Allocator) SetLimit(n uint64) error {
 	err := a.Trim()
 	if r = a.family.Load(); r > n {
 		a.overhang.Store(r)
-		return errors.Join(err, fmt.Errorf("gpumem: SetLimit(%s): live buffers hold %s, more than the new limit; nothing more is taken from the device until they are freed",
-			fmtBytes(n), fmtBytes(r)))
+		return errors.Join(err, fmt.Errorf("%w: SetLimit(%s): live buffers hold %s, more than the new limit; nothing more is taken from the device until they are freed",
+			ErrOverLimit, fmtBytes(n), fmtBytes(r)))
 	}
 	return err
 }

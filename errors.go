@@ -31,6 +31,10 @@ var (
 	// memory). Check and Close return it from then on; the process should
 	// stop using the allocator.
 	ErrBroken = errors.New("gpumem: allocator broken")
+	// ErrOverLimit: SetLimit set a limit below what live buffers hold. The
+	// limit is set all the same; nothing more is taken from the device
+	// until enough is freed.
+	ErrOverLimit = errors.New("gpumem: live buffers over the limit")
 )
 
 // Cause says why a request ran out of memory.

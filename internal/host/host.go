@@ -386,7 +386,9 @@ func (h *Host) SetLimit(ordinal int, n uint64) error {
 // SetLimitFraction caps device ordinal's memory at a fraction of its total
 // (torch.cuda.set_per_process_memory_fraction). A fraction of 0 lets
 // nothing more be allocated, as under PyTorch's allocator (a limit of one
-// byte: the allocator's limit 0 means the device's capacity).
+// byte: the allocator's limit 0 means the device's capacity); a fraction
+// below what live buffers hold is no error either (gpumem.ErrOverLimit is
+// dropped), as there.
 func (h *Host) SetLimitFraction(ordinal int, f float64) error {
 	if !(f >= 0 && f <= 1) {
 		return fmt.Errorf("%w: memory fraction %v: want 0 to 1", ErrConfig, f)
@@ -395,7 +397,29 @@ func (h *Host) SetLimitFraction(ordinal int, f float64) error {
 	if err != nil {
 		return err
 	}
-	return d.Alloc.SetLimit(max(1, uint64(f*float64(d.dev.Info().Total))))
+	err = d.Alloc.SetLimit(max(1, uint64(f*float64(d.dev.Info().Total))))
+	if errors.Is(err, gpumem.ErrOverLimit) && !hasOtherThan(err, gpumem.ErrOverLimit) {
+		// PyTorch's fraction is a cap on what comes next: set below what
+		// is live, it is no error there (allocations fail until enough
+		// is freed), and so none here.
+		return nil
+	}
+	return err
+}
+
+// hasOtherThan reports whether err, a join of errors, holds one that is
+// not target.
+func hasOtherThan(err error, target error) bool {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return !errors.Is(err, target)
+	}
+	for _, e := range j.Unwrap() {
+		if e != nil && hasOtherThan(e, target) {
+			return true
+		}
+	}
+	return false
 }
 
 // Stats returns device ordinal's statistics; zeros (and no error) if

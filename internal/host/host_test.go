@@ -230,12 +230,26 @@ func TestLimitAndTrim(t *testing.T) {
 	if err := h.SetLimitFraction(0, -0.1); Code(err) != StatusConfig {
 		t.Errorf("SetLimitFraction(-0.1): %v", err)
 	}
-	// A fraction of 0, as PyTorch's: nothing more can be allocated.
-	if err := h.SetLimitFraction(0, 0); err != nil {
+	// A fraction of 0, as PyTorch's: nothing more can be allocated, and a
+	// fraction below what is live is no error (SetLimit says it is over).
+	live, err := h.Alloc(0, 64*miB, 0, 0)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if err := h.SetLimit(0, miB); !errors.Is(err, gpumem.ErrOverLimit) {
+		t.Errorf("SetLimit below the live 64 MiB: %v, want ErrOverLimit", err)
+	}
+	if err := h.SetLimitFraction(0, 0); err != nil {
+		t.Fatalf("SetLimitFraction(0) with 64 MiB live: %v, want no error (PyTorch's)", err)
 	}
 	if _, err := h.Alloc(0, 512, 0, 0); !errors.Is(err, gpumem.ErrOutOfMemory) {
 		t.Errorf("an allocation under a fraction of 0: %v, want an out-of-memory", err)
+	}
+	if err := h.Free(0, live); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
 	}
 	if err := h.SetLimit(0, 0); err != nil {
 		t.Fatal(err)
