@@ -49,26 +49,26 @@ type Stats struct {
 
 	// Counters.
 	Allocs, Frees uint64 // successful Alloc and Free calls
+	DeviceAllocs  uint64 // plain segments taken (cuMemAlloc)
+	DeviceFrees   uint64 // plain segments given back (cuMemFree)
+	Creates       uint64 // physical handles created, one per span (cuMemCreate)
+	Releases      uint64 // physical handles released (cuMemRelease)
+	Maps, Unmaps  uint64 // chunk mappings made and undone (cuMemMap, cuMemUnmap)
+	Revived       uint64 // spans moved back onto a dormant mapping of their handle: no driver call (dormant.go)
+	SlackCreates  uint64 // new memory taken by the churn guard where an empty span would have moved (churn.go)
+	SetAccess     uint64 // access grants, one per contiguous run (cuMemSetAccess)
+	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
+	Fences        uint64 // host waits for a stream or the device before unmapping or freeing
+	Handoffs      uint64 // free memory handed to another stream behind an event (a plain segment, or a virtual block another stream freed, once its work is done)
+	OOMs          uint64 // requests that failed for want of memory (quota included)
+	Retries       uint64 // allocations retried after releasing the cache
+	Trims         uint64 // Trim calls
 	// AllocBytes and FreeBytes are the bytes of the blocks of every Alloc
 	// and Free so far (requests rounded to 512 B), AllocRequested and
 	// FreeRequested the bytes asked for: AllocBytes - FreeBytes == Active,
 	// AllocRequested - FreeRequested == Allocated (PyTorch's
 	// active_bytes and requested_bytes .allocated and .freed).
 	AllocBytes, FreeBytes, AllocRequested, FreeRequested uint64
-	DeviceAllocs                                         uint64 // plain segments taken (cuMemAlloc)
-	DeviceFrees                                          uint64 // plain segments given back (cuMemFree)
-	Creates                                              uint64 // physical handles created, one per span (cuMemCreate)
-	Releases                                             uint64 // physical handles released (cuMemRelease)
-	Maps, Unmaps                                         uint64 // chunk mappings made and undone (cuMemMap, cuMemUnmap)
-	Revived                                              uint64 // spans moved back onto a dormant mapping of their handle: no driver call (dormant.go)
-	SlackCreates                                         uint64 // new memory taken by the churn guard where an empty span would have moved (churn.go)
-	SetAccess                                            uint64 // access grants, one per contiguous run (cuMemSetAccess)
-	Reserves                                             uint64 // address ranges reserved (cuMemAddressReserve)
-	Fences                                               uint64 // host waits for a stream or the device before unmapping or freeing
-	Handoffs                                             uint64 // free memory handed to another stream behind an event (a plain segment, or a virtual block another stream freed, once its work is done)
-	OOMs                                                 uint64 // requests that failed for want of memory (quota included)
-	Retries                                              uint64 // allocations retried after releasing the cache
-	Trims                                                uint64 // Trim calls
 	// Splits counts sparse spans whose live chunks moved to handles of
 	// their own (Config.Defrag); Copies and CopiedBytes, the copies that
 	// moved them (cuMemcpyDtoD): two per piece of a run staged in free
