@@ -93,15 +93,8 @@ func (h *Host) RestorePool(ordinal int, id PoolID, cp []PoolBuffer) ([]uint64, e
 			d.freed(p)
 			return freed, fmt.Errorf("gpumem: RestorePool%v: buffer %d of %d: %w (the pool now holds the %d before it)", id, i+1, len(want), err, i)
 		}
-		e := entry{buf: buf, pool: p, stream: b.Stream}
-		if hs := d.hist.Load(); hs != nil {
-			hs.add("alloc", b.Ptr, b.Size, b.Stream, 0)
-		}
-		if r := d.rec.Load(); r != nil {
-			e.rec, e.recGen = r.alloc(b.Size, b.Stream, 0), r.gen
-		}
-		if !d.tab.put(b.Ptr, e) {
-			return freed, fmt.Errorf("gpumem: internal error: RestorePool%v: address %#x still live on device %d", id, b.Ptr, ordinal)
+		if _, err := d.enter(buf, p, b.Stream, 0); err != nil {
+			return freed, fmt.Errorf("gpumem: RestorePool%v: %w", id, err)
 		}
 	}
 	return freed, nil

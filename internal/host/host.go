@@ -239,18 +239,25 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 		}
 		return 0, err
 	}
+	return d.enter(buf, pool, stream, site)
+}
+
+// enter puts a buffer just allocated (of pool, or the device's allocator
+// for nil) in the table, the history and the recording, and returns its
+// address.
+func (d *Device) enter(buf gpumem.Buffer, pool *privatePool, stream uint64, site uint32) (uint64, error) {
 	e := entry{buf: buf, pool: pool, site: site, stream: stream}
+	ptr, size := uint64(buf.Ptr()), buf.Size()
 	if hs := d.hist.Load(); hs != nil {
-		hs.add("alloc", uint64(buf.Ptr()), size, stream, site)
+		hs.add("alloc", ptr, size, stream, site)
 	}
 	if r := d.rec.Load(); r != nil {
 		e.rec, e.recGen = r.alloc(size, stream, site), r.gen
 	}
-	ptr := uint64(buf.Ptr())
 	if !d.tab.put(ptr, e) {
 		// The allocator handed out a live address twice: its books are
 		// wrong. Refuse rather than corrupt the host's memory.
-		return 0, fmt.Errorf("gpumem: internal error: address %#x handed out while still live on device %d", ptr, ordinal)
+		return 0, fmt.Errorf("gpumem: internal error: address %#x handed out while still live on device %d", ptr, d.Ordinal)
 	}
 	return ptr, nil
 }
