@@ -28,20 +28,8 @@ func TestPoolKeepsGraphMemory(t *testing.T) {
 	s1, _ := sd.NewStream()
 	s2, _ := sd.NewStream()
 	id := PoolID{1, 0}
-	alloc := func(size uint64, s uint64) uint64 {
-		t.Helper()
-		p, err := h.Alloc(0, size, s, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	free := func(p uint64) {
-		t.Helper()
-		if err := h.Free(0, p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	alloc := func(size uint64, s uint64) uint64 { t.Helper(); return mustAlloc(t, h, size, s, 0) }
+	free := func(p uint64) { t.Helper(); mustFree(t, h, p) }
 	before := alloc(32*miB, uint64(s1))
 
 	sd.BeginCapture(s1)
@@ -404,20 +392,8 @@ func TestRestorePool(t *testing.T) {
 	h := newSimHost(t, "limit=2GiB")
 	id := PoolID{7, 1}
 	const thread = 42
-	alloc := func(size uint64) uint64 {
-		t.Helper()
-		p, err := h.AllocThread(0, size, 0, 0, thread)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	free := func(p uint64) {
-		t.Helper()
-		if err := h.Free(0, p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	alloc := func(size uint64) uint64 { t.Helper(); return mustAlloc(t, h, size, 0, thread) }
+	free := func(p uint64) { t.Helper(); mustFree(t, h, p) }
 	if err := h.BeginPool(0, id, RouteThread, 0, thread); err != nil {
 		t.Fatal(err)
 	}
@@ -628,23 +604,14 @@ func TestTorchSegmentsTileTheirRanges(t *testing.T) {
 // their own peaks, which need not coincide; ResetPeaks starts it over.
 func TestPeakReservedAcrossPools(t *testing.T) {
 	h := newSimHost(t, "mode=plain")
-	p, err := h.Alloc(0, 100*miB, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Free(0, p); err != nil {
-		t.Fatal(err)
-	}
+	mustFree(t, h, mustAlloc(t, h, 100*miB, 0, 0))
 	if err := h.Trim(0); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.BeginPool(0, PoolID{4, 0}, RouteAll, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	q, err := h.Alloc(0, 60*miB, 0, 0) // the pool's: the root holds nothing now
-	if err != nil {
-		t.Fatal(err)
-	}
+	q := mustAlloc(t, h, 60*miB, 0, 0) // the pool's: the root holds nothing now
 	if err := h.EndPool(0, PoolID{4, 0}); err != nil {
 		t.Fatal(err)
 	}
@@ -659,7 +626,24 @@ func TestPeakReservedAcrossPools(t *testing.T) {
 	if st, _ = h.Stats(0); st.PeakReserved != st.Reserved {
 		t.Errorf("after ResetPeaks: peak reserved %d, reserved %d", st.PeakReserved, st.Reserved)
 	}
-	if err := h.Free(0, q); err != nil {
+	mustFree(t, h, q)
+}
+
+// mustAlloc allocates size bytes on device 0 for stream by thread (0: no
+// thread), failing the test on an error.
+func mustAlloc(t *testing.T, h *Host, size, stream, thread uint64) uint64 {
+	t.Helper()
+	p, err := h.AllocThread(0, size, stream, 0, thread)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// mustFree frees p on device 0, failing the test on an error.
+func mustFree(t *testing.T, h *Host, p uint64) {
+	t.Helper()
+	if err := h.Free(0, p); err != nil {
 		t.Fatal(err)
 	}
 }
