@@ -373,6 +373,20 @@ def err(a, b):
 def summary(t):
     t = t.detach().float().flatten()
     return {"sum": float(t.sum()), "head": t[:8].tolist()}
+
+
+def replays(g, static_x, static_y, want, keep, n=3):
+    # n replays of g on new inputs: the largest difference from want(x),
+    # and the keepers found changed.
+    errs, bad = [], set()
+    for _ in range(n):
+        x = torch.randn(static_x.shape, device=dev)
+        static_x.copy_(x)
+        g.replay()
+        torch.cuda.synchronize()
+        errs.append(err(static_y, want(x)))
+        bad |= set(changed(keep))
+    return max(errs), sorted(bad)
 """
 
 TOL = 1e-4
@@ -425,15 +439,8 @@ def test_replay_leaves_tensors_made_after_capture_alone():
             with torch.cuda.graph(g):
                 static_y = model(static_x)
             keep = keepers([(64, 1024)] * 4 + [(64, 512)] * 4)
-            errs, bad = [], set()
-            for k in range(3):
-                x = torch.randn(64, 512, device=dev)
-                static_x.copy_(x)
-                g.replay()
-                torch.cuda.synchronize()
-                errs.append(err(static_y, model(x)))
-                bad |= set(changed(keep))
-        RESULT.update(changed=sorted(bad), err=max(errs), out=summary(static_y))
+            worst, bad = replays(g, static_x, static_y, model, keep)
+        RESULT.update(changed=bad, err=worst, out=summary(static_y))
     """)
     for allocator, res in r.items():
         assert res["changed"] == [], f"under {allocator}, replays overwrote tensors made after the capture: {res}"
@@ -466,15 +473,8 @@ def test_capture_intermediates_and_many_later_tensors():
             static_y = f(static_x)
         sizes = [max(1, int(512 * 1.3 ** i) // 4) for i in range(40)]
         keep = keepers([(n,) for n in sizes])
-        errs, bad = [], set()
-        for k in range(3):
-            x = torch.randn(256, 256, device=dev)
-            static_x.copy_(x)
-            g.replay()
-            torch.cuda.synchronize()
-            errs.append(err(static_y, f(x)))
-            bad |= set(changed(keep))
-        RESULT.update(changed=sorted(bad), err=max(errs), out=summary(static_y), n=len(keep))
+        worst, bad = replays(g, static_x, static_y, f, keep)
+        RESULT.update(changed=bad, err=worst, out=summary(static_y), n=len(keep))
     """)
     for allocator, res in r.items():
         assert res["changed"] == [], f"under {allocator}: tensors {res['changed']} of {res['n']} overwritten"
@@ -709,16 +709,8 @@ def test_capture_forked_onto_a_second_stream():
         with torch.cuda.graph(g, stream=s1):
             static_y, _, _ = body(static_x)
         keep = keepers([(1024, 1024)] * 6 + [(512, 1024)] * 2)
-        errs, bad = [], set()
-        for k in range(3):
-            x = torch.randn(1024, 1024, device=dev)
-            static_x.copy_(x)
-            g.replay()
-            torch.cuda.synchronize()
-            want = (x * 2).sin() * 3 + 1 + x * 2
-            errs.append(err(static_y, want))
-            bad |= set(changed(keep))
-        RESULT.update(changed=sorted(bad), err=max(errs), out=summary(static_y))
+        worst, bad = replays(g, static_x, static_y, lambda x: (x * 2).sin() * 3 + 1 + x * 2, keep)
+        RESULT.update(changed=bad, err=worst, out=summary(static_y))
     """)
     for allocator, res in r.items():
         assert res["changed"] == [], (allocator, res)
