@@ -40,6 +40,20 @@ def run(code, config="", env=None, check=True, timeout=300):
     return p
 
 
+def under_each(script, allocators):
+    """Runs script once per allocator, each in a process of its own with
+    ALLOCATOR set to its name; returns {allocator: the dict of its last
+    "RESULT <json>" line}, failing if a run exits badly or prints none."""
+    import json
+    results = {}
+    for allocator in allocators:
+        p = run(script, env={"ALLOCATOR": allocator}, check=False)
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+        results[allocator] = json.loads(line[-1][len("RESULT "):])
+    return results
+
+
 def _has_gpu():
     try:
         import torch

@@ -1,6 +1,6 @@
 """gpumem as CuPy's allocator, on a real GPU (skipped without CuPy and one)."""
 
-from conftest import needs_cupy, needs_library, run
+from conftest import needs_cupy, needs_library, run, under_each
 
 pytestmark = [needs_library, needs_cupy]
 
@@ -75,14 +75,7 @@ def test_stream_capture_keeps_its_memory():
     their values through launches, and the outputs are right; once the
     graph is collected its pool goes back at the next trim. CuPy's own pool
     is run for comparison only."""
-    import json
-    res = {}
-    for allocator in ("gpumem", "cupy"):
-        p = run(CAPTURE, env={"ALLOCATOR": allocator}, check=False)
-        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
-        res[allocator] = json.loads(line[-1][7:])
-        print(allocator, res[allocator])
+    res = under_each(CAPTURE, ("gpumem", "cupy"))
     ours = res["gpumem"]
     assert ours["outputs"] and ours["changed"] == [], res
     assert ours["pool_held"] and ours["pool_after"] == 0, res

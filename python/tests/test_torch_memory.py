@@ -10,7 +10,7 @@ tests at the top need no GPU."""
 import json
 import os
 
-from conftest import needs_gpu, needs_library, run
+from conftest import needs_gpu, needs_library, run, under_each
 
 SIM = "device=sim,capacity=4GiB,check=true"
 
@@ -94,13 +94,7 @@ def test_history_and_snapshot_on_the_simulated_device():
 def under_both(script):
     """Runs script under gpumem and under PyTorch's allocator, each in a
     process of its own; returns {allocator: its RESULT line's dict}."""
-    results = {}
-    for allocator in ("gpumem", "torch"):
-        p = run(script, env={"ALLOCATOR": allocator}, check=False)
-        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        assert p.returncode == 0 and line, f"{allocator}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
-        results[allocator] = json.loads(line[-1][7:])
-    return results
+    return under_each(script, ("gpumem", "torch"))
 
 
 SCRIPT = r"""
