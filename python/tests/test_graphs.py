@@ -14,8 +14,6 @@ gpumem.torch against a stand-in for torch."""
 import json
 import textwrap
 
-import pytest
-
 from conftest import needs_gpu, needs_library, run
 
 SIM = "device=sim,capacity=4GiB,check=true"

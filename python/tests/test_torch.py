@@ -3,7 +3,6 @@ test runs in a process of its own (conftest.run): an allocator can be
 installed only before PyTorch's first CUDA allocation."""
 
 import gzip
-import os
 
 from conftest import needs_gpu, needs_library, run
 

@@ -7,7 +7,6 @@ The GPU tests run one script under gpumem and under PyTorch's allocator
 (each in its own process) and assert the same properties of both. The
 tests at the top need no GPU."""
 
-import json
 import os
 
 from conftest import needs_gpu, needs_library, run, under_each
