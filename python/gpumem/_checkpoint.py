@@ -53,7 +53,6 @@ class _Layout:
     context and the deleter, as byte offsets."""
 
     def __init__(self, torch, lib, device):
-        self.torch = torch
         self.ours = lib.torch_deleter()
         self.nothing = self._delete_nothing(torch)
         try:
@@ -113,7 +112,10 @@ class _Layout:
 
     def attach(self, cdata, ptr):
         """Gives a storage with no deleter gpumem's, freeing ptr."""
-        if self.data_ptr(cdata) != ptr or self.owner(cdata) != "none":
+        if self.data_ptr(cdata) != ptr:
+            raise RuntimeError(f"gpumem: setCheckpointPoolState: the storage at {cdata:#x} points at "
+                               f"{self.data_ptr(cdata):#x}, not at the buffer {ptr:#x}")
+        if self.owner(cdata) != "none":
             raise RuntimeError(f"gpumem: setCheckpointPoolState: the storage at {cdata:#x} has a deleter "
                                "already (PyTorch: Not expecting deleter function)")
         _word(cdata + self.ctx).value = ptr

@@ -75,6 +75,8 @@ def test_layout_found_and_storages_rewired(order):
     assert ctypes.c_uint64.from_address(out._cdata + lay.ctx).value == 0x9000
     with pytest.raises(RuntimeError, match="has a deleter already"):
         lay.attach(out._cdata, 0x9000)
+    with pytest.raises(RuntimeError, match="not at the buffer 0x9999"):
+        lay.attach(out._cdata, 0x9999)
     # Detach takes it away again and says what it was.
     assert lay.detach(out._cdata) == (OURS, 0x9000)
     assert lay.owner(out._cdata) == "none"
