@@ -122,6 +122,15 @@ def use(limit=None, *, config=None):
     _patch(torch, lib)
 
 
+def _put(modules, name, fn):
+    """Puts fn in the place of name in each of modules that has it (None
+    skipped), keeping the original in _patched."""
+    for module in modules:
+        if module is not None and hasattr(module, name):
+            _patched[(module.__name__, name)] = getattr(module, name)
+            setattr(module, name, fn)
+
+
 def _device(device):
     import torch
     return torch.cuda._utils._get_device_index(device, optional=True)
@@ -214,10 +223,7 @@ def _patch(torch, lib):
                      ("memory_summary", summary),
                      ("reset_accumulated_memory_stats", reset_accumulated_memory_stats),
                      ("get_per_process_memory_fraction", get_per_process_memory_fraction)]:
-        for module in (cuda, mem):
-            if hasattr(module, name):
-                _patched[(module.__name__, name)] = getattr(module, name)
-                setattr(module, name, fn)
+        _put((cuda, mem), name, fn)
     # torch.accelerator's memory functions (2.9 and later) ask the C++
     # allocator, which CUDAPluggableAllocator refuses: gpumem's, where the
     # current accelerator is CUDA.
@@ -229,10 +235,7 @@ def _patch(torch, lib):
                          ("reset_peak_memory_stats", reset_peak_memory_stats),
                          ("reset_accumulated_memory_stats", reset_accumulated_memory_stats),
                          ("get_memory_info", mem_get_info)]:
-            for module in (acc, getattr(acc, "memory", None)):
-                if module is not None and hasattr(module, name):
-                    _patched[(module.__name__, name)] = getattr(module, name)
-                    setattr(module, name, fn)
+            _put((acc, getattr(acc, "memory", None)), name, fn)
     # torch._C's entry points behind them, for code that calls them directly.
     news = {"_cuda_memoryStats": lambda device: memory_stats_as_nested_dict(device),
             "_cuda_resetAccumulatedMemoryStats": lambda device: reset_accumulated_memory_stats(device),
@@ -293,8 +296,7 @@ def _patch_allocator_settings(torch):
         _settings_ignored(env, "torch.cuda.memory._set_allocator_settings")
         return orig(env)
 
-    _patched[(mem.__name__, "_set_allocator_settings")] = orig
-    mem._set_allocator_settings = _set_allocator_settings
+    _put((mem,), "_set_allocator_settings", _set_allocator_settings)
 
 
 def _nested(flat):
@@ -389,14 +391,11 @@ def _patch_history(torch, lib):
         news["_cuda_getMemoryMetadata"] = lambda: hist.get_metadata()
     _replace_all(torch, news)
 
-    for module in (mem, torch.cuda):
-        for name, fn in (("_record_memory_history", _record_memory_history), ("_snapshot", _snapshot),
-                         ("_dump_snapshot", _dump_snapshot), ("memory_snapshot", memory_snapshot),
-                         ("_set_memory_metadata", _set_memory_metadata),
-                         ("_get_memory_metadata", _get_memory_metadata)):
-            if hasattr(module, name):
-                _patched[(module.__name__, name)] = getattr(module, name)
-                setattr(module, name, fn)
+    for name, fn in (("_record_memory_history", _record_memory_history), ("_snapshot", _snapshot),
+                     ("_dump_snapshot", _dump_snapshot), ("memory_snapshot", memory_snapshot),
+                     ("_set_memory_metadata", _set_memory_metadata),
+                     ("_get_memory_metadata", _get_memory_metadata)):
+        _put((mem, torch.cuda), name, fn)
     if hasattr(torch._C, "_cuda_isHistoryEnabled"):
         _patched[("torch._C", "_cuda_isHistoryEnabled")] = torch._C._cuda_isHistoryEnabled
         torch._C._cuda_isHistoryEnabled = lambda *a, **k: bool(hist.on)
@@ -571,10 +570,7 @@ def _patch_mempool(torch, lib):
             segs = _state["history"].snapshot()["segments"]
             return [seg for seg in segs if tuple(seg["segment_pool_id"]) == self._id]
 
-    for module in (torch.cuda, getattr(torch.cuda, "memory", None)):
-        if module is not None and hasattr(module, "MemPool"):
-            _patched[(module.__name__, "MemPool")] = module.MemPool
-            module.MemPool = MemPool
+    _put((torch.cuda, getattr(torch.cuda, "memory", None)), "MemPool", MemPool)
 
 
 def _patch_graph_class(torch, lib, cls):
