@@ -20,9 +20,12 @@
 #                                   allocator: bench/torchtests), trees
 #                                   (PyTorch's test_cudagraph_trees.py, the
 #                                   same way), jaxcheck (XLA's command
-#                                   buffers' data on gpumem) and train (real
+#                                   buffers' data on gpumem), train (real
 #                                   training under each allocator:
-#                                   bench/train; PROGRAMS=a,b for some).
+#                                   bench/train; PROGRAMS=a,b for some)
+#                                   and record (those programs' traces and
+#                                   real pool peaks under gpumem, for
+#                                   bench/train/replay_check.py).
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
@@ -157,8 +160,10 @@ run() {
 			;;
 		torchtests)
 			use_wheel_library
-			OUT="$out/torchtests" bash bench/torchtests/run.sh >"$out/torchtests.log" 2>&1 || true
+			OUT="$out/torchtests" bash bench/torchtests/run.sh ${SELECTION:-} >"$out/torchtests.log" 2>&1 || true
 			tail -30 "$out/torchtests.log" >&2
+			# One file back (the device tool brings back at most 8).
+			tar czf "$out/torchtests.tgz" -C "$out" torchtests && rm -rf "$out/torchtests"
 			;;
 		jaxcheck)
 			# XLA's command buffers on gpumem: bench/jax/cmdbuf_check.py
@@ -166,13 +171,20 @@ run() {
 			# default command buffers (captures of cuBLAS calls). Carry
 			# build/gpu/gpumem, build/libgpumem.so and
 			# build/libgpumem_preload.so.
+			# Or, after the wheel part, the wheel's command (it finds its
+			# own library and shim).
 			{
 				machine
 				echo "== XLA's allocator"
 				XLA_PYTHON_CLIENT_PREALLOCATE=false python3 bench/jax/cmdbuf_check.py || echo "FAIL (XLA's allocator)"
 				echo "== gpumem run --xla-command-buffers xla"
-				GPUMEM_LIBRARY=build/libgpumem.so GPUMEM_PRELOAD=build/libgpumem_preload.so \
-					"$bin/gpumem" run --xla-command-buffers xla -- python3 bench/jax/cmdbuf_check.py || echo "FAIL (gpumem)"
+				local venv=${TMPDIR:-/tmp}/gpumem-wheel-venv
+				if [ -x "$venv/bin/gpumem" ]; then
+					"$venv/bin/gpumem" run --xla-command-buffers xla -- python3 bench/jax/cmdbuf_check.py || echo "FAIL (gpumem)"
+				else
+					GPUMEM_LIBRARY=build/libgpumem.so GPUMEM_PRELOAD=build/libgpumem_preload.so \
+						"$bin/gpumem" run --xla-command-buffers xla -- python3 bench/jax/cmdbuf_check.py || echo "FAIL (gpumem)"
+				fi
 			} >"$out/jaxcheck.log" 2>&1 || true
 			tail -6 "$out/jaxcheck.log" >&2
 			;;
@@ -184,12 +196,30 @@ run() {
 			OUT="$out/trees" TEST_FILE=build/third_party/test_cudagraph_trees.py \
 				bash bench/torchtests/run.sh all >"$out/trees.log" 2>&1 || true
 			tail -30 "$out/trees.log" >&2
+			tar czf "$out/trees.tgz" -C "$out" trees && rm -rf "$out/trees"
 			;;
 		train)
 			local progs=()
 			[ -n "${PROGRAMS:-}" ] && progs=(--programs "$PROGRAMS")
 			python3 bench/train/suite.py "${progs[@]}" --out "$out/train.jsonl" >"$out/train.md" 2>"$out/train.log" || true
 			cat "$out/train.md" >&2
+			;;
+		record)
+			# Issue 30's replay-versus-run check: each bench/train program
+			# (PROGRAMS=a,b for some) run under gpumem with
+			# gpumem.torch.record, its trace and its final stats (the real
+			# pool peak) packed in record.tgz; bench/train/replay_check.py
+			# replays them anywhere.
+			use_wheel_library
+			local dir=$out/record prog
+			mkdir -p "$dir"
+			local all
+			all=$(cd bench/train && python3 -c 'import programs; print(",".join(programs.PROGRAMS))')
+			for prog in $(echo "${PROGRAMS:-$all}" | tr , ' '); do
+				python3 bench/train/record_check.py "$prog" gpumem "$dir" >>"$out/record.log" 2>&1 ||
+					echo "FAIL: $prog" | tee -a "$out/record.log" >&2
+			done
+			tar czf "$out/record.tgz" -C "$out" record && rm -rf "$dir"
 			;;
 		table)
 			{
