@@ -199,6 +199,7 @@ run() {
 			tar czf "$out/trees.tgz" -C "$out" trees && rm -rf "$out/trees"
 			;;
 		train)
+			use_wheel_library
 			local progs=()
 			[ -n "${PROGRAMS:-}" ] && progs=(--programs "$PROGRAMS")
 			python3 bench/train/suite.py "${progs[@]}" --out "$out/train.jsonl" >"$out/train.md" 2>"$out/train.log" || true
