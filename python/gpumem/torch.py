@@ -544,7 +544,8 @@ def _patch_mempool(torch, lib):
         def __init__(self, allocator=None, use_on_oom=False, symmetric=False, no_split=False, **kwargs):
             if allocator is not None or use_on_oom or symmetric or no_split or kwargs:
                 raise RuntimeError("gpumem: torch.cuda.MemPool with an allocator, use_on_oom, symmetric or "
-                                   "no_split is not supported under gpumem.torch.use(); MemPool() is")
+                                   "no_split is not supported under gpumem.torch.use(); torch.cuda.MemPool() "
+                                   "without them is, or use PyTorch's allocator for this program")
             self._device = torch.cuda.current_device()
             self._id = _pool_id(torch.cuda.graph_pool_handle())  # unique among PyTorch's pool ids
             lib.pool_retain(self._device, self._id)

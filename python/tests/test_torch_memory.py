@@ -220,6 +220,12 @@ blocks = [b for seg in pool.snapshot() for b in seg["blocks"] if b["state"] == "
 out["x_in_pool"] = any(b["address"] == x.data_ptr() for b in blocks)
 out["y_not_in_pool"] = all(b["address"] != y.data_ptr() for b in blocks)
 out["data"] = float(x.sum()) == 3.0 * (1 << 20) and float(y.sum()) == 4.0 * (1 << 20)
+try:
+    torch.cuda.MemPool(use_on_oom=True)
+    out["option"] = "accepted"
+except RuntimeError as e:
+    msg = str(e)
+    out["option"] = "refused" if msg.startswith("gpumem:") and msg.endswith("for this program") else msg
 print("RESULT " + json.dumps(out))
 """
 
@@ -229,8 +235,13 @@ print("RESULT " + json.dumps(out))
 def test_mempool_routes_like_pytorchs():
     """torch.cuda.MemPool and use_mem_pool: what is allocated inside comes
     from the pool, what is allocated after does not, and use_count counts
-    the object and the open block: the same under both allocators."""
+    the object and the open block: the same under both allocators.
+    MemPool's options are refused under gpumem (not run on the GPU yet)."""
     results = under_both(MEMPOOL)
+    # An option gpumem does not support is refused at once, with one whole
+    # line naming gpumem and the way around it.
+    assert results["torch"].pop("option") == "accepted", results
+    assert results["gpumem"].pop("option") == "refused", results
     assert results["gpumem"] == results["torch"], results
     assert results["gpumem"]["x_in_pool"] and results["gpumem"]["y_not_in_pool"] and results["gpumem"]["data"], results
 
