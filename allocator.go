@@ -38,6 +38,7 @@ type Allocator struct {
 	compact     bool // Config.Compact, in ModeVirtual
 	defrag      bool // Config.Defrag, in ModeVirtual with a Copier, not compact
 	copier      device.Copier
+	gather      bool // Config.Gather, with a copier
 	noChurn     bool // tests only: the policy without the churn guard (churn.go)
 	check       bool // run the checker after every operation
 	checkSearch bool // compare every findBacked answer with findFewest's (check, or tests)
@@ -148,8 +149,8 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 		}
 	}
 	a.compact = cfg.Compact && a.mode == ModeVirtual
-	if c, ok := device.AsCopier(dev); ok && cfg.Defrag && a.mode == ModeVirtual && !a.compact {
-		a.defrag, a.copier = true, c
+	if c, ok := device.AsCopier(dev); ok && (cfg.Defrag || cfg.Gather) && a.mode == ModeVirtual && !a.compact {
+		a.defrag, a.gather, a.copier = cfg.Defrag, cfg.Gather, c
 	}
 	span := cfg.SpanSize
 	if span == 0 {

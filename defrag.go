@@ -65,6 +65,19 @@ import (
 // and frameworks that launch from one thread at a time, meet it; that is
 // why Defrag is a choice, not the default.
 
+// Gathering (Config.Gather) is the same move at another moment: not
+// against a bound while the program grows, but on the way to an
+// out-of-memory, after the reclaim (pool.allocSlow): the sparse span that
+// gives back the most is split, the request tried again, until it fits or
+// no span is left to split. Where memory is plentiful no request gets that
+// far, so it costs nothing there. At a shortage there may be no room
+// beside a span for its live runs' new handles; if the pool has free
+// memory mapped elsewhere to park the live bytes in, the span is then
+// unmapped and given back first, and the handles are made from what it
+// gave back (splitReleasing). Were another process to take that memory in
+// between, each run is tried again alone, and if that fails too the
+// allocator is marked broken, the error saying where the bytes wait.
+
 // defragShare: growth past peak active bytes plus 1/defragShare of them
 // moves live chunks first (Config.Defrag).
 const defragShare = 100
@@ -108,6 +121,41 @@ func (p *pool) defrag(size uint64) error {
 		}
 	}
 	return nil
+}
+
+// gather splits one sparse span of p before an out-of-memory
+// (Config.Gather): the one that gives back the most among those whose live
+// chunks fit beside what is reserved, under the limit and in the device's
+// free memory. It reports whether it split one.
+func (p *pool) gather() (bool, error) {
+	a := p.a
+	if a.capturing() {
+		return false, nil
+	}
+	room := int64(a.limit.Load()) - int64(a.reserved.Load())
+	if free, _, err := a.dev.MemInfo(); err == nil {
+		room = min(room, int64(free))
+	}
+	i := p.sparsest(room)
+	if i < 0 {
+		return false, nil
+	}
+	if int64(p.spans[i].occupied)*int64(a.gran) > room {
+		// No span's live chunks fit beside it: the one that gives back
+		// the most, moved through free memory of the pool before its
+		// handle goes (splitReleasing) if the pool has that much.
+		i = p.sparsest(1 << 62)
+	}
+	t0 := time.Now()
+	err := p.split(i)
+	a.c.splitNanos.Add(uint64(time.Since(t0)))
+	if err != nil {
+		if a.broken.Load() {
+			return false, err
+		}
+		return false, nil
+	}
+	return true, nil
 }
 
 // sparsest picks the span to split: among the sparse spans (some chunks
@@ -193,11 +241,19 @@ func (p *pool) split(i int32) error {
 	if len(runs) == 0 {
 		return fmt.Errorf("gpumem: span at 0x%x counts %d live chunks but no live block overlaps it", s.seg.chunkAddr(int(s.c0), a.gran), s.occupied)
 	}
+	moves := p.staging(i, runs)
+	if moves != nil && p.a.gather && p.tooTight(runs) {
+		err := p.splitReleasing(i, runs, moves)
+		if err == nil {
+			a.c.splits.Add(1)
+		}
+		return err
+	}
 	hs, err := p.runHandles(runs)
 	if err != nil {
 		return err
 	}
-	if moves := p.staging(i, runs); moves != nil {
+	if moves != nil {
 		err = p.splitStaged(i, runs, hs, moves)
 	} else {
 		err = p.splitScratch(i, runs, hs)
@@ -370,6 +426,128 @@ func (p *pool) splitStaged(i int32, runs [][2]int, hs []device.Handle, moves []s
 		return err
 	}
 	return p.remap(i, runs, hs, func() error { return copies(true) })
+}
+
+// tooTight reports whether new handles for runs would not fit beside what
+// is reserved now, under the limit and in the device's free memory.
+func (p *pool) tooTight(runs [][2]int) bool {
+	a := p.a
+	var need uint64
+	for _, r := range runs {
+		need += uint64(r[1]-r[0]) * a.gran
+	}
+	if a.reserved.Load()+need > a.limit.Load() {
+		return true
+	}
+	free, _, err := a.dev.MemInfo()
+	return err == nil && need > free
+}
+
+// splitReleasing splits span i where its live runs' new handles do not fit
+// beside it (Config.Gather, at a shortage): the live runs are copied to
+// their stages, the span is unmapped and its handle released, and only
+// then are the runs' handles created (from the memory just given back:
+// they need less), mapped at the old addresses and filled from the stages.
+// If a handle cannot be had after the release (another process took the
+// memory meanwhile), a handle of the span's whole size is tried, mapped
+// back and refilled; if even that fails, the allocator is marked broken.
+func (p *pool) splitReleasing(i int32, runs [][2]int, moves []stagedMove) error {
+	a := p.a
+	s := &p.spans[i]
+	seg, c0, n, old := s.seg, int(s.c0), int(s.n), s.h
+	base := seg.chunkAddr(c0, a.gran)
+	if err := a.syncDevice(); err != nil {
+		return err
+	}
+	copies := func(back bool) error {
+		for _, m := range moves {
+			dst, src := m.stage, m.at
+			if back {
+				dst, src = src, dst
+			}
+			if err := p.copy(dst, src, m.n); err != nil {
+				_ = a.syncDevice()
+				return err
+			}
+		}
+		return a.syncDevice()
+	}
+	if err := copies(false); err != nil {
+		return err
+	}
+	if err := a.vm.Unmap(device.Ptr(base), uint64(n)*a.gran); err != nil {
+		return err
+	}
+	a.c.unmaps.Add(1)
+	a.dropHandle(old, uint64(n)*a.gran)
+	for j := c0; j < c0+n; j++ {
+		c := &seg.chunks[j]
+		c.span, c.ready = -1, false
+	}
+	seg.ready.set(c0, c0+n, false) // (which voids no ready cache: see block.nzFrom)
+	p.mappedChunks -= n
+	p.freeSlot(i)
+
+	// mapAt maps h over chunks [r0, r1) of seg as a new span with access.
+	mapAt := func(h device.Handle, r0, r1 int) error {
+		at, size := seg.chunkAddr(r0, a.gran), uint64(r1-r0)*a.gran
+		if err := a.vm.Map(device.Ptr(at), size, h); err != nil {
+			a.dropHandle(h, size)
+			return err
+		}
+		a.c.maps.Add(1)
+		if err := a.vm.SetAccess(device.Ptr(at), size); err != nil {
+			if a.vm.Unmap(device.Ptr(at), size) == nil {
+				a.c.unmaps.Add(1)
+				a.dropHandle(h, size)
+			}
+			return err
+		}
+		a.c.setAccess.Add(1)
+		si := p.newSlot()
+		p.spans[si] = span{h: h, n: int32(r1 - r0)}
+		return p.attach(si, seg, r0, r1-1, true) // (with access: no driver call)
+	}
+	hs, err := p.runHandles(runs)
+	if err == nil {
+		for k, r := range runs {
+			if err = mapAt(hs[k], c0+r[0], c0+r[1]); err != nil {
+				// The runs mapped so far stay (their bytes are copied back
+				// below); the others are tried again one by one.
+				p.dropHandles(runs[k+1:], hs[k+1:])
+				break
+			}
+		}
+	}
+	if err != nil {
+		// Each run not mapped yet: a handle of its own once more, or the
+		// allocator is broken.
+		for _, r := range runs {
+			if seg.chunks[c0+r[0]].span >= 0 {
+				continue
+			}
+			h, cerr := p.runHandles([][2]int{r})
+			if cerr == nil {
+				cerr = mapAt(h[0], c0+r[0], c0+r[1])
+			}
+			if cerr != nil {
+				a.broken.Store(true)
+				return fmt.Errorf("%w: gathering free chunks, the live run at 0x%x (%d bytes) could not be mapped again after its span was given back; its bytes are at 0x%x: %w",
+					ErrBroken, seg.chunkAddr(c0+r[0], a.gran), uint64(r[1]-r[0])*a.gran, stageOf(moves, seg.chunkAddr(c0+r[0], a.gran)), errors.Join(err, cerr))
+			}
+		}
+	}
+	return copies(true)
+}
+
+// stageOf returns where the staged bytes of address at wait.
+func stageOf(moves []stagedMove, at uint64) uint64 {
+	for _, m := range moves {
+		if at >= m.at && at < m.at+m.n {
+			return m.stage + (at - m.at)
+		}
+	}
+	return 0
 }
 
 // copy enqueues a copy of n bytes from src to dst and counts it; it is

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/gpumem/gpumem"
@@ -351,5 +352,69 @@ func TestDefragLostScratch(t *testing.T) {
 	}
 	if s := dev.Stats(); s.LiveMappings != 0 || s.LiveReservations != 0 || s.LiveHandles != 0 || s.Used != 0 {
 		t.Errorf("after Close: %d mappings, %d reservations, %d handles, %d bytes", s.LiveMappings, s.LiveReservations, s.LiveHandles, s.Used)
+	}
+}
+
+// TestGatherBeforeOutOfMemory: under a limit that the stranded spans of
+// strand fill, a 100 MiB request fails without Config.Gather (the
+// stranded chunks are the cause: fragmentation) and is served with it, the
+// sparse spans split on the way to the out-of-memory, every live buffer
+// reading back what was written to it. At 140 MiB the live chunks' new
+// handles fit beside the spans (split makes them first); at 128 MiB
+// nothing is left beside them, and each span is given back before its live
+// chunk's handle is made (splitReleasing). Unlimited, nothing is short and
+// Gather moves nothing.
+func TestGatherBeforeOutOfMemory(t *testing.T) {
+	const mib = 1 << 20
+	for _, limit := range []uint64{140 * mib, 128 * mib, 0} {
+		for _, gather := range []bool{false, true} {
+			t.Run(fmt.Sprintf("limit %d MiB, gather %v", limit/mib, gather), func(t *testing.T) {
+				dev := sim.MustNew(sim.Config{Capacity: 4 << 30})
+				a, err := gpumem.New(dev, gpumem.Config{Gather: gather, Limit: limit, CheckInvariants: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				live := strand(t, dev, a, 8)
+				b, err := a.Alloc(100*mib, 0)
+				st := a.Stats()
+				switch {
+				case limit != 0 && !gather:
+					var oom *gpumem.OutOfMemoryError
+					if !errors.As(err, &oom) || oom.Cause != gpumem.CauseFragmentation {
+						t.Fatalf("without Gather: %v; want an out-of-memory caused by fragmentation", err)
+					}
+					if !strings.Contains(err.Error(), "GPUMEM_CONFIG=gather=true") {
+						t.Errorf("without Gather the verdict does not name it: %v", err)
+					}
+				case err != nil:
+					t.Fatalf("gather %v, limit %d MiB: %v", gather, limit/mib, err)
+				default:
+					live = append(live, mark(t, dev, b, 1000))
+				}
+				readBack(t, dev, live, "after the large request")
+				switch {
+				case limit == 0 || !gather:
+					if st.Splits != 0 || st.Copies != 0 {
+						t.Errorf("%d splits, %d copies; want none", st.Splits, st.Copies)
+					}
+				case st.Splits < 6 || st.Copies != 2*st.Splits:
+					t.Errorf("%d splits, %d copies; want at least 6, each staged (two copies)", st.Splits, st.Copies)
+				}
+				if limit != 0 && st.PeakReserved > limit {
+					t.Errorf("peak reserved %d MiB over the limit of %d MiB", st.PeakReserved/mib, limit/mib)
+				}
+				for _, m := range live {
+					if err := a.Free(m.b); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if free, total, _ := dev.MemInfo(); free != total {
+					t.Errorf("after Close the device has %d of %d bytes free", free, total)
+				}
+			})
+		}
 	}
 }

@@ -165,6 +165,7 @@ type OutOfMemoryError struct {
 
 	noVM     bool // the device has no virtual memory (WithVirtual is AnswerNo)
 	suggestC bool // fragmentation in ModeVirtual without Config.Compact: say it exists
+	suggestG bool // and idle memory in spans with live buffers, without Config.Gather
 }
 
 // Error is one paragraph: the cause with its numbers, then what would have
@@ -220,6 +221,9 @@ func (e *OutOfMemoryError) Error() string {
 				size(e.Pinned-min(e.PinnedInChunks, e.Pinned)), size(e.PinnedInChunks))
 			if e.suggestC {
 				b.WriteString(" (Config.Compact, GPUMEM_CONFIG=compact=true, leaves less of both, at more driver calls: gpumem fit --policy gpumem-compact says whether a recorded trace would fit)")
+			}
+			if e.suggestG {
+				b.WriteString("; Config.Gather, GPUMEM_CONFIG=gather=true, moves live chunks out of the idle spans before failing, in programs that launch from one thread at a time (gpumem fit --policy gpumem-gather)")
 			}
 		} else {
 			fmt.Fprintf(&b, "in use; blocked by %s", map[Cause]string{CauseLimit: "the limit", CauseDevice: "the device's free memory"}[e.Cause])

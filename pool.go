@@ -316,6 +316,21 @@ func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 	if !errors.As(err, &sh) {
 		return nil, err
 	}
+	for a.gather {
+		split, gerr := p.gather()
+		if gerr != nil {
+			return nil, gerr
+		}
+		if !split {
+			break
+		}
+		if b, err = p.allocate(rounded, si); err == nil {
+			return b, nil
+		}
+		if !errors.As(err, &sh) {
+			return nil, err
+		}
+	}
 	a.c.ooms.Add(1)
 	s := p.streams[si].s // under mu: addStream may grow the slice meanwhile
 	p.mu.Unlock()

@@ -21,6 +21,15 @@ var policies = []struct {
 	{"tf-bfc-prealloc", func(c uint64) (Allocator, error) { return newTFBFC(c, true), nil }},
 }
 
+// optional are policies New knows by name that Names (and so "all")
+// leaves out: gpumem's opt-in settings, asked for one at a time.
+var optional = []struct {
+	name string
+	new  func(capacity uint64) (Allocator, error)
+}{
+	{"gpumem-gather", func(c uint64) (Allocator, error) { return newGpumem(c, gpumem.Config{Gather: true}) }},
+}
+
 // Names returns the names of the policies New knows, gpumem first.
 func Names() []string {
 	out := make([]string, len(policies))
@@ -37,10 +46,10 @@ func New(name string, capacity uint64) (Allocator, error) {
 	if capacity == 0 {
 		return nil, fmt.Errorf("policy %s: a device of capacity 0", name)
 	}
-	for _, p := range policies {
+	for _, p := range append(policies[:len(policies):len(policies)], optional...) {
 		if p.name == name {
 			return p.new(capacity)
 		}
 	}
-	return nil, fmt.Errorf("policy: unknown policy %q (want one of %s)", name, strings.Join(Names(), ", "))
+	return nil, fmt.Errorf("policy: unknown policy %q (want one of %s, or %s)", name, strings.Join(Names(), ", "), optional[0].name)
 }

@@ -40,6 +40,9 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	defrag             true or false: move live chunks out of sparse spans
 //	                   rather than grow (gpumem.Config.Defrag); only for
 //	                   programs that launch from one thread at a time
+//	gather             true or false: before an out-of-memory, move live
+//	                   chunks out of sparse spans until the request fits
+//	                   (gpumem.Config.Gather); the same proviso
 //	record_sites       true or false: allocation call stacks in leak reports
 //	check              true or false: run the invariant checker after every
 //	                   operation (slow)
@@ -152,6 +155,8 @@ func (c *Config) set(key, val string) error {
 		c.Alloc.Compact, err = strconv.ParseBool(val)
 	case "defrag":
 		c.Alloc.Defrag, err = strconv.ParseBool(val)
+	case "gather":
+		c.Alloc.Gather, err = strconv.ParseBool(val)
 	case "record_sites":
 		c.Alloc.RecordSites, err = strconv.ParseBool(val)
 	case "check":
@@ -162,7 +167,7 @@ func (c *Config) set(key, val string) error {
 		}
 		c.Serve = val
 	default:
-		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, defrag, record_sites, check or serve)")
+		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, defrag, gather, record_sites, check or serve)")
 	}
 	return err
 }

@@ -374,3 +374,31 @@ def test_defrag_counters():
     assert s["copied_bytes"] >= s["splits"] * (2 << 20), s
     for key, go in (("splits", "Splits"), ("copies", "Copies"), ("copied_bytes", "CopiedBytes"), ("split_ns", "SplitNanos")):
         assert s[key] == j[go], (key, s[key], j)
+
+
+@needs_library
+def test_gather_config():
+    """gather=true in the configuration string: under a limit the stranded
+    spans fill, the large request that fails without it (its message
+    naming gather) is served, the spans split on the way."""
+    script = """
+        import json
+        import gpumem
+        lib = gpumem.library()
+        big = [lib.allocate(16 << 20, 0, 0) for _ in range(8)]
+        for q in big:
+            lib.deallocate(q, 0)
+        small = [lib.allocate(2 << 20, 0, 0) for _ in range(64)]
+        for i, q in enumerate(small):
+            if i % 8 != 3:
+                lib.deallocate(q, 0)
+        try:
+            lib.allocate(100 << 20, 0, 0)
+            print(json.dumps({"served": True, "splits": gpumem.stats(0)["splits"]}))
+        except gpumem.GpumemError as e:
+            print(json.dumps({"served": False, "names_gather": "gather=true" in str(e)}))
+    """
+    without = json.loads(run(script, config=SIM + ",limit=128MiB").stdout.splitlines()[0])
+    with_gather = json.loads(run(script, config=SIM + ",limit=128MiB,gather=true").stdout.splitlines()[0])
+    assert without == {"served": False, "names_gather": True}, without
+    assert with_gather["served"] and with_gather["splits"] >= 6, with_gather
