@@ -5,7 +5,8 @@ the check that both replay to the same peak live bytes:
   OUTDIR/PROGRAM.gpumem.stats.json gpumem's numbers at the end of that run
                                    (peak_reserved: the real pool peak, for
                                    replay_check.py: issue 30's replay-versus-run
-                                   agreement)
+                                   agreement; allocator: gpumem.Stats, with
+                                   Segments and Handoffs)
   OUTDIR/PROGRAM.snapshot.pickle   PyTorch's memory history under its own
                                    allocator (torch.cuda.memory._dump_snapshot),
                                    for `gpumem import`
@@ -33,8 +34,13 @@ def child(prog, mode, outdir):
             fn(steps, lambda loss: None)
             torch.cuda.synchronize()
         import json
+        # gpumem.torch.stats() and, under "allocator", the allocator's own
+        # (arenas, handoffs, fences: what tells a run whose streams waited
+        # on each other from its replay, where no GPU lags).
+        st = dict(gpumem.torch.stats())
+        st["allocator"] = json.loads(gpumem.library().stats_json(torch.cuda.current_device()))
         with open(os.path.join(outdir, prog + ".gpumem.stats.json"), "w") as f:
-            json.dump(gpumem.torch.stats(), f)
+            json.dump(st, f)
     else:
         torch.cuda.memory._record_memory_history(max_entries=10_000_000)
         fn(steps, lambda loss: None)

@@ -285,6 +285,21 @@ def _patch_allocator_settings(torch):
         if os.environ.get(var):
             _settings_ignored(os.environ[var], var)
     mem = torch.cuda.memory
+    enable = getattr(mem, "caching_allocator_enable", None)
+    if enable is not None:
+        def caching_allocator_enable(value=True):
+            """PyTorch's switch for its CUDA allocator's cache; gpumem keeps
+            its own and says so once when asked to turn it off (patched by
+            gpumem.torch)."""
+            if not value and "caching_allocator_enable" not in _said_settings:
+                _said_settings.add("caching_allocator_enable")
+                warnings.warn("gpumem: torch.cuda.caching_allocator_enable(False) has no effect under "
+                              "gpumem.torch.use(): gpumem keeps its cache and counts every byte it serves; "
+                              "torch.cuda.empty_cache() gives the cache back, GPUMEM_CONFIG=release_after=... "
+                              "gives idle memory back by itself", RuntimeWarning, stacklevel=2)
+            return enable(value)
+
+        _put((mem, torch.cuda), "caching_allocator_enable", caching_allocator_enable)
     orig = getattr(mem, "_set_allocator_settings", None)
     if orig is None:
         return

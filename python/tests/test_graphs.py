@@ -720,7 +720,8 @@ def test_allocator_settings_said_to_have_no_effect():
     """PyTorch's CUDA allocator settings under gpumem: a warning once per
     setting that tunes the allocator gpumem replaces, from the environment
     at use() and from _set_allocator_settings (still passed on); none for
-    PyTorch's host allocator's settings."""
+    PyTorch's host allocator's settings; and once for
+    caching_allocator_enable(False), whose cache gpumem keeps."""
     p = run("""
         import os, types, warnings
         import gpumem.torch as gt
@@ -728,19 +729,27 @@ def test_allocator_settings_said_to_have_no_effect():
         passed = []
         memory = types.ModuleType("faketorch.cuda.memory")
         memory._set_allocator_settings = lambda env: passed.append(env)
-        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+        memory.caching_allocator_enable = lambda value=True: passed.append(value)
+        cuda = types.ModuleType("faketorch.cuda")
+        cuda.memory, cuda.caching_allocator_enable = memory, memory.caching_allocator_enable
+        torch = types.SimpleNamespace(cuda=cuda)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             gt._patch_allocator_settings(torch)
             memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
             memory._set_allocator_settings("graph_capture_record_stream_reuse:False")
             memory._set_allocator_settings("pinned_num_register_threads:8")
+            cuda.caching_allocator_enable(True)
+            cuda.caching_allocator_enable(False)
+            memory.caching_allocator_enable(False)
         for x in w:
             print(str(x.message))
         print("passed", passed)
     """)
     lines = p.stdout.splitlines()
-    assert len(lines) == 3, lines
+    assert len(lines) == 4, lines
+    assert lines[2].startswith("gpumem: torch.cuda.caching_allocator_enable(False) has no effect"), lines
+    lines = lines[:2] + [lines[3].replace(", True, False, False]", "]")]
     assert lines[0].startswith("gpumem: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments for PyTorch's own CUDA allocator"), lines
     assert "no effect under gpumem.torch.use()" in lines[0] and "pinned" not in lines[0]
     assert lines[1].startswith("gpumem: torch.cuda.memory._set_allocator_settings sets graph_capture_record_stream_reuse"), lines
