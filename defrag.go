@@ -123,41 +123,6 @@ func (p *pool) defrag(size uint64) error {
 	return nil
 }
 
-// gather splits one sparse span of p before an out-of-memory
-// (Config.Gather): the one that gives back the most among those whose live
-// chunks fit beside what is reserved, under the limit and in the device's
-// free memory. It reports whether it split one.
-func (p *pool) gather() (bool, error) {
-	a := p.a
-	if a.capturing() {
-		return false, nil
-	}
-	room := int64(a.limit.Load()) - int64(a.reserved.Load())
-	if free, _, err := a.dev.MemInfo(); err == nil {
-		room = min(room, int64(free))
-	}
-	i := p.sparsest(room)
-	if i < 0 {
-		return false, nil
-	}
-	if int64(p.spans[i].occupied)*int64(a.gran) > room {
-		// No span's live chunks fit beside it: the one that gives back
-		// the most, moved through free memory of the pool before its
-		// handle goes (splitReleasing) if the pool has that much.
-		i = p.sparsest(1 << 62)
-	}
-	t0 := time.Now()
-	err := p.split(i)
-	a.c.splitNanos.Add(uint64(time.Since(t0)))
-	if err != nil {
-		if a.broken.Load() {
-			return false, err
-		}
-		return false, nil
-	}
-	return true, nil
-}
-
 // sparsest picks the span to split: among the sparse spans (some chunks
 // live, some empty) whose live chunks fit in room bytes, the one that gives
 // back the most net of what it copies; if none fits, the one that copies
@@ -197,7 +162,10 @@ func (p *pool) placedNow(i int32) bool {
 // liveRuns returns the runs of occupied chunks of span i, as chunk offsets
 // [r0, r1) from its start: a chunk is occupied when a block that is not
 // free overlaps it (see the invariants in vm.go), or the block being
-// backed, which is not marked allocated yet.
+// backed, which is not marked allocated yet. It walks the segment's blocks:
+// one of the three places mapping reaches up into placement (doc.go,
+// "Layers"); the chunk counts alone do not say which chunks a block covers
+// whole.
 func (p *pool) liveRuns(i int32) [][2]int {
 	s := &p.spans[i]
 	seg, c0, n := s.seg, int(s.c0), int(s.n)

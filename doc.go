@@ -25,6 +25,29 @@
 //	            unit of growth, reuse elsewhere and release (vm.go).
 //	Scope       owns buffers, charges a quota, frees all it owns on Close.
 //
+// # Layers
+//
+// One request goes down through three layers, each in files of its own,
+// and the calls go one way, down:
+//
+//	placement   which free block, and where in it: pool.go (allocate,
+//	            carve, release, coalescing), index.go (the free index),
+//	            block.go, place.go (where in a virtual arena).
+//	mapping     what backs the chosen range: vm.go (chunks, spans,
+//	            handles: back, newSpan, moveSpan, releaseSpan),
+//	            readymap.go, dormant.go, defrag.go (splitting a span).
+//	device      package device: the driver, or the simulated one.
+//
+// Beside them, stream ordering (pool.go: stream slots, tags, events,
+// fences), which both use, and the pressure policy, pressure.go: what
+// happens as memory gets short, with the steps that live elsewhere
+// named there. A shortage goes back up as an error (*shortage) to
+// pool.allocSlow, which decides. Three places still reach up, each
+// noted where it is: back voids the ready caches of the free blocks
+// beside the one it backs (block.nzFrom), a split reads which of its
+// chunks live blocks cover (liveRuns), and stalls asks which stream the
+// request is for (pool.asker).
+//
 // # Modes
 //
 // ModeVirtual (the default where the device has virtual memory) reserves one

@@ -247,21 +247,6 @@ func (p *pool) heapFor(rounded uint64) *heap {
 	return &p.heaps[heapLarge]
 }
 
-// shortage is the internal error of a request that needs more memory than
-// the limit or the device allows; Alloc turns it into an OutOfMemoryError
-// after one reclaim and retry.
-type shortage struct {
-	cause Cause // CauseLimit or CauseDevice
-	err   error // the device's error for CauseDevice
-}
-
-func (s *shortage) Error() string {
-	if s.err != nil {
-		return fmt.Sprintf("shortage (%s): %v", s.cause, s.err)
-	}
-	return fmt.Sprintf("shortage (%s)", s.cause)
-}
-
 // allocFast is the cache-hit path: a free block that fits, in memory that is
 // already backed, that stream slot si may use now. It returns nil when
 // anything more is needed.
@@ -291,52 +276,6 @@ func (p *pool) allocFast(rounded uint64, si slot) *block {
 	p.occupy(b) // all mapped: no device call
 	b.state = blockAllocated
 	return b
-}
-
-// allocSlow is the rest of the ladder (see doc.go): pending frees whose
-// events are done, growth, and on a shortage one reclaim of every pool's
-// cache and a retry.
-func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
-	b, err := p.allocate(rounded, si)
-	if err == nil {
-		return b, nil
-	}
-	var sh *shortage
-	if !errors.As(err, &sh) {
-		return nil, err
-	}
-	a := p.a
-	a.c.retries.Add(1)
-	p.mu.Unlock()
-	a.reclaim()
-	p.mu.Lock()
-	if b, err = p.allocate(rounded, si); err == nil {
-		return b, nil
-	}
-	if !errors.As(err, &sh) {
-		return nil, err
-	}
-	for a.gather {
-		split, gerr := p.gather()
-		if gerr != nil {
-			return nil, gerr
-		}
-		if !split {
-			break
-		}
-		if b, err = p.allocate(rounded, si); err == nil {
-			return b, nil
-		}
-		if !errors.As(err, &sh) {
-			return nil, err
-		}
-	}
-	a.c.ooms.Add(1)
-	s := p.streams[si].s // under mu: addStream may grow the slice meanwhile
-	p.mu.Unlock()
-	oom := a.oomError(size, s, sh)
-	p.mu.Lock()
-	return nil, oom
 }
 
 func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
@@ -1044,22 +983,6 @@ func (st *streamState) dropEvents(ev device.Events) error {
 		st.haveEpochEv, st.epochPending = false, false
 	}
 	return errors.Join(errs...)
-}
-
-// reclaim returns every pool's cache to the device (keeping preallocation),
-// after waiting for pending frees. Called with no pool lock held, before an
-// allocation's one retry.
-func (a *Allocator) reclaim() {
-	if a.keep {
-		// A private pool keeps its memory: its root gives back its own.
-		a.root.reclaim()
-		return
-	}
-	for _, p := range a.allPools() {
-		p.mu.Lock()
-		_ = p.trim(false)
-		p.mu.Unlock()
-	}
 }
 
 // lentTo counts the buffers of this pool allocated and still used by

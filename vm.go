@@ -151,267 +151,6 @@ func (seg *segment) chunkSpan(addr, size, gran uint64) (int, int) {
 	return int((addr - seg.base) >> sh), int((addr + size - 1 - seg.base) >> sh)
 }
 
-// unmappedIn counts the chunks under [addr, addr+size) of seg that are not
-// ready (unmapped, or mapped without access), up to limit+1: a count past
-// limit is reported as limit+1.
-func (p *pool) unmappedIn(seg *segment, addr, size uint64, limit int) int {
-	if limit < 0 {
-		return 0
-	}
-	c0, c1 := seg.chunkSpan(addr, size, p.a.gran)
-	return min(c1-c0+1-seg.ready.count(c0, c1), limit+1)
-}
-
-// placement returns where in free block b to put rounded bytes so that the
-// fewest chunks under them are not ready, and how many (at most limit+1
-// are counted). It tries the block's start, its end, then every chunk
-// boundary inside it, sliding a window over the chunks (a block's middle
-// may be mapped while its ends are not); at most maxSlide positions.
-func (p *pool) placement(b *block, rounded uint64, limit int) (off uint64, missing int) {
-	g := p.a.gran
-	seg := b.seg
-	missing = p.unmappedIn(seg, b.addr, rounded, limit)
-	if missing == 0 || b.size == rounded {
-		return 0, missing
-	}
-	// The end next: placing at either end leaves one free piece, not two.
-	// (Past the highest chunk any span ever covered nothing is ready.)
-	if lo, _ := seg.chunkSpan(b.end()-rounded, rounded, g); lo > int(seg.hiSpan) {
-		// every window from here on lies past the mapped part
-	} else if m := p.unmappedIn(seg, b.end()-rounded, rounded, missing-1); m < missing {
-		off, missing = b.size-rounded, m
-		if m == 0 {
-			return off, 0
-		}
-	}
-	// Windows starting on chunk boundaries inside the block, in address
-	// order: positions 0..last, window n over chunks [lo+n, lo+n+w) with m
-	// of them not ready. A position is skipped only when it cannot beat the
-	// best so far (missing <= m <= w once a window is counted): a window
-	// that leaves behind fewer than k = m-missing+1 of this one's not-ready
-	// chunks still holds missing or more, so the next candidate starts just
-	// past the k-th; and a better window holds a ready chunk. So the first
-	// place with the fewest not-ready chunks is found, as by stepping one
-	// chunk at a time (readymap_internal_test.go checks both agree).
-	s0 := (b.addr-seg.base+g-1)/g*g + seg.base
-	if s0+rounded <= b.end() {
-		lo, hi := seg.chunkSpan(s0, rounded, g)
-		w := hi - lo + 1
-		// The last position: the window inside the block, at most
-		// maxSlide steps, and (past the first) starting at or below hiSpan.
-		last := min(int((b.end()-rounded-s0)/g), maxSlide, int(seg.hiSpan)-lo)
-		for n := 0; ; {
-			m := w - seg.ready.count(lo+n, lo+n+w-1)
-			if m < missing {
-				off, missing = s0+uint64(n)*g-b.addr, m
-				if m == 0 {
-					return off, 0
-				}
-			}
-			next := seg.ready.kthNotReady(lo+n, lo+n+w-1, m-missing+1) + 1 - lo
-			if next <= last {
-				r := seg.ready.nextReady(lo+next, lo+last+w-1)
-				if r < 0 {
-					break
-				}
-				next = max(next, r-w+1-lo)
-			}
-			if next > last {
-				break
-			}
-			n = next
-		}
-	}
-	return off, missing
-}
-
-// maxSlide bounds the positions placement tries in one block (8 GiB of
-// address space with 2 MiB chunks).
-const maxSlide = 4096
-
-// findBacked looks, when the best fit lies (partly) in unmapped memory, for
-// the free block and position with the fewest unmapped chunks: the fitting
-// blocks of every bin from the request's up, at most maxCandidates blocks.
-// A looser fit costs address space, which is free; each unmapped chunk
-// costs driver calls (a span to create or move: tens of microseconds on a
-// real GPU). On the miss path only.
-//
-// Only places stream slot si may use count: a block it may use (usable),
-// or, in a block of another stream whose work is not known done, a place
-// over unmapped chunks only (cleanPlacement): no work can touch memory
-// that is not mapped, since unmapping fences the streams that freed it. It
-// reports false when no fitting block has such a place.
-//
-// The answer is the first candidate, in the order above, whose place needs
-// no new chunk, if there is one (nearly every search on the corpus: the
-// rest are under 1 in 500); only otherwise the one needing fewest. So the
-// search runs in two steps that decide exactly as one scan would
-// (findFewest, which Config.CheckInvariants compares with every answer):
-// findReady walks the candidates in the same order, counting them the
-// same way, and asks of each only whether it has a place over ready chunks,
-// skipping the blocks whose cached answer says no (block.nzFrom); only if
-// none has does findFewest scan them all again for the fewest. Before the
-// cache, a later pass of ckpt_grad_accum ran about 11 placement searches per
-// miss, 10 of them over the same partly backed blocks that had failed the
-// misses before (docs/EXPERIMENTS.md, "Later passes: the ready cache").
-func (p *pool) findBacked(h *heap, first *block, rounded uint64, si slot) (*block, uint64, int, bool) {
-	p.search.finds++
-	b, off, ok := p.findReady(h, first, rounded, si)
-	if !ok {
-		p.search.fewest++
-		var m int
-		b, off, m, ok = p.findFewest(h, first, rounded, si)
-		if p.a.checkSearch && ok && m == 0 {
-			p.a.disagree(p, fmt.Sprintf("no ready place; a full scan finds one in block 0x%x at offset %d", b.addr, off))
-		}
-		return b, off, m, ok
-	}
-	if p.a.checkSearch {
-		if b2, off2, m2, ok2 := p.findFewest(h, first, rounded, si); b2 != b || off2 != off || m2 != 0 || !ok2 {
-			p.a.disagree(p, fmt.Sprintf("a ready place in block 0x%x at offset %d; a full scan finds block %p (0x%x) at offset %d, %d chunks missing",
-				b.addr, off, b2, blockAddr(b2), off2, m2))
-		}
-	}
-	return b, off, 0, true
-}
-
-// findReady returns the first place over ready chunks only that findFewest
-// would try: the same candidates in the same order, at most maxCandidates
-// of them counted the same way. Blocks of other streams not known done are
-// skipped: their places (cleanPlacement) are over unmapped chunks. A block
-// whose search fails records it (block.nzFrom).
-func (p *pool) findReady(h *heap, first *block, rounded uint64, si slot) (*block, uint64, bool) {
-	if off, ok := p.readyPlace(first, rounded, si); ok {
-		return first, off, true
-	}
-	seen := 0
-	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
-		for b := h.free.heads[i]; b != nil && seen < maxCandidates; b = b.fnext {
-			if b.size < rounded || b == first {
-				continue
-			}
-			seen++
-			if off, ok := p.readyPlace(b, rounded, si); ok {
-				return b, off, true
-			}
-		}
-	}
-	return nil, 0, false
-}
-
-// readyPlace returns the place in free block b that placement chooses for
-// rounded bytes if it needs no new chunk, and whether there is one; false
-// at once where b's cache says so (see block.nzFrom).
-//
-// placement's first place with no not-ready chunk does not depend on its
-// limit (a window without one beats any best so far, so no limit skips
-// it), so limit 0 finds the place findFewest would, the cheapest way. And
-// a failure holds for every larger request while b and the ready chunks
-// under it stay as they are: each window of a larger request, at the start,
-// the end or a chunk boundary no further than the smaller one's last,
-// contains the smaller one's window there, which holds a chunk not ready.
-func (p *pool) readyPlace(b *block, rounded uint64, si slot) (uint64, bool) {
-	if b.nzFrom != 0 && rounded >= b.nzFrom {
-		p.search.cached++
-		return 0, false
-	}
-	if !p.usable(b, si) {
-		return 0, false
-	}
-	p.search.placements++
-	off, m := p.placement(b, rounded, 0)
-	if m == 0 {
-		return off, true
-	}
-	if b.nzFrom == 0 || rounded < b.nzFrom {
-		b.nzFrom = rounded
-	}
-	return 0, false
-}
-
-// disagree panics (as mustCheckPool does): findBacked's answer is not
-// findFewest's. Called with p.mu held, under Config.CheckInvariants (or a
-// test's checkSearch).
-func (a *Allocator) disagree(p *pool, what string) {
-	a.broken.Store(true)
-	p.mu.Unlock()
-	panic("gpumem: findBacked found " + what)
-}
-
-func blockAddr(b *block) uint64 {
-	if b == nil {
-		return 0
-	}
-	return b.addr
-}
-
-// findFewest is findBacked's search in one scan: it tries every candidate
-// in turn (placement or cleanPlacement) and keeps the first with the fewest
-// not-ready chunks, stopping at one with none.
-func (p *pool) findFewest(h *heap, first *block, rounded uint64, si slot) (*block, uint64, int, bool) {
-	var best *block
-	var bestOff uint64
-	bestMissing := 1 << 30
-	try := func(b *block) bool {
-		var off uint64
-		var m int
-		if p.usable(b, si) {
-			off, m = p.placement(b, rounded, bestMissing-1)
-		} else if off, m = p.cleanPlacement(b, rounded); m < 0 {
-			return false
-		}
-		if m < bestMissing {
-			best, bestOff, bestMissing = b, off, m
-		}
-		return m == 0
-	}
-	if try(first) {
-		return best, bestOff, 0, true
-	}
-	seen := 0
-	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
-		for b := h.free.heads[i]; b != nil && seen < maxCandidates; b = b.fnext {
-			if b.size < rounded || b == first {
-				continue
-			}
-			seen++
-			if try(b) {
-				return best, bestOff, 0, true
-			}
-		}
-	}
-	return best, bestOff, bestMissing, best != nil
-}
-
-// cleanPlacement returns a place in free block b for rounded bytes whose
-// chunks are all unmapped, and their number: the block's start, its end,
-// or the first chunk past every chunk any span has covered; -1 for none.
-func (p *pool) cleanPlacement(b *block, rounded uint64) (uint64, int) {
-	g, seg := p.a.gran, b.seg
-	offs := [3]uint64{0, b.size - rounded, b.size}
-	if past := seg.chunkAddr(int(seg.hiSpan)+1, g); past > b.addr && past+rounded <= b.end() {
-		offs[2] = past - b.addr
-	}
-	for _, off := range offs {
-		if off+rounded > b.size {
-			continue
-		}
-		c0, c1 := seg.chunkSpan(b.addr+off, rounded, g)
-		clean := true
-		for i := c0; i <= c1 && clean; i++ {
-			clean = seg.chunks[i].span < 0
-		}
-		if clean {
-			return off, c1 - c0 + 1
-		}
-	}
-	return 0, -1
-}
-
-// maxCandidates bounds the free blocks one search for backed memory looks
-// at (findBacked).
-const maxCandidates = 1024
-
 // occupy counts b as live in its chunks and their spans; every chunk must
 // be ready.
 func (p *pool) occupy(b *block) { p.count(b, 1) }
@@ -499,6 +238,8 @@ func (p *pool) back(b *block) error {
 	// a span granted again (mapped without access) holds no live block but
 	// b, so its other chunks are free memory on either side of b. (And
 	// hiSpan, which bounds placement's windows, rises only over these.)
+	// This is one of the three places mapping reaches up into placement
+	// (doc.go, "Layers").
 	for _, n := range [2]*block{b.prev, b.next} {
 		if n != nil && n.state == blockFree {
 			n.nzFrom = 0
@@ -537,41 +278,6 @@ func (p *pool) back(b *block) error {
 	}
 	return nil
 }
-
-// feasible refuses at once a block that needs more new memory than could
-// ever be had: more than the limit leaves beside this pool's live blocks,
-// or, for large requests, more than the device's free memory and the
-// allocator's whole cache together. Without it such a request would create
-// span after span up to the limit or the device's end, then give them all
-// back: a wasted tenth of a second per gigabyte on a real GPU, with the
-// memory taken from every other process meanwhile. Both bounds are loose
-// (other pools' live blocks and the free memory inside partly used spans
-// are not counted), so nothing that could succeed is refused.
-func (p *pool) feasible(need uint64) error {
-	a := p.a
-	if p.active+need > a.limit.Load() {
-		return &shortage{cause: CauseLimit}
-	}
-	if need < feasibleCheckBytes {
-		return nil
-	}
-	free, _, err := a.dev.MemInfo()
-	if err != nil {
-		return nil // the growth itself will find out
-	}
-	if need > free+a.reserved.Load()+feasibleSlack {
-		return &shortage{cause: CauseDevice, err: fmt.Errorf("%w: %d bytes needed, %d free on the device", device.ErrOutOfMemory, need, free)}
-	}
-	return nil
-}
-
-// feasibleCheckBytes: growth below this asks the device nothing first (a
-// cuMemGetInfo costs about a microsecond; a span, tens). feasibleSlack
-// covers what the device's count may lag.
-const (
-	feasibleCheckBytes = 1 << 30
-	feasibleSlack      = 64 << 20
-)
 
 // runEnd returns the end of the next span of a block whose chunks up to c1
 // need backing, from its unmapped chunk i: the run of unmapped chunks from
@@ -870,7 +576,9 @@ func (p *pool) roomAt(seg *segment, r0 int) int32 {
 // them in place), as a block that stream freed is, and new memory is taken
 // instead: a host wait on another stream would stall this one behind all
 // of that stream's work (a prefetch copy, say). The simulated device
-// completes work at once, so there the rule never applies.
+// completes work at once, so there the rule never applies. (Reading
+// pool.asker is one of the three places mapping reaches up: doc.go,
+// "Layers".)
 func (p *pool) stalls(i int32) bool {
 	if p.spans[i].seq <= p.fencedSeq {
 		return false
@@ -1046,51 +754,6 @@ func (a *Allocator) dropHandle(h device.Handle, size uint64) {
 type heldHandle struct {
 	h    device.Handle
 	size uint64
-}
-
-// makeRoom releases empty spans, oldest first, this pool's and then others'
-// (TryLocked), before size bytes are taken from the device, so that the
-// device is asked for memory only when nothing reclaimable is held, and the
-// limit is not hit while empty memory is held.
-func (p *pool) makeRoom(size uint64) {
-	// Preallocated spans yield only when the limit would refuse the request.
-	for _, prealloc := range []bool{false, true} {
-		if prealloc && p.a.reserved.Load()+size <= p.a.limit.Load() {
-			return
-		}
-		if p.releaseOldest(size, prealloc) {
-			return
-		}
-		for _, q := range p.a.allPools() {
-			if q == p || !q.mu.TryLock() {
-				continue
-			}
-			done := q.releaseOldest(size, prealloc)
-			q.mu.Unlock()
-			if done {
-				return
-			}
-		}
-	}
-}
-
-// releaseOldest releases this pool's empty spans, oldest first (the
-// preallocated ones too if prealloc is set), until `want` bytes were
-// released or none is left; it reports whether it got there.
-func (p *pool) releaseOldest(want uint64, prealloc bool) bool {
-	var got uint64
-	for i := p.empty.head; i >= 0 && got < want; {
-		next := p.spans[i].next
-		if (prealloc || !p.spans[i].prealloc) && !p.stalls(i) {
-			n := uint64(p.spans[i].n) * p.a.gran
-			if p.releaseSpan(i) != nil {
-				return false
-			}
-			got += n
-		}
-		i = next
-	}
-	return got >= want
 }
 
 // releaseEmpty releases this pool's empty spans, oldest first, while more

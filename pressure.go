@@ -1,0 +1,235 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpumem/gpumem/device"
+)
+
+// Memory pressure: what the allocator does as memory gets short, in the
+// order it does it. This file holds the steps that act only when memory
+// is short; the others live beside the structure they change, and are
+// named here so that the whole policy can be read from one place.
+//
+// While memory is plentiful:
+//   - placement prefers memory already mapped (place.go), and growth at
+//     the frontier takes spans ahead of the request (runEnd, vm.go);
+//   - a program that moves spans every few requests gets a slack of
+//     memory beside its empty spans instead (churn.go).
+// As the allocator nears its limit:
+//   - the frontier's bet ahead shrinks with the room left under the limit
+//     (runEnd, aheadShare);
+//   - a request that could never fit is refused before anything is taken
+//     (feasible, below);
+//   - growth first moves an empty span of the right size, or releases
+//     empty spans, oldest first, this pool's and then others', before the
+//     device is asked for memory (newSpan in vm.go, makeRoom below);
+//   - under Config.Defrag, growth past peak active + 1% splits sparse
+//     spans first (defrag.go).
+// When a request does not fit (a shortage, pool.allocSlow below):
+//  1. every pool's cache goes back to the device (Allocator.reclaim) and
+//     the request is tried again;
+//  2. under Config.Gather, sparse spans are split one at a time, the
+//     request tried again after each (gather, below; the split is in
+//     defrag.go);
+//  3. an *OutOfMemoryError with the verdict (oom.go).
+// Config.Compact is the policy that is tight all the time: best-fit
+// placement whatever is mapped, small spans, dormant mappings.
+
+// shortage is the internal error of a request that needs more memory than
+// the limit or the device allows; allocSlow turns it into an
+// OutOfMemoryError once the reclaim (and under Config.Gather the
+// gathering) did not help.
+type shortage struct {
+	cause Cause // CauseLimit or CauseDevice
+	err   error // the device's error for CauseDevice
+}
+
+func (s *shortage) Error() string {
+	if s.err != nil {
+		return fmt.Sprintf("shortage (%s): %v", s.cause, s.err)
+	}
+	return fmt.Sprintf("shortage (%s)", s.cause)
+}
+
+// allocSlow is the rest of the ladder (see doc.go): pending frees whose
+// events are done, growth, and on a shortage one reclaim of every pool's
+// cache and a retry, then under Config.Gather a split and a retry at a
+// time.
+func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
+	b, err := p.allocate(rounded, si)
+	if err == nil {
+		return b, nil
+	}
+	var sh *shortage
+	if !errors.As(err, &sh) {
+		return nil, err
+	}
+	a := p.a
+	a.c.retries.Add(1)
+	p.mu.Unlock()
+	a.reclaim()
+	p.mu.Lock()
+	if b, err = p.allocate(rounded, si); err == nil {
+		return b, nil
+	}
+	if !errors.As(err, &sh) {
+		return nil, err
+	}
+	for a.gather {
+		split, gerr := p.gather()
+		if gerr != nil {
+			return nil, gerr
+		}
+		if !split {
+			break
+		}
+		if b, err = p.allocate(rounded, si); err == nil {
+			return b, nil
+		}
+		if !errors.As(err, &sh) {
+			return nil, err
+		}
+	}
+	a.c.ooms.Add(1)
+	s := p.streams[si].s // under mu: addStream may grow the slice meanwhile
+	p.mu.Unlock()
+	oom := a.oomError(size, s, sh)
+	p.mu.Lock()
+	return nil, oom
+}
+
+// reclaim returns every pool's cache to the device (keeping preallocation),
+// after waiting for pending frees. Called with no pool lock held, before an
+// allocation's one retry.
+func (a *Allocator) reclaim() {
+	if a.keep {
+		// A private pool keeps its memory: its root gives back its own.
+		a.root.reclaim()
+		return
+	}
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		_ = p.trim(false)
+		p.mu.Unlock()
+	}
+}
+
+// feasible refuses at once a block that needs more new memory than could
+// ever be had: more than the limit leaves beside this pool's live blocks,
+// or, for large requests, more than the device's free memory and the
+// allocator's whole cache together. Without it such a request would create
+// span after span up to the limit or the device's end, then give them all
+// back: a wasted tenth of a second per gigabyte on a real GPU, with the
+// memory taken from every other process meanwhile. Both bounds are loose
+// (other pools' live blocks and the free memory inside partly used spans
+// are not counted), so nothing that could succeed is refused.
+func (p *pool) feasible(need uint64) error {
+	a := p.a
+	if p.active+need > a.limit.Load() {
+		return &shortage{cause: CauseLimit}
+	}
+	if need < feasibleCheckBytes {
+		return nil
+	}
+	free, _, err := a.dev.MemInfo()
+	if err != nil {
+		return nil // the growth itself will find out
+	}
+	if need > free+a.reserved.Load()+feasibleSlack {
+		return &shortage{cause: CauseDevice, err: fmt.Errorf("%w: %d bytes needed, %d free on the device", device.ErrOutOfMemory, need, free)}
+	}
+	return nil
+}
+
+// feasibleCheckBytes: growth below this asks the device nothing first (a
+// cuMemGetInfo costs about a microsecond; a span, tens). feasibleSlack
+// covers what the device's count may lag.
+const (
+	feasibleCheckBytes = 1 << 30
+	feasibleSlack      = 64 << 20
+)
+
+// makeRoom releases empty spans, oldest first, this pool's and then others'
+// (TryLocked), before size bytes are taken from the device, so that the
+// device is asked for memory only when nothing reclaimable is held, and the
+// limit is not hit while empty memory is held.
+func (p *pool) makeRoom(size uint64) {
+	// Preallocated spans yield only when the limit would refuse the request.
+	for _, prealloc := range []bool{false, true} {
+		if prealloc && p.a.reserved.Load()+size <= p.a.limit.Load() {
+			return
+		}
+		if p.releaseOldest(size, prealloc) {
+			return
+		}
+		for _, q := range p.a.allPools() {
+			if q == p || !q.mu.TryLock() {
+				continue
+			}
+			done := q.releaseOldest(size, prealloc)
+			q.mu.Unlock()
+			if done {
+				return
+			}
+		}
+	}
+}
+
+// releaseOldest releases this pool's empty spans, oldest first (the
+// preallocated ones too if prealloc is set), until `want` bytes were
+// released or none is left; it reports whether it got there.
+func (p *pool) releaseOldest(want uint64, prealloc bool) bool {
+	var got uint64
+	for i := p.empty.head; i >= 0 && got < want; {
+		next := p.spans[i].next
+		if (prealloc || !p.spans[i].prealloc) && !p.stalls(i) {
+			n := uint64(p.spans[i].n) * p.a.gran
+			if p.releaseSpan(i) != nil {
+				return false
+			}
+			got += n
+		}
+		i = next
+	}
+	return got >= want
+}
+
+// gather splits one sparse span of p before an out-of-memory
+// (Config.Gather): the one that gives back the most among those whose live
+// chunks fit beside what is reserved, under the limit and in the device's
+// free memory. It reports whether it split one.
+func (p *pool) gather() (bool, error) {
+	a := p.a
+	if a.capturing() {
+		return false, nil
+	}
+	room := int64(a.limit.Load()) - int64(a.reserved.Load())
+	if free, _, err := a.dev.MemInfo(); err == nil {
+		room = min(room, int64(free))
+	}
+	i := p.sparsest(room)
+	if i < 0 {
+		return false, nil
+	}
+	if int64(p.spans[i].occupied)*int64(a.gran) > room {
+		// No span's live chunks fit beside it: the one that gives back
+		// the most, moved through free memory of the pool before its
+		// handle goes (splitReleasing) if the pool has that much.
+		i = p.sparsest(1 << 62)
+	}
+	t0 := time.Now()
+	err := p.split(i)
+	a.c.splitNanos.Add(uint64(time.Since(t0)))
+	if err != nil {
+		if a.broken.Load() {
+			return false, err
+		}
+		return false, nil
+	}
+	return true, nil
+}
