@@ -163,7 +163,7 @@ func (p *pool) placedNow(i int32) bool {
 // [r0, r1) from its start: a chunk is occupied when a block that is not
 // free overlaps it (see the invariants in vm.go), or the block being
 // backed, which is not marked allocated yet. It walks the segment's blocks:
-// one of the three places mapping reaches up into placement (doc.go,
+// one of the two places mapping reaches up into placement (doc.go,
 // "Layers"); the chunk counts alone do not say which chunks a block covers
 // whole.
 func (p *pool) liveRuns(i int32) [][2]int {

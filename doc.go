@@ -42,11 +42,11 @@
 // fences), which both use, and the pressure policy, pressure.go: what
 // happens as memory gets short, with the steps that live elsewhere
 // named there. A shortage goes back up as an error (*shortage) to
-// pool.allocSlow, which decides. Three places still reach up, each
-// noted where it is: back voids the ready caches of the free blocks
-// beside the one it backs (block.nzFrom), a split reads which of its
-// chunks live blocks cover (liveRuns), and stalls asks which stream the
-// request is for (pool.asker).
+// pool.allocSlow, which decides; what backing made ready goes back up as
+// back's result, and pool.allocate voids placement's caches (readyNear).
+// Two places still reach up, each noted where it is: a split reads which
+// of its chunks live blocks cover (liveRuns), and stalls asks which
+// stream the request is for (pool.asker).
 //
 // # Modes
 //

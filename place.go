@@ -273,3 +273,23 @@ func (p *pool) cleanPlacement(b *block, rounded uint64) (uint64, int) {
 // maxCandidates bounds the free blocks one search for backed memory looks
 // at (findBacked).
 const maxCandidates = 1024
+
+// readyNear voids the ready caches (block.nzFrom) that pool.back may have
+// made wrong by making chunks ready for block b. Every chunk back makes
+// ready lies under b or the free blocks beside it, so only theirs can turn
+// false: a new span covers chunks of b and the unmapped chunks right after
+// it (ahead at the frontier, or under a larger empty span stretched
+// there), which are free memory up to the next block on a mapped chunk; a
+// span granted again (mapped without access) holds no live block but b,
+// so its other chunks are free memory on either side of b. (And hiSpan,
+// which bounds placement's windows, rises only over these.) Chunks made
+// unready elsewhere (a span moved away) void no cache: a cache says where
+// there was no place. Called by pool.allocate after back, so that mapping
+// need not reach up into placement's caches.
+func (p *pool) readyNear(b *block) {
+	for _, n := range [2]*block{b.prev, b.next} {
+		if n != nil && n.state == blockFree {
+			n.nzFrom = 0
+		}
+	}
+}

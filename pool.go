@@ -333,7 +333,11 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 	b = p.carve(h, b, rounded, off)
 	if b.seg.virtual {
 		p.asker = si
-		if err := p.back(b); err != nil {
+		grew, err := p.back(b)
+		if grew {
+			p.readyNear(b)
+		}
+		if err != nil {
 			p.release(b, false)
 			return nil, err
 		}

@@ -213,8 +213,10 @@ func (p *pool) occupyBy(i int32, d int32) {
 
 // back occupies b's chunks and gives every run of unmapped chunks under it
 // a span (the growth step of ModeVirtual), and access to any span that
-// lacks it. On failure nothing changes but what is already mapped.
-func (p *pool) back(b *block) error {
+// lacks it. On failure nothing changes but what is already mapped. grew
+// says whether it set out to map or grant anything: then chunks beside b
+// may have become ready, which the caller tells placement (readyNear).
+func (p *pool) back(b *block) (grew bool, err error) {
 	a := p.a
 	seg := b.seg
 	c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
@@ -224,31 +226,15 @@ func (p *pool) back(b *block) error {
 	p.occupy(b)
 	missing := p.unmappedIn(seg, b.addr, b.size, c1-c0+1)
 	if missing == 0 {
-		return nil
+		return false, nil
 	}
 	if err := p.feasible(uint64(missing) * a.gran); err != nil {
 		p.vacate(b)
-		return err
-	}
-	// Every chunk this call makes ready lies under b or the free blocks
-	// beside it, so only their ready caches can turn false (block.nzFrom):
-	// a new span covers chunks of b and the unmapped chunks right after
-	// it (ahead at the frontier, or under a larger empty span stretched
-	// there), which are free memory up to the next block on a mapped chunk;
-	// a span granted again (mapped without access) holds no live block but
-	// b, so its other chunks are free memory on either side of b. (And
-	// hiSpan, which bounds placement's windows, rises only over these.)
-	// This is one of the three places mapping reaches up into placement
-	// (doc.go, "Layers").
-	for _, n := range [2]*block{b.prev, b.next} {
-		if n != nil && n.state == blockFree {
-			n.nzFrom = 0
-		}
+		return false, err
 	}
 	p.made = p.made[:0] // place records the spans this call creates or moves here
 	p.backing = b
 	defer func() { p.backing = nil }()
-	var err error
 	for i := c0; i <= c1 && err == nil; {
 		c := &ch[i]
 		switch {
@@ -274,9 +260,9 @@ func (p *pool) back(b *block) error {
 				_ = p.releaseSpan(si)
 			}
 		}
-		return fmt.Errorf("gpumem: backing %d bytes at 0x%x: %w", b.size, b.addr, err)
+		return true, fmt.Errorf("gpumem: backing %d bytes at 0x%x: %w", b.size, b.addr, err)
 	}
-	return nil
+	return true, nil
 }
 
 // runEnd returns the end of the next span of a block whose chunks up to c1
@@ -577,7 +563,7 @@ func (p *pool) roomAt(seg *segment, r0 int) int32 {
 // instead: a host wait on another stream would stall this one behind all
 // of that stream's work (a prefetch copy, say). The simulated device
 // completes work at once, so there the rule never applies. (Reading
-// pool.asker is one of the three places mapping reaches up: doc.go,
+// pool.asker is one of the two places mapping reaches up: doc.go,
 // "Layers".)
 func (p *pool) stalls(i int32) bool {
 	if p.spans[i].seq <= p.fencedSeq {
