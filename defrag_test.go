@@ -418,3 +418,64 @@ func TestGatherBeforeOutOfMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestGatherFaults: at a limit that leaves no room beside the stranded
+// spans, each split gives its span back before its live chunk's new handle
+// is made (splitReleasing). A driver failure then (the create, the map or
+// the grant of the new handle) is met by trying that run again: the request
+// is served and every live buffer keeps its bytes. If the run cannot be
+// mapped again either, the allocator says it is broken, naming the
+// address, and no live buffer outside that run loses its bytes.
+func TestGatherFaults(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct {
+		ops    []string // armed, each to fail once, at its first call
+		broken bool
+	}{
+		{[]string{"Create"}, false},
+		{[]string{"Map"}, false},
+		{[]string{"SetAccess"}, false},
+		{[]string{"Create", "Create"}, true},
+	} {
+		t.Run(strings.Join(c.ops, "+"), func(t *testing.T) {
+			dev := sim.MustNew(sim.Config{Capacity: 4 << 30})
+			a, err := gpumem.New(dev, gpumem.Config{Gather: true, Limit: 128 * mib, CheckInvariants: !c.broken})
+			if err != nil {
+				t.Fatal(err)
+			}
+			live := strand(t, dev, a, 8)
+			for k, op := range c.ops {
+				dev.FailNth(op, 1+k)
+			}
+			b, err := a.Alloc(100*mib, 0)
+			if c.broken {
+				if !errors.Is(err, gpumem.ErrBroken) || !strings.Contains(err.Error(), "its bytes are at 0x") {
+					t.Fatalf("both creates failing: %v; want ErrBroken saying where the bytes wait", err)
+				}
+				// The first split's run is the one lost; the other
+				// stranded spans were not touched.
+				readBack(t, dev, live[1:], "after the broken split")
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v failing once: %v", c.ops, err)
+			}
+			live = append(live, mark(t, dev, b, 1000))
+			readBack(t, dev, live, "after the large request")
+			if st := a.Stats(); st.Splits < 6 {
+				t.Errorf("%d splits; want at least 6", st.Splits)
+			}
+			for _, m := range live {
+				if err := a.Free(m.b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if free, total, _ := dev.MemInfo(); free != total {
+				t.Errorf("after Close the device has %d of %d bytes free", free, total)
+			}
+		})
+	}
+}
