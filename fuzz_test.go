@@ -24,7 +24,8 @@ import (
 // the device must hold nothing.
 //
 // The first byte picks the configuration (bit 64: Config.Compact, bit
-// 128: Config.Defrag, which Compact and ModePlain ignore); then
+// 128: Config.Defrag and Config.Gather, which Compact and ModePlain
+// ignore); then
 // each operation is an opcode byte followed by its argument bytes (see
 // fuzzer.step). Missing bytes read as zero.
 //
@@ -135,6 +136,7 @@ func runOps(t *testing.T, data []byte) {
 	}
 	cfg.Compact = c&64 != 0
 	cfg.Defrag = c&128 != 0
+	cfg.Gather = c&128 != 0 // splits at a shortage too: the 64 MiB device runs short
 	z.dev = sim.MustNew(sim.Config{Capacity: 64 * miB})
 	a, err := gpumem.New(z.dev, cfg)
 	if err != nil {

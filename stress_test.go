@@ -115,6 +115,9 @@ func TestStress(t *testing.T) {
 	t.Run("virtual/defrag/release", func(t *testing.T) {
 		stress(t, gpumem.Config{Mode: gpumem.ModeVirtual, Defrag: true}, true)
 	})
+	t.Run("virtual/gather/release", func(t *testing.T) {
+		stress(t, gpumem.Config{Mode: gpumem.ModeVirtual, Gather: true}, true)
+	})
 }
 
 func stress(t *testing.T, base gpumem.Config, release bool) {
