@@ -92,6 +92,7 @@ func (e *env) replay(args []string) int {
 	fs.Var(&capacity, "capacity", "the simulated device's memory (`SIZE`)")
 	granularity := sizeFlag(sim.DefaultGranularity)
 	fs.Var(&granularity, "granularity", "the simulated device's granule (`SIZE`: a power of two, at least 4KiB)")
+	queryLag := fs.Int("query-lag", 0, "the simulated device's events report not done to their first `n` queries after a record, as a GPU's do for microseconds (0: done at once on an idle stream)")
 	mode := fs.String("mode", "auto", "allocator `mode`: auto, plain (whole segments) or virtual (memory mapped in spans)")
 	var limit, prealloc, release, small, span sizeFlag
 	fs.Var(&limit, "limit", "cap on the bytes the allocator holds (`SIZE`; 0: the device's capacity)")
@@ -169,7 +170,10 @@ func (e *env) replay(args []string) int {
 	if *repeat < 1 {
 		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --repeat: want 1 or more", *repeat))
 	}
-	simCfg := sim.Config{Capacity: uint64(capacity), Granularity: uint64(granularity)}
+	if *queryLag < 0 {
+		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --query-lag: want 0 or more", *queryLag))
+	}
+	simCfg := sim.Config{Capacity: uint64(capacity), Granularity: uint64(granularity), QueryLag: *queryLag}
 	if _, err := sim.New(simCfg); err != nil {
 		return e.usageError(fs, "invalid simulated device: "+err.Error())
 	}

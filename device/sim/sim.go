@@ -39,6 +39,11 @@ type Config struct {
 	Granularity uint64 // VM granularity and Alloc rounding; power of two >= 4096; default 2 MiB
 	Name        string // Info().Name; default "sim"
 	Ordinal     int    // Info().Ordinal, 0 to 63; picks the device's part of the address space
+	// QueryLag makes every recorded event report not done to its first
+	// QueryLag queries, done work or not: a GPU takes microseconds to reach
+	// a record even on an idle stream, so a query right after a record
+	// finds it pending. 0: an event on an idle stream is done at once.
+	QueryLag int
 }
 
 // Device is a simulated GPU. It implements device.Device,
@@ -48,6 +53,8 @@ type Device struct {
 	ordinal int
 	cap     uint64
 	gran    uint64
+	// queryLag is Config.QueryLag.
+	queryLag int
 
 	mu        sync.Mutex
 	used      uint64
@@ -148,6 +155,7 @@ func New(cfg Config) (*Device, error) {
 		name:      cfg.Name,
 		cap:       cfg.Capacity,
 		gran:      g,
+		queryLag:  max(cfg.QueryLag, 0),
 		ordinal:   cfg.Ordinal,
 		nextPlain: plainBase + o*plainPart,
 		plainEnd:  plainBase + (o+1)*plainPart,

@@ -42,6 +42,7 @@ type eventRec struct {
 	recorded bool
 	stream   device.Stream
 	seq      uint64 // complete when stream's done >= seq
+	lag      int    // queries left that report it not done (Config.QueryLag)
 }
 
 type frame struct {
@@ -301,7 +302,7 @@ func (d *Device) Record(e device.Event, s device.Stream) error {
 	if st.held || st.head < len(st.q) {
 		seq = d.enqueue(st, item{kind: itemMarker})
 	}
-	d.events[e] = eventRec{recorded: true, stream: s, seq: seq}
+	d.events[e] = eventRec{recorded: true, stream: s, seq: seq, lag: d.queryLag}
 	d.st.Records++
 	return nil
 }
@@ -319,6 +320,11 @@ func (d *Device) Query(e device.Event) (bool, error) {
 		return false, &device.OpError{Op: "sim.Query", Args: fmt.Sprintf("e=%d", e), Err: err}
 	}
 	d.st.Queries++
+	if r.recorded && r.lag > 0 {
+		r.lag--
+		d.events[e] = r
+		return false, nil
+	}
 	return !r.recorded || d.reached(r.stream, r.seq), nil
 }
 
@@ -337,6 +343,10 @@ func (d *Device) Wait(e device.Event) error {
 	}
 	if r.recorded && !d.reached(r.stream, r.seq) {
 		d.force(r.stream, r.seq)
+	}
+	if r.lag > 0 { // the host waited: the GPU has reached the record
+		r.lag = 0
+		d.events[e] = r
 	}
 	d.st.Waits++
 	return nil

@@ -645,3 +645,47 @@ func handoffRef(d *Device, hist map[device.Stream][]edge, p, size uint64, s devi
 	}
 	return true
 }
+
+// TestQueryLag: with Config.QueryLag an event recorded on an idle stream
+// reports not done to its first queries, then done; a host wait ends the
+// lag at once; a new record starts it again.
+func TestQueryLag(t *testing.T) {
+	d := MustNew(Config{QueryLag: 2})
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := d.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done, _ := d.Query(e); !done {
+		t.Fatal("an event never recorded reports not done")
+	}
+	query := func() bool {
+		t.Helper()
+		done, err := d.Query(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return done
+	}
+	if err := d.Record(e, s); err != nil {
+		t.Fatal(err)
+	}
+	if got := []bool{query(), query(), query()}; got[0] || got[1] || !got[2] {
+		t.Fatalf("queries after a record on an idle stream with QueryLag 2: %v, want [false false true]", got)
+	}
+	if err := d.Record(e, s); err != nil {
+		t.Fatal(err)
+	}
+	if query() {
+		t.Fatal("a new record reports done at its first query")
+	}
+	if err := d.Wait(e); err != nil {
+		t.Fatal(err)
+	}
+	if !query() {
+		t.Fatal("after a host wait the event reports not done")
+	}
+}
