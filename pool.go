@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -393,8 +394,31 @@ func (p *pool) advanceEpoch(st *streamState) {
 			return
 		}
 		st.epochSeq, st.epochPending = p.freeSeq, true
+		// A GPU reaches a record some microseconds after it is made, even
+		// on an idle stream, so the query that follows at once finds it
+		// pending, and the asking stream grows rather than reuse this
+		// stream's frees: on a real run of a two-stream program, twice
+		// the driver calls of its replay and 10% more memory
+		// (docs/BENCHMARKS.md, "Does the replay of a run's trace hold
+		// what the run held?"). So the new event is polled a little
+		// first: at most epochPolls queries within epochPollTime, about
+		// what a create costs. A stream that is busy costs that much per
+		// slow path; one that is idle is found done.
+		t0 := time.Now()
+		for k := 0; k < epochPolls && time.Since(t0) < epochPollTime; k++ {
+			if done, err := ev.Query(st.epochEv); err != nil || done {
+				break
+			}
+		}
 	}
 }
+
+// epochPolls and epochPollTime bound advanceEpoch's polling of an event it
+// has just recorded.
+const (
+	epochPolls    = 16
+	epochPollTime = 20 * time.Microsecond
+)
 
 // carve takes b out of the free index and cuts [b.addr+off, +rounded) out of
 // it, leaving what comes before and after as free blocks. Their outer

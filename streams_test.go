@@ -5,6 +5,7 @@ import (
 
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/sim"
 )
 
 // TestStreamsShareFreeMemory: memory one stream freed serves another
@@ -269,4 +270,52 @@ func TestStreamsShareOneArena(t *testing.T) {
 		}
 	}
 	mustCheck(t, a, "the end")
+}
+
+// TestStreamsPollJustRecordedEpoch: on a GPU an event recorded on an idle
+// stream is not done at the query right after the record
+// (sim.Config.QueryLag models it). Memory stream a freed, its work long
+// done, must still serve stream b's request: the allocator polls the
+// event it has just recorded a little rather than grow at once. Past the
+// bound of that polling (a stream that stays busy) b gets new memory, as
+// before.
+func TestStreamsPollJustRecordedEpoch(t *testing.T) {
+	for _, c := range []struct {
+		lag  int
+		grow bool
+	}{{0, false}, {4, false}, {1000, true}} {
+		dev := sim.MustNew(sim.Config{Capacity: 8 << 30, QueryLag: c.lag})
+		a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
+		sa, _ := dev.NewStream()
+		sb, _ := dev.NewStream()
+		keep, err := a.Alloc(64*miB, sa) // a live neighbour
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := a.Alloc(96*miB, sa)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Alloc(miB, sb); err != nil { // stream b's own memory
+			t.Fatal(err)
+		}
+		if err := a.Free(x); err != nil {
+			t.Fatal(err)
+		}
+		before := a.Stats().Reserved
+		y, err := a.Alloc(96*miB, sb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		grew := a.Stats().Reserved > before
+		if grew != c.grow {
+			t.Errorf("query lag %d: stream b's request grew the pool: %v, want %v (reserved %d -> %d)",
+				c.lag, grew, c.grow, before, a.Stats().Reserved)
+		}
+		for _, b := range []gpumem.Buffer{keep, y} {
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
