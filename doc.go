@@ -180,8 +180,8 @@
 // if s freed it; another stream only once an event recorded on the tag's
 // stream after that free has completed (advanceEpoch records one per
 // stream and queries it on the slow path, a few times within 20 us when
-// it has just recorded it, since a GPU reaches a record microseconds
-// later; no stream is ever made to wait for another's later work, a
+// it has just recorded it (pollEpochs), since a GPU reaches a record
+// microseconds later; no stream is ever made to wait for another's later work, a
 // prefetch copy say). Coalesced pieces of two
 // streams, neither done, are tagged with no stream (mergeTags) and used by
 // either only once the other's frees in them are done. A place over

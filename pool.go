@@ -131,6 +131,7 @@ type streamState struct {
 	epochEv, fenceEv          device.Event
 	haveEpochEv, epochPending bool
 	haveFenceEv               bool
+	fresh                     bool // an epoch event just recorded, for pollEpochs
 }
 
 // A heap is one size class of a pool: its segments and their free blocks.
@@ -351,70 +352,98 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 // have frees not known done (advanceEpoch): with several streams, on the
 // slow path, before a search, so that memory whose use is over is found.
 func (p *pool) advanceEpochs(si slot) {
+	fresh := false
 	for i := range p.streams {
 		if st := &p.streams[i]; st.live && slot(i) != si && st.last > st.safe {
-			p.advanceEpoch(st)
+			st.fresh = p.advanceEpoch(st)
+			fresh = fresh || st.fresh
 		}
+	}
+	if fresh {
+		p.pollEpochs()
+	}
+}
+
+// pollEpochs polls the epoch events advanceEpoch has just recorded
+// (streamState.fresh). A GPU reaches a record some microseconds after it
+// is made, even on an idle stream, so the query that follows at once
+// finds it pending, and the asking stream grows rather than reuse the
+// other streams' frees: on a real run of a two-stream program, twice the
+// driver calls of its replay and 10% more memory (docs/BENCHMARKS.md,
+// "Does the replay of a run's trace hold what the run held?"). So the
+// fresh events are polled a little first, all of them together: at most
+// epochPolls rounds within epochPollTime, about what a create costs,
+// whatever the number of streams. Streams that stay busy cost that much a
+// slow path; idle ones are found done.
+func (p *pool) pollEpochs() {
+	ev := p.a.ev
+	t0 := time.Now()
+	for k := 0; k < epochPolls && time.Since(t0) < epochPollTime; k++ {
+		left := false
+		for i := range p.streams {
+			st := &p.streams[i]
+			if !st.fresh {
+				continue
+			}
+			done, err := ev.Query(st.epochEv)
+			switch {
+			case err != nil:
+				st.fresh = false
+			case done:
+				st.safe, st.epochPending, st.fresh = max(st.safe, st.epochSeq), false, false
+			default:
+				left = true
+			}
+		}
+		if !left {
+			return
+		}
+	}
+	for i := range p.streams {
+		p.streams[i].fresh = false
 	}
 }
 
 // advanceEpoch moves stream st's horizon: its frees up to safe were
 // followed on its stream by an event that has completed, so the work that
 // used their memory is done. It queries the event recorded last and, once
-// that has completed, records another (covering the frees since), queried
-// at once: on an idle stream every free so far becomes usable by all.
+// that has completed, records another (covering the frees since) and
+// reports it fresh, for pollEpochs: on an idle stream every free so far
+// becomes usable by all.
 // Memory freed since is not: making another stream wait for st's would
 // order its work after all of st's, a prefetch copy behind which compute
 // would stall. Without events nothing advances (a synchronize of the
 // device costs more than it saves; a fence advances it too).
-func (p *pool) advanceEpoch(st *streamState) {
+func (p *pool) advanceEpoch(st *streamState) (fresh bool) {
 	ev := p.a.ev
 	if ev == nil || p.a.capturing() {
-		return
+		return false
 	}
-	for range 2 {
-		if st.epochPending {
-			done, err := ev.Query(st.epochEv)
-			if err != nil || !done {
-				return
-			}
-			st.safe, st.epochPending = max(st.safe, st.epochSeq), false
+	if st.epochPending {
+		done, err := ev.Query(st.epochEv)
+		if err != nil || !done {
+			return false
 		}
-		if st.last <= st.safe {
-			return
-		}
-		if !st.haveEpochEv {
-			e, err := ev.NewEvent()
-			if err != nil {
-				return
-			}
-			st.epochEv, st.haveEpochEv = e, true
-		}
-		if ev.Record(st.epochEv, st.s) != nil {
-			return
-		}
-		st.epochSeq, st.epochPending = p.freeSeq, true
-		// A GPU reaches a record some microseconds after it is made, even
-		// on an idle stream, so the query that follows at once finds it
-		// pending, and the asking stream grows rather than reuse this
-		// stream's frees: on a real run of a two-stream program, twice
-		// the driver calls of its replay and 10% more memory
-		// (docs/BENCHMARKS.md, "Does the replay of a run's trace hold
-		// what the run held?"). So the new event is polled a little
-		// first: at most epochPolls queries within epochPollTime, about
-		// what a create costs. A stream that is busy costs that much per
-		// slow path; one that is idle is found done.
-		t0 := time.Now()
-		for k := 0; k < epochPolls && time.Since(t0) < epochPollTime; k++ {
-			if done, err := ev.Query(st.epochEv); err != nil || done {
-				break
-			}
-		}
+		st.safe, st.epochPending = max(st.safe, st.epochSeq), false
 	}
+	if st.last <= st.safe {
+		return false
+	}
+	if !st.haveEpochEv {
+		e, err := ev.NewEvent()
+		if err != nil {
+			return false
+		}
+		st.epochEv, st.haveEpochEv = e, true
+	}
+	if ev.Record(st.epochEv, st.s) != nil {
+		return false
+	}
+	st.epochSeq, st.epochPending = p.freeSeq, true
+	return true
 }
 
-// epochPolls and epochPollTime bound advanceEpoch's polling of an event it
-// has just recorded.
+// epochPolls and epochPollTime bound pollEpochs.
 const (
 	epochPolls    = 16
 	epochPollTime = 20 * time.Microsecond
