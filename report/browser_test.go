@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/gpumem/gpumem/internal/longtest"
 	"image/png"
 	"os"
 	"os/exec"
@@ -168,6 +169,10 @@ func snapshotTrace(t testing.TB) *trace.Trace {
 // page must draw without a console message, and what it drew must be the
 // report's figures.
 func TestBrowser(t *testing.T) {
+	// Building the two pages replays both traces under every policy: 10 s,
+	// two minutes under -race, whose concurrency (Build's goroutine a
+	// policy) the smaller tests here cover.
+	longtest.Skip(t, "two whole reports in a browser")
 	needChromium(t)
 	if err := os.MkdirAll(screenshotDir, 0o755); err != nil {
 		t.Fatal(err)
