@@ -110,14 +110,8 @@ func (p *pool) defrag(size uint64) error {
 		if i < 0 {
 			return nil
 		}
-		t0 := time.Now()
-		err := p.split(i)
-		a.c.splitNanos.Add(uint64(time.Since(t0)))
-		if err != nil {
-			if a.broken.Load() {
-				return err
-			}
-			return nil
+		if ok, err := p.timedSplit(i); !ok {
+			return err
 		}
 	}
 	return nil
@@ -375,40 +369,50 @@ func (p *pool) splitStaged(i int32, runs [][2]int, hs []device.Handle, moves []s
 		p.dropHandles(runs, hs)
 		return err
 	}
-	// copies copies every piece to its stage, or back, and waits.
-	copies := func(back bool) error {
-		for _, m := range moves {
-			dst, src := m.stage, m.at
-			if back {
-				dst, src = src, dst
-			}
-			if err := p.copy(dst, src, m.n); err != nil {
-				_ = a.syncDevice() // no copy may still run when the caller undoes
-				return err
-			}
-		}
-		return a.syncDevice()
-	}
-	if err := copies(false); err != nil {
+	if err := p.copyMoves(moves, false); err != nil {
 		p.dropHandles(runs, hs)
 		return err
 	}
-	return p.remap(i, runs, hs, func() error { return copies(true) })
+	return p.remap(i, runs, hs, func() error { return p.copyMoves(moves, true) })
+}
+
+// copyMoves copies every piece of moves to its stage, or back, and waits.
+func (p *pool) copyMoves(moves []stagedMove, back bool) error {
+	for _, m := range moves {
+		dst, src := m.stage, m.at
+		if back {
+			dst, src = src, dst
+		}
+		if err := p.copy(dst, src, m.n); err != nil {
+			_ = p.a.syncDevice() // no copy may still run when the caller undoes
+			return err
+		}
+	}
+	return p.a.syncDevice()
 }
 
 // tooTight reports whether new handles for runs would not fit beside what
 // is reserved now, under the limit and in the device's free memory.
 func (p *pool) tooTight(runs [][2]int) bool {
-	a := p.a
-	var need uint64
+	var need int64
 	for _, r := range runs {
-		need += uint64(r[1]-r[0]) * a.gran
+		need += int64(r[1]-r[0]) * int64(p.a.gran)
 	}
-	if a.reserved.Load()+need > a.limit.Load() {
-		return true
+	return need > p.a.headroom()
+}
+
+// timedSplit splits span i, counting the time in Stats.SplitNanos. A
+// failed split changes nothing and reports false; only one that left a
+// live span without memory returns its error (the allocator is broken).
+func (p *pool) timedSplit(i int32) (bool, error) {
+	a := p.a
+	t0 := time.Now()
+	err := p.split(i)
+	a.c.splitNanos.Add(uint64(time.Since(t0)))
+	if err != nil && a.broken.Load() {
+		return false, err
 	}
-	free, _, err := a.dev.MemInfo()
-	return err == nil && need > free
+	return err == nil, nil
 }
 
 // splitReleasing splits span i where its live runs' new handles do not fit
@@ -416,9 +420,10 @@ func (p *pool) tooTight(runs [][2]int) bool {
 // their stages, the span is unmapped and its handle released, and only
 // then are the runs' handles created (from the memory just given back:
 // they need less), mapped at the old addresses and filled from the stages.
-// If a handle cannot be had after the release (another process took the
-// memory meanwhile), a handle of the span's whole size is tried, mapped
-// back and refilled; if even that fails, the allocator is marked broken.
+// If a run's handle cannot be had or mapped after the release (another
+// process took the memory meanwhile, a driver failure), that run alone is
+// tried once more; if that fails too, the allocator is marked broken and
+// the error says where the run's bytes wait.
 func (p *pool) splitReleasing(i int32, runs [][2]int, moves []stagedMove) error {
 	a := p.a
 	s := &p.spans[i]
@@ -427,20 +432,7 @@ func (p *pool) splitReleasing(i int32, runs [][2]int, moves []stagedMove) error 
 	if err := a.syncDevice(); err != nil {
 		return err
 	}
-	copies := func(back bool) error {
-		for _, m := range moves {
-			dst, src := m.stage, m.at
-			if back {
-				dst, src = src, dst
-			}
-			if err := p.copy(dst, src, m.n); err != nil {
-				_ = a.syncDevice()
-				return err
-			}
-		}
-		return a.syncDevice()
-	}
-	if err := copies(false); err != nil {
+	if err := p.copyMoves(moves, false); err != nil {
 		return err
 	}
 	if err := a.vm.Unmap(device.Ptr(base), uint64(n)*a.gran); err != nil {
@@ -448,13 +440,7 @@ func (p *pool) splitReleasing(i int32, runs [][2]int, moves []stagedMove) error 
 	}
 	a.c.unmaps.Add(1)
 	a.dropHandle(old, uint64(n)*a.gran)
-	for j := c0; j < c0+n; j++ {
-		c := &seg.chunks[j]
-		c.span, c.ready = -1, false
-	}
-	seg.ready.set(c0, c0+n, false) // (which voids no ready cache: see block.nzFrom)
-	p.mappedChunks -= n
-	p.freeSlot(i)
+	p.forgetSpan(i)
 
 	// mapAt maps h over chunks [r0, r1) of seg as a new span with access.
 	mapAt := func(h device.Handle, r0, r1 int) error {
@@ -505,7 +491,21 @@ func (p *pool) splitReleasing(i int32, runs [][2]int, moves []stagedMove) error 
 			}
 		}
 	}
-	return copies(true)
+	return p.copyMoves(moves, true)
+}
+
+// forgetSpan takes split span i, already unmapped, off its chunks and
+// frees its slot; its handle is the caller's to release.
+func (p *pool) forgetSpan(i int32) {
+	s := &p.spans[i]
+	seg, c0, n := s.seg, int(s.c0), int(s.n)
+	for j := c0; j < c0+n; j++ {
+		c := &seg.chunks[j]
+		c.span, c.ready = -1, false
+	}
+	seg.ready.set(c0, c0+n, false) // (which voids no ready cache: see block.nzFrom)
+	p.mappedChunks -= n
+	p.freeSlot(i)
 }
 
 // stageOf returns where the staged bytes of address at wait.
@@ -648,13 +648,7 @@ func (p *pool) remap(i int32, runs [][2]int, hs []device.Handle, fill func() err
 			return p.restore(i, runs, final, hs, err)
 		}
 	}
-	for j := c0; j < c0+n; j++ {
-		c := &seg.chunks[j]
-		c.span, c.ready = -1, false
-	}
-	seg.ready.set(c0, c0+n, false) // (which voids no ready cache: see block.nzFrom)
-	p.mappedChunks -= n
-	p.freeSlot(i)
+	p.forgetSpan(i)
 	a.dropHandle(old, uint64(n)*a.gran)
 	for k, r := range runs {
 		si := p.newSlot()

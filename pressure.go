@@ -5,7 +5,6 @@ package gpumem
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -208,10 +207,7 @@ func (p *pool) gather() (bool, error) {
 	if a.capturing() {
 		return false, nil
 	}
-	room := int64(a.limit.Load()) - int64(a.reserved.Load())
-	if free, _, err := a.dev.MemInfo(); err == nil {
-		room = min(room, int64(free))
-	}
+	room := a.headroom()
 	i := p.sparsest(room)
 	if i < 0 {
 		return false, nil
@@ -222,14 +218,15 @@ func (p *pool) gather() (bool, error) {
 		// handle goes (splitReleasing) if the pool has that much.
 		i = p.sparsest(1 << 62)
 	}
-	t0 := time.Now()
-	err := p.split(i)
-	a.c.splitNanos.Add(uint64(time.Since(t0)))
-	if err != nil {
-		if a.broken.Load() {
-			return false, err
-		}
-		return false, nil
+	return p.timedSplit(i)
+}
+
+// headroom is what the allocator could still take from the device: the
+// room under its limit, and no more than the device's free memory.
+func (a *Allocator) headroom() int64 {
+	room := int64(a.limit.Load()) - int64(a.reserved.Load())
+	if free, _, err := a.dev.MemInfo(); err == nil {
+		room = min(room, int64(free))
 	}
-	return true, nil
+	return room
 }
