@@ -403,17 +403,7 @@ func TestGatherBeforeOutOfMemory(t *testing.T) {
 				if limit != 0 && st.PeakReserved > limit {
 					t.Errorf("peak reserved %d MiB over the limit of %d MiB", st.PeakReserved/mib, limit/mib)
 				}
-				for _, m := range live {
-					if err := a.Free(m.b); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if err := a.Close(); err != nil {
-					t.Fatal(err)
-				}
-				if free, total, _ := dev.MemInfo(); free != total {
-					t.Errorf("after Close the device has %d of %d bytes free", free, total)
-				}
+				freeAndClose(t, dev, a, live)
 			})
 		}
 	}
@@ -465,17 +455,24 @@ func TestGatherFaults(t *testing.T) {
 			if st := a.Stats(); st.Splits < 6 {
 				t.Errorf("%d splits; want at least 6", st.Splits)
 			}
-			for _, m := range live {
-				if err := a.Free(m.b); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := a.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if free, total, _ := dev.MemInfo(); free != total {
-				t.Errorf("after Close the device has %d of %d bytes free", free, total)
-			}
+			freeAndClose(t, dev, a, live)
 		})
+	}
+}
+
+// freeAndClose frees the live buffers, closes the allocator and checks
+// that the device has all its memory back.
+func freeAndClose(t *testing.T, dev *sim.Device, a *gpumem.Allocator, live []marked) {
+	t.Helper()
+	for _, m := range live {
+		if err := a.Free(m.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if free, total, _ := dev.MemInfo(); free != total {
+		t.Errorf("after Close the device has %d of %d bytes free", free, total)
 	}
 }
