@@ -83,6 +83,10 @@ type Allocator struct {
 	ownCaptures atomic.Int32  // what captures points to, for a root
 	root        *Allocator
 	keep        bool
+	// A private pool's PrivateConfig: segments from segs instead of the
+	// device (nil: the device); noSplit: blocks never split (place.go).
+	segs    SegmentSource
+	noSplit bool
 
 	closed      atomic.Bool
 	closedClean bool        // Close gave everything back (guarded by mu)

@@ -80,6 +80,38 @@ func (a *Allocator) capturing() bool { return a.captures.Load() > 0 }
 // uses its memory any more (the graphs replaying into it are gone); Close
 // reports the buffers still live as leaks and frees them.
 func (a *Allocator) NewPrivate() (*Allocator, error) {
+	return a.NewPrivateWith(PrivateConfig{})
+}
+
+// SegmentSource is where a private pool's segments come from when not from
+// the device: PyTorch's MemPool with an allocator of its own (a
+// CUDAPluggableAllocator; ncclMemAlloc, say). Alloc returns an error
+// matching device.ErrOutOfMemory when it has no room; Free gets back the
+// size Alloc was given and the stream whose pool holds the segment then (a
+// wholly free segment may pass to another stream's pool). Both must be
+// safe for concurrent use.
+type SegmentSource interface {
+	Alloc(size uint64, s device.Stream) (device.Ptr, error)
+	Free(p device.Ptr, size uint64, s device.Stream) error
+}
+
+// PrivateConfig is what a private pool does differently from NewPrivate's.
+type PrivateConfig struct {
+	// Segments, if not nil, makes the pool's segments (in the place of
+	// the device's Alloc and Free). Their bytes count against the root's
+	// limit as the device's would.
+	Segments SegmentSource
+	// NoSplit never splits a block (PyTorch's MemPool(no_split=True), for
+	// memory registered whole, with NCCL say): each buffer gets a segment
+	// of its own, the request rounded up to 2 MiB (small requests to 512
+	// bytes), and a free segment serves a later request only whole, and
+	// only one of at least half its size, so that at most half a
+	// segment's bytes go unused.
+	NoSplit bool
+}
+
+// NewPrivateWith is NewPrivate with cfg's differences.
+func (a *Allocator) NewPrivateWith(pc PrivateConfig) (*Allocator, error) {
 	if a.closed.Load() {
 		return nil, fmt.Errorf("%w: NewPrivate on a closed allocator", ErrClosed)
 	}
@@ -90,6 +122,7 @@ func (a *Allocator) NewPrivate() (*Allocator, error) {
 		return nil, err
 	}
 	p.root, p.family, p.captures, p.keep = root, root.family, root.captures, true
+	p.segs, p.noSplit = pc.Segments, pc.NoSplit
 	p.limit.Store(root.limit.Load())
 	return p, nil
 }

@@ -2,6 +2,7 @@ package gpumem_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -259,5 +260,182 @@ func TestAllocAt(t *testing.T) {
 	}
 	if err := p.Close(); err != nil {
 		t.Errorf("Close after every restored buffer is freed: %v", err)
+	}
+}
+
+// countingSource is a SegmentSource over the simulated device that counts
+// what it gives and checks that every Free names a segment it gave, with
+// the size it was given.
+type countingSource struct {
+	dev           simDevice
+	sizes         map[device.Ptr]uint64
+	fail          bool // Alloc answers out-of-memory
+	allocs, frees int
+	bad           []string
+}
+
+func (c *countingSource) Alloc(size uint64, s device.Stream) (device.Ptr, error) {
+	if c.fail {
+		return 0, fmt.Errorf("the pool's allocator returned NULL: %w", device.ErrOutOfMemory)
+	}
+	p, err := c.dev.Alloc(size)
+	if err == nil {
+		c.sizes[p] = size
+		c.allocs++
+	}
+	return p, err
+}
+
+func (c *countingSource) Free(p device.Ptr, size uint64, s device.Stream) error {
+	if got, ok := c.sizes[p]; !ok || got != size {
+		c.bad = append(c.bad, fmt.Sprintf("Free(%#x, %d): gave %d there", uint64(p), size, got))
+	}
+	delete(c.sizes, p)
+	c.frees++
+	return c.dev.Free(p)
+}
+
+// TestPrivateSegmentSource: a private pool with a SegmentSource takes its
+// segments there and nowhere else, counts them against the root's limit,
+// reuses them as any pool (PyTorch's MemPool(allocator)), and gives each
+// back there with its size at Close; a source out of room is an
+// out-of-memory of the pool, and the pool still works afterwards.
+func TestPrivateSegmentSource(t *testing.T) {
+	dev := newSim(1 << 30)
+	a := newAlloc(t, dev, gpumem.Config{Limit: 64 * miB, CheckInvariants: true})
+	s, _ := dev.NewStream()
+	src := &countingSource{dev: dev, sizes: map[device.Ptr]uint64{}}
+	p, err := a.NewPrivateWith(gpumem.PrivateConfig{Segments: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := dev.Stats().Allocs
+	x, err := p.Alloc(4*miB, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := p.Alloc(4*miB, s) // the same 20 MiB segment (PyTorch's rule for mid sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src.allocs != 1 || dev.Stats().Allocs-before != 1 {
+		t.Errorf("two 4 MiB buffers: %d segments from the source, %d device allocations; want 1 and 1 (the source's own)", src.allocs, dev.Stats().Allocs-before)
+	}
+	if _, ok := src.sizes[device.Ptr(x.Ptr())]; !ok {
+		t.Errorf("the first buffer at %#x is not at the start of the source's segment", x.Ptr())
+	}
+	// The source's 20 MiB count against the 64 MiB limit of the root.
+	if b, err := a.Alloc(50*miB, s); !errors.Is(err, gpumem.ErrOutOfMemory) {
+		_ = a.Free(b)
+		t.Errorf("50 MiB on the root with 20 of 64 MiB in the pool: %v, want an out-of-memory", err)
+	}
+	src.fail = true
+	_, err = p.Alloc(30*miB, s)
+	var oom *gpumem.OutOfMemoryError
+	if !errors.As(err, &oom) {
+		t.Fatalf("a source out of room: %v, want an out-of-memory", err)
+	}
+	src.fail = false
+	mustCheck(t, p, "a source out of room")
+	if err := p.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Free(y); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if src.frees != src.allocs || len(src.sizes) != 0 || len(src.bad) > 0 {
+		t.Errorf("Close: %d of %d segments back to the source, %d left, wrong frees %v", src.frees, src.allocs, len(src.sizes), src.bad)
+	}
+	if _, err := a.Alloc(60*miB, s); err != nil {
+		t.Errorf("60 MiB of the 64 MiB limit once the pool is closed: %v", err)
+	}
+}
+
+// TestPrivateNoSplit: under PrivateConfig.NoSplit every buffer has a
+// segment and a block of its own (PyTorch's MemPool(no_split=True)); a
+// free segment serves a later request whole, only if at most half of it
+// goes unused; a pool without it packs the same requests into one
+// segment.
+func TestPrivateNoSplit(t *testing.T) {
+	dev := newSim(1 << 30)
+	a := newAlloc(t, dev, gpumem.Config{CheckInvariants: true})
+	s, _ := dev.NewStream()
+	split, err := a.NewPrivate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := a.NewPrivateWith(gpumem.PrivateConfig{NoSplit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bufs []gpumem.Buffer
+	for _, p := range []*gpumem.Allocator{split, whole} {
+		for _, n := range []uint64{4 * miB, 4 * miB, 3 * miB, 1000} {
+			b, err := p.Alloc(n, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bufs = append(bufs, b)
+		}
+	}
+	segs := func(p *gpumem.Allocator) (n, blocks int, sizes []uint64) {
+		for _, seg := range p.Snapshot().Segments {
+			n++
+			blocks += len(seg.Blocks)
+			sizes = append(sizes, seg.Size)
+		}
+		return
+	}
+	if n, _, _ := segs(split); n != 2 {
+		t.Errorf("the splitting pool has %d segments for 4+4+3 MiB and 1000 bytes, want 2 (one 20 MiB, one 2 MiB)", n)
+	}
+	n, blocks, sizes := segs(whole)
+	if n != 4 || blocks != 4 {
+		t.Errorf("no_split pool: %d segments, %d blocks (sizes %v); want 4 and 4", n, blocks, sizes)
+	}
+	for _, seg := range whole.Snapshot().Segments {
+		if want := map[bool]uint64{true: 1024, false: 0}[seg.Pool == "small"]; want != 0 && seg.Size != want {
+			t.Errorf("no_split small segment of %d bytes for 1000 requested, want %d", seg.Size, want)
+		}
+	}
+	// Free the 4 MiB buffer of the no_split pool: 3 MiB reuses it whole,
+	// 1.5 MiB does not (more than half unused).
+	first := bufs[4]
+	if err := whole.Free(first); err != nil {
+		t.Fatal(err)
+	}
+	small, err := whole.Alloc(1536*1024, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if small.Ptr() == first.Ptr() {
+		t.Errorf("1.5 MiB took the free 4 MiB segment, over half of it unused")
+	}
+	again, err := whole.Alloc(3*miB, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Ptr() != first.Ptr() {
+		t.Errorf("3 MiB after the 4 MiB segment was freed: at %#x, want %#x, the whole 4 MiB", again.Ptr(), first.Ptr())
+	}
+	for _, seg := range whole.Snapshot().Segments {
+		if seg.Address == uint64(first.Ptr()) && (len(seg.Blocks) != 1 || seg.Blocks[0].Size != 4*miB) {
+			t.Errorf("the reused segment's blocks: %+v, want one of 4 MiB", seg.Blocks)
+		}
+	}
+	mustCheck(t, whole, "no_split allocations")
+	frees := map[*gpumem.Allocator][]gpumem.Buffer{split: bufs[:4], whole: {bufs[5], bufs[6], bufs[7], small, again}}
+	for p, bs := range frees {
+		for _, b := range bs {
+			if err := p.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -267,6 +267,9 @@ func (p *pool) allocFast(rounded uint64, si slot) *block {
 		}
 	}
 	if !b.seg.virtual {
+		if p.a.noSplit && !wholeFits(b, rounded) {
+			return nil
+		}
 		b = p.carve(h, b, rounded, 0)
 		b.state = blockAllocated
 		return b
@@ -297,20 +300,22 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 	if p.live > 1 {
 		p.advanceEpochs(si)
 	}
-	b := h.free.find(rounded)
+	b := p.findPlain(h, rounded)
 	if b == nil && p.npending > 0 {
 		// Frees without events wait for a device synchronize: only when
 		// nothing else fits.
 		if err := p.processPending(false, true); err != nil {
 			return nil, err
 		}
-		b = h.free.find(rounded)
+		b = p.findPlain(h, rounded)
 	}
 	if b == nil {
 		if err := h.grow(rounded); err != nil {
 			return nil, err
 		}
-		if b = h.free.find(rounded); b == nil {
+		if p.a.noSplit {
+			b = h.segs[len(h.segs)-1].first // made for this request
+		} else if b = h.free.find(rounded); b == nil {
 			panic("gpumem: grown heap has no block that fits")
 		}
 	}
@@ -347,6 +352,20 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 	b.state = blockAllocated
 	return b, nil
 }
+
+// findPlain is h.free.find, but under PrivateConfig.NoSplit only a block
+// that fits whole.
+func (p *pool) findPlain(h *heap, rounded uint64) *block {
+	b := h.free.find(rounded)
+	if b != nil && p.a.noSplit && !wholeFits(b, rounded) {
+		return nil // the best fit is too big: all are
+	}
+	return b
+}
+
+// wholeFits reports whether free block b may serve a request of rounded
+// bytes whole (PrivateConfig.NoSplit): at most half of it unused.
+func wholeFits(b *block, rounded uint64) bool { return b.size <= 2*rounded }
 
 // advanceEpochs moves the horizons of the streams other than slot si that
 // have frees not known done (advanceEpoch): with several streams, on the
@@ -469,7 +488,7 @@ func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 		b.size -= off
 		h.free.insert(n)
 	}
-	if rest := b.size - rounded; rest >= minBlock {
+	if rest := b.size - rounded; rest >= minBlock && !p.a.noSplit {
 		n := p.newBlock()
 		n.seg, n.addr, n.size, n.freed, n.si = b.seg, b.addr+rounded, rest, b.freed, b.si
 		n.prev, n.next = b, b.next
@@ -758,6 +777,12 @@ func (h *heap) grow(rounded uint64) error {
 		return nil
 	}
 	size := plainSegmentSize(h.kind, rounded, a.small)
+	if a.noSplit {
+		size = rounded // a segment of its own (PrivateConfig.NoSplit)
+		if h.kind == heapLarge {
+			size = (rounded + segmentRound - 1) &^ (segmentRound - 1)
+		}
+	}
 	if !a.takeBudget(size) {
 		exact := (rounded + segmentRound - 1) &^ (segmentRound - 1)
 		if exact >= size || !a.takeBudget(exact) {
@@ -765,7 +790,7 @@ func (h *heap) grow(rounded uint64) error {
 		}
 		size = exact
 	}
-	ptr, err := a.dev.Alloc(size)
+	ptr, err := a.segmentAlloc(size, p.stream)
 	if err != nil {
 		a.giveBudget(size)
 		if errors.Is(err, device.ErrOutOfMemory) {
@@ -776,6 +801,23 @@ func (h *heap) grow(rounded uint64) error {
 	a.c.deviceAllocs.Add(1)
 	h.addSegment(uint64(ptr), size, false)
 	return nil
+}
+
+// segmentAlloc takes a plain segment of size bytes for stream s: from the
+// private pool's SegmentSource, or from the device.
+func (a *Allocator) segmentAlloc(size uint64, s device.Stream) (device.Ptr, error) {
+	if a.segs != nil {
+		return a.segs.Alloc(size, s)
+	}
+	return a.dev.Alloc(size)
+}
+
+// segmentFree gives back what segmentAlloc took.
+func (a *Allocator) segmentFree(base, size uint64, s device.Stream) error {
+	if a.segs != nil {
+		return a.segs.Free(device.Ptr(base), size, s)
+	}
+	return a.dev.Free(device.Ptr(base))
 }
 
 // plainSegmentSize is PyTorch's proven rule: small requests share 2 MiB
@@ -868,7 +910,7 @@ func (p *pool) adoptSegment(kind int, rounded uint64) bool {
 		}
 		var best *segment
 		for _, seg := range q.heaps[kind].segs {
-			if seg.isFree() && seg.size >= rounded && (best == nil || seg.size < best.size) {
+			if seg.isFree() && seg.size >= rounded && (!a.noSplit || seg.size <= 2*rounded) && (best == nil || seg.size < best.size) {
 				best = seg
 			}
 		}
@@ -961,7 +1003,7 @@ func (p *pool) releaseSegments(target uint64, all bool) error {
 				}
 				fenced = true
 			}
-			if err := a.dev.Free(device.Ptr(seg.base)); err != nil {
+			if err := a.segmentFree(seg.base, seg.size, p.stream); err != nil {
 				errs = append(errs, fmt.Errorf("gpumem: freeing segment 0x%x of %d bytes: %w", seg.base, seg.size, err))
 				continue
 			}

@@ -169,6 +169,21 @@ EXPORT gpumem_status gpumem_pool_retain(int device, uint64_t hi, uint64_t lo) {
 	return gpumemGo_pool_retain(device, hi, lo);
 }
 
+EXPORT gpumem_status gpumem_pool_create(int device, uint64_t hi, uint64_t lo, const gpumem_pool_options *opts) {
+	if (!opts || !opts->alloc != !opts->free) return GPUMEM_ERROR_INVALID_VALUE;
+	return gpumemGo_pool_create(device, hi, lo, (uintptr_t)opts->alloc, (uintptr_t)opts->free, opts->no_split != 0,
+	                            opts->use_on_oom != 0);
+}
+
+/* The calls of a pool's own allocator (gpumem_pool_options), made from Go. */
+void *gpumem_call_alloc(uintptr_t fn, size_t size, int device, uintptr_t stream) {
+	return ((void *(*)(size_t, int, void *))fn)(size, device, (void *)stream);
+}
+
+void gpumem_call_free(uintptr_t fn, uintptr_t ptr, size_t size, int device, uintptr_t stream) {
+	((void (*)(void *, size_t, int, void *))fn)((void *)ptr, size, device, (void *)stream);
+}
+
 EXPORT gpumem_status gpumem_pool_uses(int device, uint64_t hi, uint64_t lo, uint64_t *uses) {
 	if (!uses) return GPUMEM_ERROR_INVALID_VALUE;
 	return gpumemGo_pool_uses(device, hi, lo, uses);

@@ -23,6 +23,7 @@ import (
 	"unsafe"
 
 	"github.com/gpumem/gpumem"
+	gpudevice "github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/internal/host"
 )
 
@@ -147,6 +148,35 @@ func gpumemGo_pool_end(device C.int, hi, lo C.uint64_t) C.gpumem_status {
 //export gpumemGo_pool_retain
 func gpumemGo_pool_retain(device C.int, hi, lo C.uint64_t) C.gpumem_status {
 	return status(theHost().RetainPool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}), device)
+}
+
+//export gpumemGo_pool_create
+func gpumemGo_pool_create(device C.int, hi, lo C.uint64_t, alloc, free C.uintptr_t, noSplit, useOnOOM C.int) C.gpumem_status {
+	opts := host.PoolOptions{NoSplit: noSplit != 0, UseOnOOM: useOnOOM != 0}
+	if alloc != 0 {
+		opts.Segments = &poolSource{alloc: alloc, free: free, device: device}
+	}
+	return status(theHost().RetainPoolWith(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}, opts), device)
+}
+
+// poolSource is a pool's own allocator (gpumem_pool_options): a
+// CUDAPluggableAllocator's alloc and free, called through capi.c.
+type poolSource struct {
+	alloc, free C.uintptr_t
+	device      C.int
+}
+
+func (s *poolSource) Alloc(size uint64, stream gpudevice.Stream) (gpudevice.Ptr, error) {
+	p := C.gpumem_call_alloc(s.alloc, C.size_t(size), s.device, C.uintptr_t(stream))
+	if p == nil {
+		return 0, fmt.Errorf("the pool's own allocator returned NULL for %d bytes: %w", size, gpudevice.ErrOutOfMemory)
+	}
+	return gpudevice.Ptr(uintptr(p)), nil
+}
+
+func (s *poolSource) Free(p gpudevice.Ptr, size uint64, stream gpudevice.Stream) error {
+	C.gpumem_call_free(s.free, C.uintptr_t(p), C.size_t(size), s.device, C.uintptr_t(stream))
+	return nil
 }
 
 //export gpumemGo_pool_uses

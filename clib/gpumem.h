@@ -281,6 +281,28 @@ gpumem_status gpumem_pool_begin(int device, uint64_t hi, uint64_t lo, void *stre
  * pool). */
 gpumem_status gpumem_pool_retain(int device, uint64_t hi, uint64_t lo);
 gpumem_status gpumem_pool_uses(int device, uint64_t hi, uint64_t lo, uint64_t *uses);
+/* A pool's options (PyTorch's MemPool(allocator, use_on_oom, no_split)),
+ * fixed when it is made. */
+typedef struct gpumem_pool_options {
+	/* If both are set, the pool's segments come from them and go back to
+	 * them (a CUDAPluggableAllocator's functions: ncclMemAlloc, say),
+	 * counted against the device's limit; alloc returns NULL when it has
+	 * no room. They are called with no lock of gpumem's held, from any
+	 * thread; they must not throw. */
+	void *(*alloc)(size_t size, int device, void *stream);
+	void (*free)(void *ptr, size_t size, int device, void *stream);
+	/* Nonzero: each buffer gets a segment of its own, never split; a free
+	 * segment serves a later request whole, one of at least half its size. */
+	int no_split;
+	/* Nonzero: an allocation outside every pool that would fail with
+	 * out-of-memory is served from this pool's memory instead, its buffer
+	 * then the pool's. */
+	int use_on_oom;
+} gpumem_pool_options;
+/* gpumem_pool_retain for a pool made with opts: the pool must not exist
+ * yet (GPUMEM_ERROR_INVALID_VALUE if it does, or if only one of alloc and
+ * free is set). */
+gpumem_status gpumem_pool_create(int device, uint64_t hi, uint64_t lo, const gpumem_pool_options *opts);
 /* Ends the latest route to the pool. GPUMEM_ERROR_INVALID_VALUE if none. */
 gpumem_status gpumem_pool_end(int device, uint64_t hi, uint64_t lo);
 /* Gives up one use of the pool (a graph that used it is gone). An unknown

@@ -230,6 +230,19 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 			buf, err = a.Alloc(size, device.Stream(stream))
 		}
 	}
+	if errors.Is(err, gpumem.ErrOutOfMemory) && pool == nil && d.pools.onOOM.Load() > 0 {
+		// Then the pools that serve the device's own allocations in need
+		// (PoolOptions.UseOnOOM); the device's own error if none can.
+		for _, p := range d.onOOM() {
+			if pool == nil {
+				if b, perr := p.alloc.Alloc(size, device.Stream(stream)); perr == nil {
+					buf, err, pool = b, nil, p
+					continue
+				}
+			}
+			d.freed(p)
+		}
+	}
 	if err != nil {
 		if pool != nil {
 			d.freed(pool)

@@ -1,8 +1,10 @@
 package host
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -64,10 +66,25 @@ const (
 )
 
 type privatePool struct {
-	id    PoolID
-	alloc *gpumem.Allocator
-	uses  int          // BeginPool calls not yet released (under pools.mu)
-	live  atomic.Int64 // buffers of the pool in the host's table
+	id       PoolID
+	alloc    *gpumem.Allocator
+	useOnOOM bool         // PoolOptions.UseOnOOM
+	uses     int          // BeginPool calls not yet released (under pools.mu)
+	live     atomic.Int64 // buffers of the pool in the host's table
+}
+
+// PoolOptions are a MemPool's options (PyTorch's MemPool(allocator,
+// use_on_oom, no_split)), given when the pool is made (RetainPoolWith).
+type PoolOptions struct {
+	// Segments, if not nil, makes the pool's segments: PyTorch's MemPool
+	// with an allocator of its own (gpumem.PrivateConfig.Segments).
+	Segments gpumem.SegmentSource
+	// NoSplit: one segment a buffer (gpumem.PrivateConfig.NoSplit).
+	NoSplit bool
+	// UseOnOOM: an allocation of the device's own that would otherwise
+	// fail with out-of-memory is served from this pool's memory, and its
+	// buffer belongs to the pool from then on (PyTorch's use_on_oom).
+	UseOnOOM bool
 }
 
 type route struct {
@@ -86,6 +103,7 @@ type pools struct {
 	holds    atomic.Int32 // HoldCapture calls not yet released
 	routes   []route
 	byID     map[PoolID]*privatePool
+	onOOM    atomic.Int32 // pools in byID made with UseOnOOM
 }
 
 // ErrPool: a pool call that does not match the pool's state (EndPool or
@@ -149,6 +167,23 @@ func (h *Host) RetainPool(ordinal int, id PoolID) error {
 	return err
 }
 
+// RetainPoolWith is RetainPool for a pool made with opts (a MemPool with
+// options). The pool must not exist yet: its options are fixed when it is
+// made.
+func (h *Host) RetainPoolWith(ordinal int, id PoolID, opts PoolOptions) error {
+	d, err := h.Device(ordinal)
+	if err != nil {
+		return err
+	}
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	if d.pools.byID[id] != nil {
+		return fmt.Errorf("%w %v: made again with options on device %d (a pool's options are fixed when it is made)", ErrPool, id, ordinal)
+	}
+	_, err = d.makeLocked(id, opts)
+	return err
+}
+
 // PoolUses reports how many uses pool id has on device ordinal (0 for an
 // unknown pool): MemPool.use_count.
 func (h *Host) PoolUses(ordinal int, id PoolID) int {
@@ -172,16 +207,46 @@ func (d *Device) retainLocked(id PoolID) (*privatePool, error) {
 		p.uses++
 		return p, nil
 	}
-	a, err := d.Alloc.NewPrivate()
+	return d.makeLocked(id, PoolOptions{})
+}
+
+// makeLocked makes pool id with opts and one use. Called with d.pools.mu
+// held.
+func (d *Device) makeLocked(id PoolID, opts PoolOptions) (*privatePool, error) {
+	ps := &d.pools
+	a, err := d.Alloc.NewPrivateWith(gpumem.PrivateConfig{Segments: opts.Segments, NoSplit: opts.NoSplit})
 	if err != nil {
 		return nil, fmt.Errorf("gpumem: pool %v: %w", id, err)
 	}
-	p := &privatePool{id: id, alloc: a, uses: 1}
+	p := &privatePool{id: id, alloc: a, uses: 1, useOnOOM: opts.UseOnOOM}
 	if ps.byID == nil {
 		ps.byID = make(map[PoolID]*privatePool)
 	}
 	ps.byID[id] = p
+	if opts.UseOnOOM {
+		ps.onOOM.Add(1)
+	}
 	return p, nil
+}
+
+// onOOM lists the pools made with UseOnOOM, each counted live (so that
+// it cannot close while the caller tries it; freed undoes that), oldest
+// id first.
+func (d *Device) onOOM() []*privatePool {
+	ps := &d.pools
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var out []*privatePool
+	for _, p := range ps.byID {
+		if p.useOnOOM {
+			p.live.Add(1)
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(x, y *privatePool) int {
+		return cmp.Or(cmp.Compare(x.id.Hi, y.id.Hi), cmp.Compare(x.id.Lo, y.id.Lo))
+	})
+	return out
 }
 
 // EndPool ends the latest route to pool id on device ordinal. The pool and
@@ -271,6 +336,9 @@ func (d *Device) closeFreeable() (bool, error) {
 	var errs []error
 	for _, p := range done {
 		delete(ps.byID, p.id)
+		if p.useOnOOM {
+			ps.onOOM.Add(-1)
+		}
 		if err := p.alloc.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("gpumem: closing private pool %v: %w", p.id, err))
 		}
@@ -399,6 +467,7 @@ func (d *Device) closePools() error {
 		}
 		delete(d.pools.byID, id)
 	}
+	d.pools.onOOM.Store(0)
 	for _, r := range d.pools.routes {
 		if r.captured {
 			d.Alloc.EndCapture()

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/sim"
 )
@@ -645,5 +647,106 @@ func mustFree(t *testing.T, h *Host, p uint64) {
 	t.Helper()
 	if err := h.Free(0, p); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// simSource is a gpumem.SegmentSource over the simulated device that
+// counts its calls (a CUDAPluggableAllocator of a MemPool).
+type simSource struct {
+	dev           *sim.Device
+	allocs, frees atomic.Int32
+}
+
+func (s *simSource) Alloc(size uint64, _ device.Stream) (device.Ptr, error) {
+	s.allocs.Add(1)
+	return s.dev.Alloc(size)
+}
+
+func (s *simSource) Free(p device.Ptr, _ uint64, _ device.Stream) error {
+	s.frees.Add(1)
+	return s.dev.Free(p)
+}
+
+// TestPoolUseOnOOM is PyTorch's test_mempool_limited_memory_with_allocator
+// on the simulated device: under a limit of 80 MiB, two pools with an
+// allocator of their own hold 40 MiB each, one of them made with
+// UseOnOOM; once both are freed, 30 MiB of the device's own comes from the
+// UseOnOOM pool, at its buffer's address, a second 30 MiB runs out of
+// memory (the other pool serves no one else), and the pool serves its own
+// again afterwards. Both pools' segments came from their source, and go
+// back there once the pools are released and trimmed.
+func TestPoolUseOnOOM(t *testing.T) {
+	h := newSimHost(t, "limit=80MiB")
+	d, err := h.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &simSource{dev: d.dev.(*sim.Device)}
+	keep, use := PoolID{0, 1}, PoolID{0, 2}
+	if err := h.RetainPoolWith(0, keep, PoolOptions{Segments: src}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RetainPoolWith(0, use, PoolOptions{Segments: src, UseOnOOM: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RetainPoolWith(0, use, PoolOptions{}); !errors.Is(err, ErrPool) {
+		t.Errorf("a pool made again with options: %v, want ErrPool", err)
+	}
+	inPool := func(id PoolID, size uint64) uint64 {
+		t.Helper()
+		if err := h.BeginPool(0, id, RouteAll, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := h.EndPool(0, id); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.ReleasePool(0, id); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		return mustAlloc(t, h, size, 0, 0)
+	}
+	a := inPool(keep, 40*miB)
+	b := inPool(use, 40*miB)
+	if _, err := h.Alloc(0, 40*miB, 0, 0); !errors.Is(err, gpumem.ErrOutOfMemory) {
+		t.Fatalf("40 MiB of the device's own with both pools full: %v, want out of memory", err)
+	}
+	mustFree(t, h, a)
+	mustFree(t, h, b)
+	c := mustAlloc(t, h, 30*miB, 0, 0)
+	if c != b {
+		t.Errorf("30 MiB in need is at %#x, want %#x (the UseOnOOM pool's free memory)", c, b)
+	}
+	if live := h.PoolLive(0, use); !slices.Equal(live, []uint64{c}) {
+		t.Errorf("the UseOnOOM pool's live buffers: %#x, want [%#x]", live, c)
+	}
+	if _, err := h.Alloc(0, 30*miB, 0, 0); !errors.Is(err, gpumem.ErrOutOfMemory) {
+		t.Errorf("a second 30 MiB: %v, want out of memory (the other pool is not UseOnOOM)", err)
+	}
+	mustFree(t, h, c)
+	e := inPool(use, 20*miB)
+	if e != c {
+		t.Errorf("the pool's own 20 MiB is at %#x, want %#x", e, c)
+	}
+	mustFree(t, h, e)
+	if n := src.allocs.Load(); n != 2 {
+		t.Errorf("the source made %d segments, want 2 (one a pool)", n)
+	}
+	for _, id := range []PoolID{keep, use} {
+		if err := h.ReleasePool(0, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
+	}
+	if n := src.frees.Load(); n != 2 {
+		t.Errorf("the source got %d segments back after the pools were released and trimmed, want 2", n)
+	}
+	// A released UseOnOOM pool serves no one: 60 MiB fits the limit now.
+	mustFree(t, h, mustAlloc(t, h, 60*miB, 0, 0))
+	if d.pools.onOOM.Load() != 0 {
+		t.Errorf("%d UseOnOOM pools counted after both closed", d.pools.onOOM.Load())
 	}
 }

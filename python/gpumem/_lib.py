@@ -93,6 +93,12 @@ class _Oom(ctypes.Structure):
         (name, ctypes.c_int) for name in ("after_trim", "with_virtual", "mode", "reserved_0")]
 
 
+class _PoolOptions(ctypes.Structure):
+    """gpumem_pool_options."""
+    _fields_ = [("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p), ("no_split", ctypes.c_int),
+                ("use_on_oom", ctypes.c_int)]
+
+
 class Stats(ctypes.Structure):
     """gpumem_stats: gauges (bytes now, with peaks) and counters."""
     _fields_ = [(name, ctypes.c_uint64) for name in
@@ -155,6 +161,7 @@ _OPTIONAL = {  # functions of later versions, bound when present
     "gpumem_pool_release": (_status, [ctypes.c_int, _u64, _u64]),
     "gpumem_pool_retain": (_status, [ctypes.c_int, _u64, _u64]),
     "gpumem_pool_uses": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64)]),
+    "gpumem_pool_create": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p]),
     "gpumem_pool_live": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64), ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.c_size_t)]),
     "gpumem_pool_checkpoint": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_size_t,
@@ -348,6 +355,15 @@ class Library:
         """Counts one use of pool (a MemPool object's), making it if need be."""
         hi, lo = pool
         self.check(self._optional("gpumem_pool_retain", "torch.cuda.MemPool")(device, hi, lo))
+
+    def pool_create(self, device, pool, alloc=0, free=0, no_split=False, use_on_oom=False):
+        """Makes pool with options and counts one use of it (a MemPool with
+        an allocator of its own, given as its functions' addresses, or
+        no_split or use_on_oom): gpumem_pool_create."""
+        hi, lo = pool
+        opts = _PoolOptions(alloc or None, free or None, int(bool(no_split)), int(bool(use_on_oom)))
+        self.check(self._optional("gpumem_pool_create", "torch.cuda.MemPool with options")(
+            device, hi, lo, ctypes.byref(opts)))
 
     def pool_uses(self, device, pool):
         """How many uses pool has (0 for an unknown pool)."""

@@ -547,9 +547,16 @@ def _patch_mempool(torch, lib):
     it through the pool calls patched above; the pool holds one use while
     the object lives, and its memory goes back, once freeable, at the next
     empty_cache. Options gpumem does not have (another allocator,
-    use_on_oom, symmetric, no_split) fail at once with one line."""
+    use_on_oom, no_split) are gpumem's too: the pool's segments come from
+    that allocator's functions (their addresses kept when the allocator was
+    made, _patch_custom_allocator), an allocation outside every pool that
+    would run out of memory is served from a use_on_oom pool, and a
+    no_split pool gives each buffer a segment of its own. symmetric
+    (memory shared across processes for NCCL) fails at once with one
+    line."""
     if getattr(torch.cuda, "MemPool", None) is None:
         return
+    _patch_custom_allocator(torch)
 
     class MemPool:
         """A pool of memory of its own: allocations made inside
@@ -557,13 +564,26 @@ def _patch_mempool(torch, lib):
         nothing else (gpumem.torch's, over a gpumem private pool)."""
 
         def __init__(self, allocator=None, use_on_oom=False, symmetric=False, no_split=False, **kwargs):
-            if allocator is not None or use_on_oom or symmetric or no_split or kwargs:
-                raise RuntimeError("gpumem: torch.cuda.MemPool with an allocator, use_on_oom, symmetric or "
-                                   "no_split is not supported under gpumem.torch.use(); torch.cuda.MemPool() "
-                                   "without them is, or use PyTorch's allocator for this program")
+            if symmetric or kwargs:
+                what = "symmetric=True" if symmetric else ", ".join(sorted(kwargs))
+                raise RuntimeError(f"gpumem: torch.cuda.MemPool({what}) is not supported under gpumem.torch.use(); "
+                                   "MemPool with an allocator, use_on_oom or no_split is, or use PyTorch's "
+                                   "allocator for this program")
+            fns = None
+            if allocator is not None and allocator is not _state["allocator"].allocator():
+                fns = _custom_allocators.get(id(allocator))
+                if fns is None or fns[0] is not allocator:
+                    raise RuntimeError("gpumem: torch.cuda.MemPool(allocator): gpumem does not know this allocator's "
+                                       "functions; make it with torch.cuda.memory.CUDAPluggableAllocator after "
+                                       "gpumem.torch.use()")
             self._device = torch.cuda.current_device()
             self._id = _pool_id(torch.cuda.graph_pool_handle())  # unique among PyTorch's pool ids
-            lib.pool_retain(self._device, self._id)
+            if fns is None and not use_on_oom and not no_split:
+                lib.pool_retain(self._device, self._id)
+            else:
+                lib.pool_create(self._device, self._id, alloc=fns[1] if fns else 0, free=fns[2] if fns else 0,
+                                no_split=no_split, use_on_oom=use_on_oom)
+            self._allocator = allocator if fns else None
             weakref.finalize(self, _release_pool, lib, self._device, self._id)
 
         @property
@@ -573,8 +593,9 @@ def _patch_mempool(torch, lib):
 
         @property
         def allocator(self):
-            """None: the pool is gpumem's."""
-            return None
+            """The allocator given (its allocator() handle), or None: the
+            pool is gpumem's."""
+            return self._allocator
 
         def use_count(self):
             """How many uses hold the pool: this object, and each
@@ -587,6 +608,32 @@ def _patch_mempool(torch, lib):
             return [seg for seg in segs if tuple(seg["segment_pool_id"]) == self._id]
 
     _put((torch.cuda, getattr(torch.cuda, "memory", None)), "MemPool", MemPool)
+
+
+# The functions of each CUDAPluggableAllocator made since use(): id of its
+# handle -> (handle, alloc address, free address). The handle is kept
+# alive here, so that an id is never reused for another.
+_custom_allocators = {}
+
+
+def _patch_custom_allocator(torch):
+    """torch._C._cuda_customAllocator, which every CUDAPluggableAllocator
+    calls with its functions' addresses, made to remember them: PyTorch's
+    handle does not give them back, and a MemPool with that allocator
+    needs them."""
+    orig = getattr(torch._C, "_cuda_customAllocator", None)
+    if orig is None or getattr(orig, "_gpumem", False):
+        return
+
+    def _cuda_customAllocator(alloc_fn, free_fn):
+        handle = orig(alloc_fn, free_fn)
+        _custom_allocators[id(handle)] = (handle, int(alloc_fn), int(free_fn))
+        return handle
+
+    _cuda_customAllocator._gpumem = True
+    _cuda_customAllocator.__doc__ = orig.__doc__
+    _patched[("torch._C", "_cuda_customAllocator")] = orig
+    torch._C._cuda_customAllocator = _cuda_customAllocator
 
 
 def _patch_graph_class(torch, lib, cls):

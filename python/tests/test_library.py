@@ -402,3 +402,84 @@ def test_gather_config():
     with_gather = json.loads(run(script, config=SIM + ",limit=128MiB,gather=true").stdout.splitlines()[0])
     assert without == {"served": False, "names_gather": True}, without
     assert with_gather["served"] and with_gather["splits"] >= 6, with_gather
+
+
+@needs_library
+def test_pool_options():
+    """gpumem_pool_create through the C library on the simulated device: a
+    pool with an allocator of its own (C functions, here Python callbacks
+    handing out addresses of their own) takes its segments from it alone,
+    counted against the limit, and gives each back with its size at the
+    trim after its last use; an allocation outside every pool that would
+    run out of memory is served by the use_on_oom pool's free memory, at
+    its freed buffer's address; a no_split pool gives each buffer a
+    segment; a second create of the same pool is refused."""
+    run("""
+        import ctypes
+        import gpumem
+        from gpumem import _lib
+        lib = gpumem.library()
+        ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        given, freed, nxt = {}, [], [0x7e0000000000]
+        def alloc(size, device, stream):
+            p = nxt[0]
+            nxt[0] += (size + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+            given[p] = size
+            return p
+        def free(ptr, size, device, stream):
+            freed.append((ptr, size))
+        alloc_c, free_c = ALLOC(alloc), FREE(free)
+        addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value
+        MiB = 1 << 20
+        keep, use, whole = (0, 1), (0, 2), (0, 3)
+        lib.pool_create(0, keep, alloc=addr(alloc_c), free=addr(free_c))
+        lib.pool_create(0, use, alloc=addr(alloc_c), free=addr(free_c), use_on_oom=True)
+        lib.pool_create(0, whole, no_split=True)
+        try:
+            lib.pool_create(0, keep)
+        except gpumem.GpumemError as e:
+            assert e.status == _lib.ERROR_INVALID_VALUE and "(0, 1)" in str(e), str(e)
+        else:
+            raise AssertionError("a pool made twice")
+        def in_pool(pool, size):
+            lib.pool_begin(0, pool, route=_lib.POOL_ALL)
+            try:
+                return lib.allocate(size, 0, 0)
+            finally:
+                lib.pool_end(0, pool)
+                lib.pool_release(0, pool)  # the use pool_begin counted
+        a, b = in_pool(keep, 40 * MiB), in_pool(use, 40 * MiB)
+        assert a in given and b in given and given[a] == given[b] == 40 * MiB, (given, a, b)
+        try:
+            lib.allocate(40 * MiB, 0, 0)
+        except gpumem.GpumemError as e:
+            assert e.status == _lib.ERROR_OUT_OF_MEMORY, e
+        else:
+            raise AssertionError("40 MiB more with 80 of a 96 MiB limit held")
+        lib.deallocate(a, 0)
+        lib.deallocate(b, 0)
+        c = lib.allocate(30 * MiB, 0, 0)  # from the use_on_oom pool
+        assert c == b, (hex(c), hex(b))
+        try:
+            lib.allocate(30 * MiB, 0, 0)
+        except gpumem.GpumemError as e:
+            assert e.status == _lib.ERROR_OUT_OF_MEMORY, e
+        else:
+            raise AssertionError("the pool without use_on_oom served the device's own")
+        lib.deallocate(c, 0)
+        assert len(given) == 2, given
+        x, y = in_pool(whole, 4 * MiB), in_pool(whole, 4 * MiB)
+        import json
+        segs = [s for s in json.loads(lib.torch_snapshot_json(0))["segments"] if s["segment_pool_id"] == list(whole)]
+        assert len(segs) == 2 and all(len(s["blocks"]) == 1 for s in segs), segs
+        assert {s["address"] for s in segs} == {x, y}, (segs, x, y)
+        lib.deallocate(x, 0)
+        lib.deallocate(y, 0)
+        for pool in (keep, use, whole):
+            lib.pool_release(0, pool)
+        gpumem.trim()
+        assert sorted(freed) == sorted(given.items()), (freed, given)
+        assert gpumem.stats(0)["reserved"] == 0, gpumem.stats(0)
+        print("ok")
+    """, config=SIM + ",limit=96MiB")

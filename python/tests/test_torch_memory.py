@@ -221,7 +221,7 @@ out["x_in_pool"] = any(b["address"] == x.data_ptr() for b in blocks)
 out["y_not_in_pool"] = all(b["address"] != y.data_ptr() for b in blocks)
 out["data"] = float(x.sum()) == 3.0 * (1 << 20) and float(y.sum()) == 4.0 * (1 << 20)
 try:
-    torch.cuda.MemPool(use_on_oom=True)
+    torch.cuda.MemPool(symmetric=True)
     out["option"] = "accepted"
 except RuntimeError as e:
     msg = str(e)
@@ -236,7 +236,8 @@ def test_mempool_routes_like_pytorchs():
     """torch.cuda.MemPool and use_mem_pool: what is allocated inside comes
     from the pool, what is allocated after does not, and use_count counts
     the object and the open block: the same under both allocators.
-    MemPool's options are refused under gpumem (not run on the GPU yet)."""
+    symmetric=True (memory shared across processes) is refused under
+    gpumem with one line."""
     results = under_both(MEMPOOL)
     # An option gpumem does not support is refused at once, with one whole
     # line naming gpumem and the way around it.
@@ -244,6 +245,92 @@ def test_mempool_routes_like_pytorchs():
     assert results["gpumem"].pop("option") == "refused", results
     assert results["gpumem"] == results["torch"], results
     assert results["gpumem"]["x_in_pool"] and results["gpumem"]["y_not_in_pool"] and results["gpumem"]["data"], results
+
+
+MEMPOOL_OPTIONS = r"""
+import ctypes, json, os, subprocess, tempfile
+import torch
+if os.environ["ALLOCATOR"] == "gpumem":
+    import gpumem.torch
+    gpumem.torch.use()
+SOURCE = '''
+#include <dlfcn.h>
+#include <stddef.h>
+typedef int (*alloc_t)(unsigned long long *, size_t);
+typedef int (*free_t)(unsigned long long);
+int allocs, frees;
+size_t alloc_bytes, free_bytes;
+static alloc_t a;
+static free_t f;
+static void init(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    a = (alloc_t)dlsym(h, "cuMemAlloc_v2");
+    f = (free_t)dlsym(h, "cuMemFree_v2");
+}
+void *test_alloc(size_t size, int device, void *stream) {
+    unsigned long long p = 0;
+    if (!a) init();
+    if (a(&p, size)) return NULL;
+    allocs++;
+    alloc_bytes += size;
+    return (void *)p;
+}
+void test_free(void *ptr, size_t size, int device, void *stream) {
+    if (!f) init();
+    f((unsigned long long)ptr);
+    frees++;
+    free_bytes += size;
+}
+'''
+d = tempfile.mkdtemp()
+with open(os.path.join(d, "a.c"), "w") as fh:
+    fh.write(SOURCE)
+so = os.path.join(d, "liba.so")
+subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", so, os.path.join(d, "a.c"), "-ldl"], check=True)
+lib = ctypes.CDLL(so)
+count = lambda name: ctypes.c_int.in_dll(lib, name).value
+size = lambda name: ctypes.c_size_t.in_dll(lib, name).value
+allocator = torch.cuda.memory.CUDAPluggableAllocator(so, "test_alloc", "test_free")
+pool = torch.cuda.MemPool(allocator.allocator())
+out = {}
+with torch.cuda.use_mem_pool(pool):
+    x = torch.full((1 << 20,), 3.0, device="cuda")
+out["allocs_in_pool"] = count("allocs")
+y = torch.full((1 << 20,), 4.0, device="cuda")
+out["allocs_outside"] = count("allocs") - out["allocs_in_pool"]
+out["data"] = float(x.sum()) == 3.0 * (1 << 20) and float(y.sum()) == 4.0 * (1 << 20)
+out["frees_while_live"] = count("frees")
+del x, pool
+torch.cuda.synchronize()
+torch.cuda.empty_cache()
+out["frees_after"] = count("frees")
+out["bytes_back"] = size("free_bytes") == size("alloc_bytes") > 0
+whole = torch.cuda.MemPool(no_split=True)
+with torch.cuda.use_mem_pool(whole):
+    a = torch.empty(1 << 20, device="cuda")
+    b = torch.empty(1 << 20, device="cuda")
+segs = whole.snapshot()
+out["no_split_segments"] = len(segs)
+out["no_split_blocks"] = sorted(len(s["blocks"]) for s in segs)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@needs_library
+@needs_gpu
+def test_mempool_options_like_pytorchs():
+    """MemPool(allocator): the pool's segments come from that allocator (a
+    CUDAPluggableAllocator compiled here over cuMemAlloc), nothing outside
+    the pool does, the data is right, and its memory goes back through it
+    at the empty_cache after the pool and its tensors are gone; a
+    no_split pool gives each buffer a segment of one block: the same
+    figures under both allocators."""
+    results = under_both(MEMPOOL_OPTIONS)
+    assert results["gpumem"] == results["torch"], results
+    r = results["gpumem"]
+    assert r["allocs_in_pool"] == 1 and r["allocs_outside"] == 0 and r["data"], r
+    assert r["frees_while_live"] == 0 and r["frees_after"] == 1 and r["bytes_back"], r
+    assert r["no_split_segments"] == 2 and r["no_split_blocks"] == [1, 1], r
 
 
 OOM_OBSERVER = r"""
