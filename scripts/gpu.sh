@@ -23,9 +23,11 @@
 #                                   buffers' data on gpumem), train (real
 #                                   training under each allocator:
 #                                   bench/train; PROGRAMS=a,b for some)
-#                                   and record (those programs' traces and
+#                                   record (those programs' traces and
 #                                   real pool peaks under gpumem, for
-#                                   bench/train/replay_check.py).
+#                                   bench/train/replay_check.py) and
+#                                   pressure (each program unlimited and
+#                                   under a limit of its fit capacity).
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
@@ -221,6 +223,45 @@ run() {
 					echo "FAIL: $prog" | tee -a "$out/record.log" >&2
 			done
 			tar czf "$out/record.tgz" -C "$out" record && rm -rf "$dir"
+			;;
+		pressure)
+			# Issue 30's runs under a limit: each bench/train program
+			# (PROGRAMS=a,b for some) recorded under gpumem, its trace
+			# fitted (gpumem fit --policy gpumem; a GiB figure, shown
+			# rounded to 0.01, taken at the next 0.01 above the rounding),
+			# then run under gpumem unlimited and
+			# under a limit of that capacity, one after the other, so
+			# that the step times come from the same machine start.
+			use_wheel_library
+			local dir=$out/pressure prog cap
+			mkdir -p "$dir"
+			local all
+			all=$(cd bench/train && python3 -c 'import programs; print(",".join(programs.PROGRAMS))')
+			for prog in $(echo "${PROGRAMS:-$all}" | tr , ' '); do
+				if ! python3 bench/train/record_check.py "$prog" gpumem "$dir" >>"$out/pressure.log" 2>&1; then
+					echo "FAIL: recording $prog" | tee -a "$out/pressure.log" >&2
+					continue
+				fi
+				"$bin/gpumem" fit --policy gpumem "$dir/$prog.gpumem.trace.gz" >"$dir/$prog.fit.txt" 2>&1 || true
+				cap=$(python3 -c '
+import math, sys
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) >= 3 and f[0] == "gpumem":
+        v, unit = float(f[1]), f[2]
+        if unit != "MiB":  # shown to 0.01: the first figure of that step at or above it
+            v = math.ceil((v + 0.005) * 100 - 1e-9) / 100
+        print(f"{v:.2f}{unit}")
+        break' "$dir/$prog.fit.txt")
+				echo "$prog: fit $cap" | tee -a "$out/pressure.log" >&2
+				[ -n "$cap" ] || continue
+				rm -f "$dir/$prog.gpumem.trace.gz"
+				python3 bench/train/run.py "$prog" gpumem --out "$out/pressure.jsonl" --tag unlimited >>"$out/pressure.log" 2>&1 ||
+					echo "FAIL: $prog unlimited" | tee -a "$out/pressure.log" >&2
+				GPUMEM_CONFIG=limit=$cap python3 bench/train/run.py "$prog" gpumem --out "$out/pressure.jsonl" --tag "limit=$cap" \
+					>>"$out/pressure.log" 2>&1 || echo "FAIL: $prog limit=$cap" | tee -a "$out/pressure.log" >&2
+			done
+			tar czf "$out/pressure.tgz" -C "$out" pressure && rm -rf "$dir"
 			;;
 		table)
 			{
