@@ -14,6 +14,19 @@ allocator refuses or answers wrongly:
   and a ring of its latest allocations and frees, each with the Python
   frames that made it. torch.cuda._memory_viz renders it and `gpumem
   import` reads it back.
+
+How the history's context works, as under PyTorch's allocator: context
+"state" gives live blocks their frames and trace entries none; "alloc"
+gives trace entries the frames of the allocation (a free's entries too);
+"all" the same here, where PyTorch gives a free's entries the stack of the
+free: the library asks for Python frames only when it allocates, so that
+stack is not known (clib's gpumem_free would have to ask too); None
+records no frames from then on. Each entry is judged by the context in
+force at its time, so a change of context mid-way leaves earlier entries
+as they were. compile_context=True gives each allocation's entry the
+torch.compile region it was made in ("Torch-Compiled Region: 0/0", found
+from the Python stack); frees' entries say "N/A" (the region at a free is
+not known, for the same reason).
 """
 
 import bisect
@@ -30,37 +43,79 @@ _DEPTH = 16  # Python frames kept per call site
 class Sites:
     """Interns the Python call sites of allocations: the library calls
     callback on the allocating thread (ctypes takes the GIL) while a
-    recording or a history is on; each new stack gets an id, its frames in
-    PyTorch's form ({"filename", "line", "name"}, innermost first) and, for
-    a recording, its text through on_new(id, text)."""
+    recording or a history is on; each new stack gets an id (from base + 1
+    on), its frames in PyTorch's form ({"filename", "line", "name"},
+    innermost first), the torch.compile region it ran in if asked, and,
+    for a recording, its text through on_new(id, text)."""
 
-    def __init__(self, on_new=None):
+    def __init__(self, on_new=None, base=0):
         self.on_new = on_new
+        self.base = base
         self.ids = {}
         self.frames = {0: []}
+        self.regions = {}  # site -> torch.compile region (compiled_region)
         self.lock = threading.Lock()
 
-    def site(self, skip=1):
+    def site(self, skip=1, region=None, frames=True):
+        """The id of the calling stack (skip: frames of the caller's own
+        to leave out). region, if given, is called with the caller's
+        frame and names the stack's torch.compile region (part of the key);
+        with frames False the stack's frames are not kept (the site only
+        names a region; 0 when there is none)."""
         try:
-            frame = sys._getframe(skip + 1)
-            key, frames = [], []
-            while frame is not None and len(frames) < _DEPTH:
+            top = sys._getframe(skip + 1)
+            key, kept = [], []
+            frame = top if frames else None
+            while frame is not None and len(kept) < _DEPTH:
                 code = frame.f_code
                 key.append((id(code), frame.f_lineno))
-                frames.append({"filename": code.co_filename, "line": frame.f_lineno, "name": code.co_name})
+                kept.append({"filename": code.co_filename, "line": frame.f_lineno, "name": code.co_name})
                 frame = frame.f_back
-            key = tuple(key)
+            where = region(top) if region is not None else None
+            if not frames and where is None:
+                return 0
+            key = (tuple(key), where)
             with self.lock:
                 site = self.ids.get(key)
                 if site is None:
-                    site = len(self.ids) + 1
+                    site = self.base + len(self.ids) + 1
                     if self.on_new is not None:
-                        self.on_new(site, frames)  # named first: an error leaves it unknown
+                        self.on_new(site, kept)  # named first: an error leaves it unknown
                     self.ids[key] = site
-                    self.frames[site] = frames
+                    self.frames[site] = kept
+                    if where is not None:
+                        self.regions[site] = where
             return site
         except Exception:  # a site never breaks an allocation
             return 0
+
+
+def compiled_region(frame):
+    """The torch.compile region a Python stack runs in, as PyTorch's
+    allocator names it for compile_context: the trace annotation
+    ("Torch-Compiled Region: 0/0") of the code dynamo made that the
+    innermost such frame from frame outward runs. PyTorch's RecordFunction
+    for the region spans exactly that frame's run. None outside compiled
+    code, before torch._dynamo is loaded, or where dynamo's tables do not
+    tell."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    made = getattr(utils, "orig_code_map", None)  # code dynamo made -> the user's code
+    if made is None:
+        return None
+    while frame is not None:
+        code = frame.f_code
+        source = made.get(code)
+        if source is not None:
+            try:
+                from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+                for entry in _debug_get_cache_entry_list(source):
+                    if entry.code is code:
+                        return str(entry.trace_annotation)
+            except Exception:
+                pass
+            return None  # compiled code whose region is not known
+        frame = frame.f_back
+    return None
 
 
 def _short(filename):
@@ -172,6 +227,15 @@ def memory_summary(s, device, abbreviated=False, base=None):
 
 # --- history and snapshots --------------------------------------------------
 
+# The history's site ids start above those of gpumem.torch.record()
+# (numbered from 1): a buffer allocated during a recording and freed, or
+# still live, under a history keeps the recording's id, which the history
+# must not read as one of its own.
+_HISTORY_SITES = 1 << 31
+
+_CONTEXTS = (None, "state", "alloc", "all")
+
+
 class History:
     """PyTorch's memory history under gpumem: which devices record, and
     the call sites (shared with gpumem.torch.record: one site callback)."""
@@ -179,7 +243,20 @@ class History:
     def __init__(self, lib):
         self.lib = lib
         self.on = {}  # device -> "all" or "state"
+        # The sites of the history, kept while the process lives: the
+        # library keeps each live buffer's site id, and the ring its
+        # entries', across changes of context and history off and on
+        # (PyTorch's blocks keep their frames likewise). self.sites is
+        # this table while the site callback is installed, else None
+        # (gpumem.torch.record() refuses to run while it is not None).
+        self.table = Sites(base=_HISTORY_SITES)
         self.sites = None
+        self.context = None  # the context in force: None, "state", "alloc" or "all"
+        self.compile_context = False
+        # The context at each change (time in us, context), oldest first:
+        # which frames a trace entry shows depends on the context at its
+        # time (entries are stamped on the same clock).
+        self.contexts = [(0, None)]
         self.skip = set()  # trace actions left out (skip_actions)
         # torch.cuda.memory._set_memory_metadata: (time in us, text) at
         # each change, oldest first; a trace entry carries the text set
@@ -187,33 +264,64 @@ class History:
         self.metadata = [(0, "")]
 
     def record(self, enabled="all", context="all", stacks="all", max_entries=sys.maxsize, device=None,
-               clear_history=False, skip_actions=None, **ignored):
+               clear_history=False, compile_context=False, skip_actions=None, **ignored):
         """torch.cuda.memory._record_memory_history: enabled None (off),
         "state" (blocks keep their sites) or "all" (also the trace of
         allocations and frees, the latest max_entries); context None
-        records no frames; stacks "python" and "all" both give Python
-        frames (gpumem sees no C++ stack)."""
+        records no frames, "state" frames for live blocks only, "alloc"
+        and "all" for trace entries too (the module's docstring says where
+        "all" falls short); stacks "python" and "all" both give Python
+        frames (gpumem sees no C++ stack); compile_context names the
+        torch.compile region of each allocation."""
         import torch
         if enabled is True:
             enabled = "all"
         if enabled not in (None, False, "state", "all"):
             raise ValueError(f"gpumem: _record_memory_history(enabled={enabled!r}): want None, 'state' or 'all'")
+        if context not in _CONTEXTS:
+            raise ValueError(f"gpumem: _record_memory_history(context={context!r}): "
+                             "want None, 'state', 'alloc' or 'all'")
+        if stacks not in ("python", "all"):
+            raise ValueError(f"gpumem: _record_memory_history(stacks={stacks!r}): want 'python' or 'all'")
         dev = torch.cuda._utils._get_device_index(device, optional=True)
         self.skip = set(skip_actions or ())
         if not enabled:
             self.lib.history(dev, False, 0)
             self.on.pop(dev, None)
         else:
+            self._mark(context)
+            self.context, self.compile_context = context, bool(compile_context)
             if clear_history or dev not in self.on:
                 self.lib.history(dev, True, max(1, min(int(max_entries), 1 << 31)))
             self.on[dev] = enabled
-        self._callback(context is not None and bool(self.on))
+        self._callback(bool(self.on) and (self.context is not None or self.compile_context))
+
+    def _mark(self, context):
+        """Notes that entries from now on are made under context. The
+        change takes the next microsecond, so that no entry made before it
+        shares its time."""
+        t = now = time.time_ns() // 1000
+        give_up = time.monotonic() + 0.001
+        while now == t and time.monotonic() < give_up:
+            now = time.time_ns() // 1000
+        self.contexts.append((now, context))
+        if len(self.contexts) > 1 << 16:
+            del self.contexts[1:1 << 15]  # the oldest changes go first
+
+    def _site(self, device):
+        """The site callback: the allocating stack's site, with its frames
+        while a context is on, and its torch.compile region if asked."""
+        table = self.sites
+        if table is None:
+            return 0
+        return table.site(region=compiled_region if self.compile_context else None,
+                          frames=self.context is not None)
 
     def _callback(self, want):
         from . import _lib
         if want and self.sites is None:
-            self.sites = Sites()
-            self._c = _lib.SITE_CALLBACK(lambda device: self.sites.site() if self.sites is not None else 0)
+            self.sites = self.table
+            self._c = _lib.SITE_CALLBACK(self._site)
             self.lib.set_site_callback(self._c)
         elif not want and self.sites is not None:
             self.lib.set_site_callback(_lib.SITE_CALLBACK())
@@ -234,8 +342,7 @@ class History:
         return self.metadata[max(i, 0)][1]
 
     def frames(self, site):
-        s = self.sites
-        return list(s.frames.get(site, [])) if s is not None else []
+        return list(self.table.frames.get(site, []))
 
     def snapshot(self, device=None):
         """torch.cuda.memory._snapshot: every device's segments, and the
@@ -253,12 +360,20 @@ class History:
                 segments.append(seg)
             trace = []
             if self.on.get(dev) == "all":
+                changes = [c[0] for c in self.contexts]
                 for e in snap["device_traces"][0]:
                     if e["action"] in self.skip:
                         continue
-                    e["frames"] = self.frames(e.pop("site"))
-                    e["user_metadata"] = self._metadata_at(e.get("time_us", 0))
-                    e["compile_context"] = "N/A"  # gpumem does not see torch.compile's contexts
+                    site, t = e.pop("site"), e.get("time_us", 0)
+                    context = self.contexts[max(bisect.bisect_right(changes, t) - 1, 0)][1]
+                    # PyTorch's trace entries carry frames under "alloc"
+                    # and "all" only; a free's, the allocation's here.
+                    e["frames"] = self.frames(site) if context in ("alloc", "all") else []
+                    e["user_metadata"] = self._metadata_at(t)
+                    # The region of a free is not known (the library asks
+                    # for sites only when it allocates).
+                    made = e["action"] in ("alloc", "oom")
+                    e["compile_context"] = self.table.regions.get(site, "N/A") if made else "N/A"
                     trace.append(e)
             traces.append(trace)
         return {"segments": segments, "device_traces": traces}

@@ -90,6 +90,290 @@ def test_history_and_snapshot_on_the_simulated_device():
                                        ("free_requested", 2 << 20), ("free_completed", 2 << 20)]), p.stdout
 
 
+# --- the history's context, without torch ----------------------------------
+#
+# PyTorch's test_cuda.py checks which function names a snapshot holds after
+# _record_memory_history(context=...) (test_memory_plots_free_stack,
+# test_memory_plots_history_context, test_memory_compile_regions). The
+# History below runs over a stand-in for the library that keeps a ring and
+# live blocks as internal/host/history.go does (a free's entries carry the
+# allocation's site), and a stand-in for torch's two calls History makes.
+
+class _FakeLib:
+    def __init__(self):
+        self.callback, self.ring, self.live, self.next = None, None, {}, 1 << 20
+
+    def history(self, device, enabled, max_entries):
+        self.ring = [] if enabled else None
+
+    def set_site_callback(self, callback):
+        self.callback = callback if callback else None
+
+    def _add(self, action, addr, size, site):
+        import time
+        if self.ring is not None:
+            self.ring.append({"action": action, "addr": addr, "size": size, "stream": 0,
+                              "time_us": time.time_ns() // 1000, "site": site})
+
+    def alloc(self, size):
+        """What gpumem_alloc does: the site callback first, then the entry."""
+        site = self.callback(0) if self.callback is not None else 0
+        addr, self.next = self.next, self.next + (1 << 20)
+        self.live[addr] = (size, site)
+        self._add("alloc", addr, size, site)
+        return addr
+
+    def free(self, addr):
+        size, site = self.live.pop(addr)
+        self._add("free_requested", addr, size, site)
+        self._add("free_completed", addr, size, site)
+
+    def torch_snapshot_json(self, device=0):
+        import json
+        blocks = [{"address": a, "size": n, "requested_size": n, "state": "active_allocated", "site": s}
+                  for a, (n, s) in sorted(self.live.items())]
+        seg = {"device": 0, "address": 0, "total_size": 1 << 40, "allocated_size": 0, "active_size": 0,
+               "requested_size": 0, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0],
+               "is_expandable": True, "blocks": blocks}
+        return json.dumps({"segments": [seg], "device_traces": [list(self.ring or [])]})
+
+
+def _caller(frames):
+    """The function that called _FakeLib.alloc (frames[0] is alloc itself,
+    where the library's callback has the caller innermost)."""
+    return frames[1]["name"] if frames else None
+
+
+def _fake_module(name, **attrs):
+    import types
+    m = types.ModuleType(name)
+    m.__dict__.update(attrs)
+    return m
+
+
+def _history(monkeypatch, regions=None):
+    """A _torchmem.History over _FakeLib, torch stood in for; regions:
+    {code made by dynamo: its trace annotation}, as dynamo's tables
+    (torch._dynamo.utils.orig_code_map, the cache entries) would give."""
+    import sys
+    import types
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from gpumem import _torchmem
+    cuda = _fake_module("torch.cuda", device_count=lambda: 1,
+                        _utils=types.SimpleNamespace(_get_device_index=lambda device, optional=False: 0))
+    torch = _fake_module("torch", cuda=cuda)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.cuda", cuda)
+    if regions is not None:
+        made = {id(code): code for code in regions}  # dynamo's map: compares by identity, as here
+
+        class OrigCodeMap:
+            def get(self, code, default=None):
+                return ("user code of " + code.co_name) if made.get(id(code)) is code else default
+
+        def entries(source):
+            return [types.SimpleNamespace(code=code, trace_annotation=annotation)
+                    for code, annotation in regions.items() if source == "user code of " + code.co_name]
+        utils = _fake_module("torch._dynamo.utils", orig_code_map=OrigCodeMap())
+        eval_frame = _fake_module("torch._C._dynamo.eval_frame", _debug_get_cache_entry_list=entries)
+        for name, m in (("torch._dynamo", _fake_module("torch._dynamo", utils=utils)), ("torch._dynamo.utils", utils),
+                        ("torch._C", _fake_module("torch._C")), ("torch._C._dynamo", _fake_module("torch._C._dynamo")),
+                        ("torch._C._dynamo.eval_frame", eval_frame)):
+            monkeypatch.setitem(sys.modules, name, m)
+    lib = _FakeLib()
+    return lib, _torchmem.History(lib)
+
+
+def test_history_free_stack_by_context(monkeypatch):
+    """test_memory_plots_free_stack: context "alloc" and "all" put the
+    allocating function in the trace (a free's entries too), "state" puts
+    it nowhere once the buffer is freed (trace entries carry no frames
+    under "state"). The freeing function appears under no context: gpumem
+    knows a buffer's stack from its allocation only, where PyTorch gives
+    a free's entries the free's own stack under "all"."""
+    import json
+    lib, hist = _history(monkeypatch)
+    for context in ("alloc", "all", "state"):
+        hist.record(context=context)
+        held = []
+
+        def thealloc():
+            held.append(lib.alloc(48))
+
+        def thefree():
+            lib.free(held.pop())
+
+        thealloc()
+        thefree()
+        snap = hist.snapshot()
+        ss = json.dumps(snap)
+        assert ("thealloc" in ss) == (context != "state"), (context, ss)
+        assert "thefree" not in ss, context  # PyTorch: ("thefree" in ss) == (context == "all")
+        trace = snap["device_traces"][0]
+        assert [e["action"] for e in trace] == ["alloc", "free_requested", "free_completed"], trace
+        if context != "state":
+            assert all(_caller(e["frames"]) == "thealloc" for e in trace), trace
+        hist.record(None)
+        assert lib.callback is None and hist.sites is None
+
+
+def test_history_context_changes_keep_earlier_frames(monkeypatch):
+    """test_memory_plots_history_context: frames recorded under context
+    "all" stay in the snapshot after the context goes to None and back
+    (the site table is kept; a new one numbered the same would give the
+    first allocation the later one's frames); what is allocated under
+    None has no frames anywhere, nor has a free made under None."""
+    import json
+    lib, hist = _history(monkeypatch)
+    held = []
+
+    def should_capture1():
+        held.append(lib.alloc(64))
+
+    def should_not_capture():
+        lib.free(held.pop())
+        held.append(lib.alloc(48))
+
+    def should_capture2():
+        lib.free(held.pop())
+        held.append(lib.alloc(64))
+
+    hist.record(context="all", stacks="python")
+    should_capture1()
+    hist.record(context=None)
+    assert lib.callback is None and hist.sites is None  # no frames asked for: no callback
+    should_not_capture()
+    hist.record(context="all", stacks="python")
+    should_capture2()
+    snap = hist.snapshot()
+    ss = json.dumps(snap)
+    assert "should_capture1" in ss and "should_capture2" in ss and "should_not_capture" not in ss, ss
+    trace = snap["device_traces"][0]
+    named = [(e["action"], _caller(e["frames"])) for e in trace]
+    assert named == [("alloc", "should_capture1"), ("free_requested", None), ("free_completed", None),
+                     ("alloc", None), ("free_requested", None), ("free_completed", None),
+                     ("alloc", "should_capture2")], named
+    # The live block has its allocation's frames; history off and on again
+    # keeps them, as PyTorch's blocks keep theirs.
+    hist.record(None)
+    hist.record(context="state")
+    blocks = [b for seg in hist.snapshot()["segments"] for b in seg["blocks"]]
+    assert [_caller(b["frames"]) for b in blocks] == ["should_capture2"], blocks
+    hist.record(None)
+
+
+def test_history_sites_are_not_a_recordings(monkeypatch):
+    """gpumem.torch.record() numbers its sites from 1 through the same
+    library; a buffer it allocated keeps that id, which the history must
+    not read as one of its own sites."""
+    lib, hist = _history(monkeypatch)
+    hist.record(context="all")
+    lib.alloc(16)  # the history's first site
+    lib.set_site_callback(None)
+    lib.live[1] = (512, 1)  # as from a recording: site 1
+    blocks = {b["address"]: b for seg in hist.snapshot()["segments"] for b in seg["blocks"]}
+    assert blocks[1]["frames"] == [], blocks[1]
+    assert all(b["frames"] for a, b in blocks.items() if a != 1), blocks
+    hist.record(None)
+
+
+def test_history_compile_context(monkeypatch):
+    """compile_context=True (test_memory_compile_regions): an allocation
+    made while code dynamo made runs carries that code's region, the
+    innermost one where regions nest; outside compiled code, and on
+    frees, "N/A". Under context None the region is still named, without
+    frames."""
+    def inner(lib, out):
+        out.append(lib.alloc(32))
+
+    def compiled_outer(lib, out):  # stands for dynamo's code of frame 0
+        inner(lib, out)
+        compiled_resume(lib, out)
+
+    def compiled_resume(lib, out):  # stands for the resume function's, frame 1
+        inner(lib, out)
+
+    lib, hist = _history(monkeypatch, regions={compiled_outer.__code__: "Torch-Compiled Region: 0/0",
+                                               compiled_resume.__code__: "Torch-Compiled Region: 1/0"})
+    out = []
+    hist.record(context="all", compile_context=True)
+    inner(lib, out)
+    compiled_outer(lib, out)
+    lib.free(out.pop())
+    trace = hist.snapshot()["device_traces"][0]
+    assert [(e["action"], e["compile_context"]) for e in trace] == [
+        ("alloc", "N/A"), ("alloc", "Torch-Compiled Region: 0/0"), ("alloc", "Torch-Compiled Region: 1/0"),
+        ("free_requested", "N/A"), ("free_completed", "N/A")], trace
+    hist.record(None)
+    hist.record(context=None, compile_context=True)
+    assert lib.callback is not None  # the regions need the callback
+    compiled_outer(lib, out)
+    snap = hist.snapshot()
+    assert [e["compile_context"] for e in snap["device_traces"][0]] == [
+        "Torch-Compiled Region: 0/0", "Torch-Compiled Region: 1/0"], snap["device_traces"]
+    assert all(not e["frames"] for e in snap["device_traces"][0])
+    live = {b["address"]: b for seg in snap["segments"] for b in seg["blocks"]}
+    assert not live[out[-1]]["frames"] and live[out[0]]["frames"], live
+    hist.record(None)
+    # Without compile_context, no region is looked for.
+    hist.record(context="all")
+    compiled_outer(lib, out)
+    assert {e["compile_context"] for e in hist.snapshot()["device_traces"][0]} == {"N/A"}
+    hist.record(None)
+
+
+def test_history_refuses_unknown_context(monkeypatch):
+    import pytest
+    lib, hist = _history(monkeypatch)
+    for kw in ({"context": "alloc_and_free"}, {"stacks": "cpp"}, {"enabled": "trace"}):
+        with pytest.raises(ValueError):
+            hist.record(**kw)
+    assert lib.ring is None and lib.callback is None
+
+
+@needs_library
+def test_history_context_through_the_library():
+    """The same on the simulated device, through gpumem_alloc and
+    gpumem_free and the library's ring (internal/host/history.go): its
+    time stamps and History's changes of context are on one clock, so an
+    entry made right after a change is judged by the new context."""
+    p = run("""
+        import json, sys, types
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(device_count=lambda: 1,
+                                           _utils=types.SimpleNamespace(_get_device_index=lambda d, optional=False: 0))
+        sys.modules["torch"] = torch
+        import gpumem
+        from gpumem import _torchmem
+        lib = gpumem.library()
+        hist = _torchmem.History(lib)
+        held = []
+        def thealloc():
+            held.append(lib._c.gpumem_alloc(3 << 20, 0, None))
+        def thefree():
+            lib._c.gpumem_free(held.pop(), 0, 0, None)
+        for context in ("alloc", "all", "state", None):
+            hist.record(context=context)
+            thealloc()
+            thefree()
+            snap = hist.snapshot()
+            trace = snap["device_traces"][0]
+            print(context, json.dumps(snap).count("thealloc"), [e["action"] for e in trace])
+            hist.record(None)
+        hist.record(context="all")
+        thealloc()
+        hist.record(context=None)
+        thefree()
+        trace = hist.snapshot()["device_traces"][0]
+        print("change", [(e["action"], bool(e["frames"])) for e in trace])
+        hist.record(None)
+    """, config=SIM)
+    lines = p.stdout.splitlines()
+    actions = "['alloc', 'free_requested', 'free_completed']"
+    assert lines[:4] == [f"alloc 3 {actions}", f"all 3 {actions}", f"state 0 {actions}", f"None 0 {actions}"], p.stdout
+    assert lines[4] == "change [('alloc', True), ('free_requested', False), ('free_completed', False)]", p.stdout
+
+
 def under_both(script):
     """Runs script under gpumem and under PyTorch's allocator, each in a
     process of its own; returns {allocator: its RESULT line's dict}."""
