@@ -26,6 +26,8 @@ limit an allocator can run out at one capacity and not at a smaller one
 (an OOM retry or a reclaim at another moment). "least found" is where
 bisection from the peak live bytes landed: it fits and 2 MiB less does
 not; where it is below "fits on", some capacity between them fails.
+Both are shown rounded up to their last digit, so that the figure typed
+back (--capacity, GPUMEM_CONFIG=limit=) is never below the capacity found.
 
 tf-bfc-prealloc is XLA's default: 75% of the GPU is taken at start and is
 the limit, so it fits a GPU whose 75% holds the program's pool.
@@ -81,7 +83,7 @@ func (e *env) fit(args []string) int {
 			fmt.Fprintf(e.stderr, "gpumem fit: %v\n", err)
 			return ExitFail
 		}
-		row := []string{n, units.Format(f.Capacity), strconv.FormatFloat(float64(f.Capacity)/float64(max(tr.PeakLiveBytes, 1)), 'f', 3, 64), units.Format(f.Least)}
+		row := []string{n, units.FormatUp(f.Capacity), strconv.FormatFloat(float64(f.Capacity)/float64(max(tr.PeakLiveBytes, 1)), 'f', 3, 64), units.FormatUp(f.Least)}
 		if gpu > 0 {
 			ok, err := policy.Fits(tr, n, uint64(gpu), *passes)
 			if err != nil {
@@ -124,9 +126,9 @@ func fitVerdict(gpu string, fit, need []string) string {
 	return strings.Join(append([]string{"fits a " + gpu + " GPU under " + under}, need...), "; ")
 }
 
-// shortSize is units.Format without trailing zeros: "16 GiB", "17.7 GiB".
+// shortSize is units.FormatUp without trailing zeros: "16 GiB", "17.7 GiB".
 func shortSize(n uint64) string {
-	num, unit, _ := strings.Cut(units.Format(n), " ")
+	num, unit, _ := strings.Cut(units.FormatUp(n), " ")
 	if strings.Contains(num, ".") {
 		num = strings.TrimRight(strings.TrimRight(num, "0"), ".")
 	}

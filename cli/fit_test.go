@@ -65,7 +65,7 @@ func TestFitVerdict(t *testing.T) {
 	if got := shortSize(17 << 30); got != "17 GiB" {
 		t.Errorf("shortSize(17 GiB) = %q", got)
 	}
-	if got := shortSize(17<<30 + 700<<20); got != "17.68 GiB" {
-		t.Errorf("shortSize(17.68 GiB) = %q", got)
+	if got := shortSize(17<<30 + 700<<20); got != "17.69 GiB" { // 17.6836: a need, rounded up
+		t.Errorf("shortSize(17.6836 GiB) = %q, want 17.69 GiB", got)
 	}
 }

@@ -226,40 +226,35 @@ run() {
 			;;
 		pressure)
 			# Issue 30's runs under a limit: each bench/train program
-			# (PROGRAMS=a,b for some) recorded under gpumem, its trace
-			# fitted (gpumem fit --policy gpumem; a GiB figure, shown
-			# rounded to 0.01, taken at the next 0.01 above the rounding),
-			# then run under gpumem unlimited and
-			# under a limit of that capacity, one after the other, so
-			# that the step times come from the same machine start.
+			# (PROGRAMS=a,b for some) run under gpumem with its whole run
+			# recorded (run.py --record: both of its rounds, which the
+			# limit must hold), the trace fitted (gpumem fit --policy
+			# gpumem, its figure rounded up), then run unlimited and
+			# under a limit of that capacity, twice each, interleaved, so
+			# that the step times come from the same machine start and
+			# show their noise.
 			use_wheel_library
 			local dir=$out/pressure prog cap
 			mkdir -p "$dir"
 			local all
 			all=$(cd bench/train && python3 -c 'import programs; print(",".join(programs.PROGRAMS))')
 			for prog in $(echo "${PROGRAMS:-$all}" | tr , ' '); do
-				if ! python3 bench/train/record_check.py "$prog" gpumem "$dir" >>"$out/pressure.log" 2>&1; then
+				if ! python3 bench/train/run.py "$prog" gpumem --record "$dir/$prog.gpumem.trace.gz" --tag record \
+					--out "$out/pressure.jsonl" >>"$out/pressure.log" 2>&1; then
 					echo "FAIL: recording $prog" | tee -a "$out/pressure.log" >&2
 					continue
 				fi
 				"$bin/gpumem" fit --policy gpumem "$dir/$prog.gpumem.trace.gz" >"$dir/$prog.fit.txt" 2>&1 || true
-				cap=$(python3 -c '
-import math, sys
-for line in open(sys.argv[1]):
-    f = line.split()
-    if len(f) >= 3 and f[0] == "gpumem":
-        v, unit = float(f[1]), f[2]
-        if unit != "MiB":  # shown to 0.01: the first figure of that step at or above it
-            v = math.ceil((v + 0.005) * 100 - 1e-9) / 100
-        print(f"{v:.2f}{unit}")
-        break' "$dir/$prog.fit.txt")
+				cap=$(awk '$1 == "gpumem" { print $2 $3; exit }' "$dir/$prog.fit.txt")
 				echo "$prog: fit $cap" | tee -a "$out/pressure.log" >&2
 				[ -n "$cap" ] || continue
-				rm -f "$dir/$prog.gpumem.trace.gz"
-				python3 bench/train/run.py "$prog" gpumem --out "$out/pressure.jsonl" --tag unlimited >>"$out/pressure.log" 2>&1 ||
-					echo "FAIL: $prog unlimited" | tee -a "$out/pressure.log" >&2
-				GPUMEM_CONFIG=limit=$cap python3 bench/train/run.py "$prog" gpumem --out "$out/pressure.jsonl" --tag "limit=$cap" \
-					>>"$out/pressure.log" 2>&1 || echo "FAIL: $prog limit=$cap" | tee -a "$out/pressure.log" >&2
+				local round
+				for round in 1 2; do
+					python3 bench/train/run.py "$prog" gpumem --out "$out/pressure.jsonl" --tag unlimited >>"$out/pressure.log" 2>&1 ||
+						echo "FAIL: $prog unlimited" | tee -a "$out/pressure.log" >&2
+					GPUMEM_CONFIG=limit=$cap python3 bench/train/run.py "$prog" gpumem --out "$out/pressure.jsonl" --tag "limit=$cap" \
+						>>"$out/pressure.log" 2>&1 || echo "FAIL: $prog limit=$cap" | tee -a "$out/pressure.log" >&2
+				done
 			done
 			tar czf "$out/pressure.tgz" -C "$out" pressure && rm -rf "$dir"
 			;;

@@ -54,6 +54,8 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-watch", action="store_true", help="no NVML polling (its peak is then 0)")
     ap.add_argument("--profile", action="store_true", help="cProfile the steps; the top 30 functions go to stderr")
+    ap.add_argument("--record", metavar="TRACE", help="gpumem only: record the whole run's allocations "
+                    "(gpumem.torch.record), both rounds, for gpumem fit and replay")
     args = ap.parse_args()
 
     if args.allocator == "expandable":
@@ -63,6 +65,12 @@ def main():
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import gpumem.torch
         gpumem.torch.use()
+    recording = None
+    if args.record:
+        if args.allocator != "gpumem":
+            ap.error("--record needs the gpumem allocator")
+        recording = gpumem.torch.record(args.record)
+        recording.__enter__()
     sys.path.insert(0, HERE)
     import programs
 
@@ -160,6 +168,9 @@ def main():
     }
     if args.allocator == "gpumem":
         rec["gpumem_stats"] = json.loads(gpumem.library().stats_json(0))
+    if recording is not None:
+        recording.__exit__(None, None, None)
+        rec["trace"] = os.path.basename(args.record)
     emit(rec, args.out)
 
 

@@ -107,6 +107,35 @@ func ParseBare(s string) (uint64, error) {
 
 var errTooLarge = errors.New("too large (the most is 2^64-1 bytes, about 16 EiB)")
 
+// FormatUp is Format rounded up to its last digit: Parse(FormatUp(n)) >= n,
+// for a figure that must be at least n when typed back (a capacity that
+// fits, given as a limit).
+func FormatUp(n uint64) string {
+	if n < 1024 {
+		return strconv.FormatUint(n, 10) + " B"
+	}
+	const units = "KMGTPE"
+	i, div := 0, uint64(1024)
+	for i+1 < len(units) && n/div >= 1024 {
+		i++
+		div <<= 10
+	}
+	// hundredths of the unit, rounded up, in exact arithmetic.
+	h := new(big.Int).Mul(new(big.Int).SetUint64(n), big.NewInt(100))
+	d := new(big.Int).SetUint64(div)
+	h.Add(h, new(big.Int).Sub(d, big.NewInt(1)))
+	h.Quo(h, d)
+	if h.Cmp(big.NewInt(102400)) >= 0 && i+1 < len(units) { // would print as 1024.00
+		i++
+		d.Lsh(d, 10)
+		h = new(big.Int).Mul(new(big.Int).SetUint64(n), big.NewInt(100))
+		h.Add(h, new(big.Int).Sub(d, big.NewInt(1)))
+		h.Quo(h, d)
+	}
+	q, r := new(big.Int).QuoRem(h, big.NewInt(100), new(big.Int))
+	return fmt.Sprintf("%s.%02d %ciB", q.String(), r.Int64(), units[i])
+}
+
 // Format writes n bytes in binary units with two decimals: "512 B",
 // "2.00 MiB", "12.17 GiB". Parse reads it back (to within the
 // rounding).

@@ -129,3 +129,34 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestFormatUp: the figure typed back is never below n, and at most one
+// unit of its last digit above; the sizes of a fit that Format rounds
+// down (10.144 GiB shown as 10.14 GiB) come out one digit up.
+func TestFormatUp(t *testing.T) {
+	for _, tc := range []struct {
+		in   uint64
+		want string
+	}{
+		{512, "512 B"},
+		{2 << 20, "2.00 MiB"},
+		{10388 << 20, "10.15 GiB"}, // 10.1445 GiB; Format says 10.14
+		{10240 << 20, "10.00 GiB"},
+		{(1 << 30) - 1, "1.00 GiB"}, // 1023.99... MiB: up to 1024.00 MiB, shown in GiB
+		{928 << 20, "928.00 MiB"},
+	} {
+		if got := FormatUp(tc.in); got != tc.want {
+			t.Errorf("FormatUp(%d) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	for n := uint64(1000); n < 1<<62; n += n/3 + 12345 {
+		s := FormatUp(n)
+		got, err := Parse(s)
+		if err != nil {
+			t.Fatalf("Parse(FormatUp(%d) = %q): %v", n, s, err)
+		}
+		if got < n || float64(got-n) > 0.0101*float64(n) {
+			t.Errorf("Parse(FormatUp(%d) = %q) = %d: want at least n, within a digit", n, s, got)
+		}
+	}
+}
