@@ -73,6 +73,9 @@ func (g *gpumemPolicy) Free(addr uint64) error {
 	return g.a.Free(b)
 }
 
+// EmptyCache is gpumem's Trim (torch.cuda.empty_cache under gpumem).
+func (g *gpumemPolicy) EmptyCache() { _ = g.a.Trim() }
+
 // Reserved is what the simulated device has given out, which is what the
 // allocator holds (Stats.Reserved: plain segments, mapped spans and handles
 // not yet released; the device is the allocator's alone), read in O(1):

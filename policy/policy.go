@@ -14,7 +14,11 @@
 // program fits.
 package policy
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/gpumem/gpumem/trace"
+)
 
 // ErrOutOfMemory: the emulated allocator could not serve a request on a
 // device of its capacity. Errors of Alloc match it with errors.Is.
@@ -48,6 +52,26 @@ type Allocator interface {
 // the harness that measured the real allocators did.
 type Synchronizer interface {
 	Synchronize()
+}
+
+// CacheEmptier is an Allocator that can give its cached memory back, as
+// the program's torch.cuda.empty_cache asks (a trace's "t" lines,
+// trace.Trace.Trims). A policy without it models none: XLA's BFC never
+// gives memory back; CUDA's pool is modelled by its high-water mark.
+type CacheEmptier interface {
+	EmptyCache()
+}
+
+// emptyCaches empties a's cache (if it is a CacheEmptier) once for each of
+// tr's trims that falls before event i, from trims[*k] on, and moves *k
+// past them. i == len(tr.Events) takes those after the last event.
+func emptyCaches(tr *trace.Trace, a Allocator, i int, k *int) {
+	for *k < len(tr.Trims) && int(tr.Trims[*k]) <= i {
+		if e, ok := a.(CacheEmptier); ok {
+			e.EmptyCache()
+		}
+		*k++
+	}
 }
 
 // synchronize synchronizes a if it is a Synchronizer.

@@ -230,3 +230,32 @@ func TestGpumemReserved(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReplayTrims: a trace's trims empty the cache of the policies that
+// give memory back (gpumem, PyTorch's two), and of no other: after the
+// final trim they hold only the live 2 MiB's segment; XLA's BFC keeps what
+// it took.
+func TestReplayTrims(t *testing.T) {
+	tr := mustTrace(t, "a 0 2097152 0 1\na 1 62914560 0 2\nf 1 3\nt 4\n")
+	for _, n := range Names() {
+		r, err := Run(tr, n, 1<<30, true, Options{})
+		if err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		_, emptier := func() (Allocator, bool) {
+			a, err := New(n, 1<<30)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeAllocator(a)
+			_, ok := a.(CacheEmptier)
+			return a, ok
+		}()
+		if emptier && r.EndReservedBytes > 20<<20 {
+			t.Errorf("%s: %d bytes held after the trim, want at most a segment for the live 2 MiB", n, r.EndReservedBytes)
+		}
+		if !emptier && r.EndReservedBytes < 62914560 {
+			t.Errorf("%s: %d bytes held after the trim by a policy that models none", n, r.EndReservedBytes)
+		}
+	}
+}

@@ -88,7 +88,9 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 		if n > 1 {
 			synchronize(a)
 		}
+		trims := 0
 		for i := range tr.Events {
+			emptyCaches(tr, a, i, &trims)
 			ev := &tr.Events[i]
 			slot := tr.Slot[i]
 			if ev.Kind != trace.Alloc {
@@ -125,6 +127,7 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 				}
 			}
 		}
+		emptyCaches(tr, a, len(tr.Events), &trims)
 		prev, cur = cur, prev
 	}
 	if r.Compared > 0 {

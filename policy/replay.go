@@ -56,7 +56,9 @@ func replayTo(tr *trace.Trace, a Allocator, last int, opt Options) (Result, erro
 	r := Result{Trace: tr.Name, Events: len(tr.Events), PeakLiveBytes: tr.PeakLiveBytes, PeakEvent: -1}
 	r.PeakReservedBytes = a.Reserved()   // what a preallocating policy took at start
 	addrs := make([]uint64, tr.Requests) // 0: not allocated (refused, or freed)
+	trims := 0
 	for i := 0; i <= last; i++ {
+		emptyCaches(tr, a, i, &trims)
 		ev := &tr.Events[i]
 		slot := tr.Slot[i]
 		if ev.Kind == trace.Alloc {
@@ -83,6 +85,9 @@ func replayTo(tr *trace.Trace, a Allocator, last int, opt Options) (Result, erro
 		if opt.Observe != nil {
 			opt.Observe(i, a)
 		}
+	}
+	if last == len(tr.Events)-1 {
+		emptyCaches(tr, a, len(tr.Events), &trims)
 	}
 	r.EndReservedBytes = a.Reserved()
 	if r.PeakLiveBytes > 0 {

@@ -345,7 +345,14 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
 	ooms := 0
 	start := time.Now()
+	trims := 0 // tr.Trims done: the program's empty_cache calls, replayed as Trim
 	for i, ev := range tr.Events {
+		for trims < len(tr.Trims) && int(tr.Trims[trims]) == i {
+			if err := a.Trim(); err != nil {
+				return 0, 0, fmt.Errorf("replay %s: the trim before event %d: %w", tr.Name, i, err)
+			}
+			trims++
+		}
 		slot := tr.Slot[i]
 		if ev.Kind == trace.Alloc {
 			s := streams[ev.Stream]
@@ -377,6 +384,11 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 			return 0, 0, fmt.Errorf("replay %s: event %d (f %d): %w", tr.Name, i, ev.ID, err)
 		}
 		bufs[slot] = gpumem.Buffer{}
+	}
+	if trims < len(tr.Trims) { // after the last event: the next pass begins trimmed
+		if err := a.Trim(); err != nil {
+			return 0, 0, fmt.Errorf("replay %s: the trim after the last event: %w", tr.Name, err)
+		}
 	}
 	return time.Since(start), ooms, nil
 }

@@ -338,3 +338,38 @@ func TestResultJSONKeys(t *testing.T) {
 		t.Errorf("Result does not round-trip: %+v, %v", back, err)
 	}
 }
+
+// TestReplayTrims: a trace's "t" line (the program's empty_cache) trims
+// the allocator there: after it, a request is served from new memory, so
+// that the replay's peak is what the program's allocator held, and a
+// capacity that held without the trim can run out with it, as the real
+// run does (issue 30: a program's second round fragments anew after its
+// empty_cache). Without the line, the replay reuses the cached span.
+func TestReplayTrims(t *testing.T) {
+	const head = "# gpumem-trace v1\n" +
+		"a 0 2097152 0 1\n" + // 2 MiB kept live across the trim
+		"a 1 62914560 0 2\n" + // 60 MiB, freed: cached
+		"f 1 3\n"
+	const tail = "a 2 62914560 0 5\n" +
+		"f 2 6\n"
+	with := readTrace(t, head+"t 4\n"+tail+"t 7\n")
+	without := readTrace(t, head+tail)
+	if !slices.Equal(with.Trims, []int32{3, 5}) {
+		t.Fatalf("Trims = %v, want [3 5]", with.Trims)
+	}
+	run := func(tr *trace.Trace) replay.Result {
+		dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
+		res, err := replay.Run(tr, dev, gpumem.Config{}, replay.Options{Check: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	w, wo := run(with), run(without)
+	if w.Creates <= wo.Creates {
+		t.Errorf("creates with the trims %d, without %d: want more with them (memory given back and taken anew)", w.Creates, wo.Creates)
+	}
+	if w.EndReservedBytes > 4<<20 {
+		t.Errorf("after the final trim the replay holds %d bytes, want at most the live 2 MiB's span", w.EndReservedBytes)
+	}
+}

@@ -18,6 +18,7 @@
 //
 //	a ID SIZE STREAM T_US [SITE]   request ID asked for SIZE bytes on STREAM
 //	f ID T_US                      request ID was freed
+//	t T_US                         the program emptied the allocator's cache
 //	s SITE TEXT                    site number SITE is the call stack TEXT
 //
 // where ID, SIZE, STREAM and T_US are unsigned decimal numbers that fit in
@@ -28,6 +29,13 @@
 // was live when recording stopped. Fields are separated by spaces or tabs; a
 // trailing "\r" is ignored, as are blank lines and comment lines starting
 // with "#" after the header.
+//
+// A "t" line says that the program gave the allocator's cached memory back
+// at that moment (torch.cuda.empty_cache; gpumem's Trim): the real
+// allocator's layout after it is not the one a replay that never trims
+// would have, so a replay trims where the line is ([Trace.Trims]). It is
+// optional (the traces converted from PyTorch's history have none) and is
+// not an event: readers that do not care skip it.
 //
 // Call sites are optional: a trace without "s" lines and SITE fields is as
 // valid as one with them, and a reader that does not care may skip both.

@@ -16,13 +16,19 @@ const (
 	Free  Kind = 'f' // the release of an earlier request
 )
 
-// siteKind is the letter of a site definition line.
-const siteKind Kind = 's'
+// siteKind is the letter of a site definition line; trimKind of a trim
+// line ("t T_US": the program emptied the allocator's cache, as
+// torch.cuda.empty_cache does), which is not an event either: Trace.Trims
+// and Reader.Trims say where trims fall among the events.
+const (
+	siteKind Kind = 's'
+	trimKind Kind = 't'
+)
 
 // String returns the kind's letter, or a quoted byte for an unknown kind.
 func (k Kind) String() string {
 	switch k {
-	case Alloc, Free, siteKind:
+	case Alloc, Free, siteKind, trimKind:
 		return string(rune(k))
 	}
 	return strconv.QuoteRune(rune(k))

@@ -36,6 +36,12 @@ type Trace struct {
 	// first use.
 	Streams []uint64
 
+	// Trims are where the program emptied the allocator's cache ("t"
+	// lines: torch.cuda.empty_cache): each is the index of the event it
+	// came before (len(Events) for one after the last), in order. A replay
+	// trims there, as the program's allocator did.
+	Trims []int32
+
 	// Sites maps each site the trace defines to its text: the call stack
 	// of the requests whose Event.Site it is. It is nil when the trace
 	// defines none. A map, not a slice, since site numbers need not be
@@ -86,8 +92,14 @@ func Read(r io.Reader, name string) (*Trace, error) {
 		} else {
 			live -= sizes[slot]
 		}
+		for len(t.Trims) < rd.trims {
+			t.Trims = append(t.Trims, int32(events.n))
+		}
 		events.add(ev)
 		slots.add(slot)
+	}
+	for len(t.Trims) < rd.trims {
+		t.Trims = append(t.Trims, int32(events.n))
 	}
 	t.Events = events.slice()
 	t.Slot = slots.slice()

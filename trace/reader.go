@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -37,7 +38,13 @@ type Reader struct {
 	ids   idTable
 	reqs  []request          // by slot
 	sites map[uint32]siteDef // by site number; nil until the first
+	trims int                // "t" lines read so far (Trims)
 }
+
+// Trims is how many "t" lines (the program emptied the allocator's cache)
+// the Reader has read so far: a trim read before the event Next returned
+// last came before that event.
+func (r *Reader) Trims() int { return r.trims }
 
 // siteDef is a site as a Reader keeps it.
 type siteDef struct {
@@ -212,8 +219,10 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 		want, most = 3, 3
 	case len(f[0]) == 1 && f[0][0] == byte(siteKind):
 		return Event{}, -1, true, r.defineSite(f[1], n, line[third:])
+	case len(f[0]) == 1 && f[0][0] == byte(trimKind):
+		return Event{}, -1, true, r.trim(f[1], n)
 	default:
-		return Event{}, -1, false, r.syntaxError("unknown event kind %s; want \"a\" (a ID SIZE STREAM T_US [SITE]), \"f\" (f ID T_US) or \"s\" (s SITE TEXT)", quote(f[0]))
+		return Event{}, -1, false, r.syntaxError("unknown event kind %s; want \"a\" (a ID SIZE STREAM T_US [SITE]), \"f\" (f ID T_US), \"t\" (t T_US) or \"s\" (s SITE TEXT)", quote(f[0]))
 	}
 	kind := Kind(f[0][0])
 	if n < want || n > most {
@@ -279,6 +288,23 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 	}
 	r.lastT = ev.TimeUS
 	return ev, s, false, nil
+}
+
+// trim checks the line "t T_US", of n fields, and counts it.
+func (r *Reader) trim(tf []byte, n int) error {
+	if n != 2 {
+		return r.syntaxError("t line with %d fields; want 2: t T_US", n)
+	}
+	t, err := strconv.ParseUint(string(tf), 10, 64)
+	if err != nil {
+		return r.syntaxError("t: T_US %s is not an unsigned decimal number of 64 bits", quote(tf))
+	}
+	if t < r.lastT {
+		return r.syntaxError("t: time %d us is before the previous event's %d us; time must not go backwards", t, r.lastT)
+	}
+	r.lastT = t
+	r.trims++
+	return nil
 }
 
 // defineSite checks the line "s SITE TEXT", of n fields, and keeps the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -95,6 +96,22 @@ func isBlank(c byte) bool { return c == ' ' || c == '\t' }
 // if tUS is before the time of the previous event.
 func (w *Writer) Free(id, tUS uint64) error {
 	return w.write(Event{Kind: Free, ID: id, TimeUS: tUS})
+}
+
+// Trim writes the line "t tUS": the program emptied the allocator's cache
+// here. It returns an error, and writes nothing, if tUS is before the time
+// of the previous event.
+func (w *Writer) Trim(tUS uint64) error {
+	if tUS < w.lastT {
+		return fmt.Errorf("trace: t: time %d us is before the previous event's %d us", tUS, w.lastT)
+	}
+	w.buf = strconv.AppendUint(append(w.buf[:0], 't', ' '), tUS, 10)
+	w.buf = append(w.buf, '\n')
+	if _, err := w.w.Write(w.buf); err != nil {
+		return err
+	}
+	w.lastT = tUS
+	return nil
 }
 
 func (w *Writer) write(e Event) error {

@@ -71,6 +71,63 @@ func TestWriterRoundTrip(t *testing.T) {
 	}
 }
 
+// TestTrims: "t" lines written by Writer.Trim are read back as
+// Trace.Trims, each the index of the event it came before, one after the
+// last event included; Reader.Trims counts them as it goes; a trim back
+// in time is refused, writing nothing.
+func TestTrims(t *testing.T) {
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []func() error{
+		func() error { return w.Trim(0) }, // before anything
+		func() error { return w.Alloc(0, 4096, 0, 1) },
+		func() error { return w.Free(0, 2) },
+		func() error { return w.Trim(3) },
+		func() error { return w.Trim(3) }, // twice in a row
+		func() error { return w.Alloc(1, 8192, 0, 4) },
+		func() error { return w.Trim(5) }, // after the last event
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	if err := w.Trim(4); err == nil || !strings.Contains(err.Error(), "before the previous event's 5 us") {
+		t.Errorf("a trim back in time: %v", err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := hdr + "t 0\na 0 4096 0 1\nf 0 2\nt 3\nt 3\na 1 8192 0 4\nt 5\n"
+	if !strings.HasSuffix(buf.String(), strings.TrimPrefix(want, hdr)) {
+		t.Errorf("written:\n%s\nwant the lines of\n%s", buf.String(), want)
+	}
+	tr, err := Read(bytes.NewReader(buf.Bytes()), "trims.trace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(tr.Trims, []int32{0, 2, 2, 3}) || len(tr.Events) != 3 {
+		t.Errorf("Trims = %v with %d events, want [0 2 2 3] with 3", tr.Trims, len(tr.Events))
+	}
+	rd, err := NewReader(bytes.NewReader(buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []int
+	for {
+		if _, err := rd.Next(); err != nil {
+			break
+		}
+		seen = append(seen, rd.Trims())
+	}
+	if !slices.Equal(seen, []int{1, 1, 3}) || rd.Trims() != 4 {
+		t.Errorf("Reader.Trims after each event %v, at the end %d; want [1 1 3], 4", seen, rd.Trims())
+	}
+}
+
 func TestWriterSites(t *testing.T) {
 	var buf bytes.Buffer
 	w, _ := NewWriter(&buf)

@@ -386,6 +386,9 @@ func (h *Host) Trim(ordinal int) error {
 	var errs []error
 	for _, d := range h.Devices() {
 		if ordinal < 0 || d.Ordinal == ordinal {
+			if r := d.rec.Load(); r != nil {
+				r.trim() // a replay of the recording trims here too
+			}
 			_, err := d.closeFreeable() // released graph pools (pools.go)
 			errs = append(errs, err, d.Alloc.Trim())
 		}

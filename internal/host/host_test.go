@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -381,6 +382,9 @@ func TestRecording(t *testing.T) {
 	if err := h.Free(0, old); err != nil { // allocated before: not recorded
 		t.Fatal(err)
 	}
+	if err := h.Trim(-1); err != nil { // torch.cuda.empty_cache: a "t" line
+		t.Fatal(err)
+	}
 	sum, err := h.StopRecording(0)
 	if err != nil || sum.Allocs != 2 || sum.Frees != 1 {
 		t.Fatalf("StopRecording: %+v, %v", sum, err)
@@ -409,6 +413,9 @@ func TestRecording(t *testing.T) {
 	if tr.Requests != 2 || len(tr.Events) != 3 || tr.Events[0].Stream != 5 || tr.Events[0].Site != 1 ||
 		tr.Sites[1] != "step train.py:10 < main train.py:20" || tr.PeakLiveBytes != 3*miB+4096 {
 		t.Errorf("recorded trace: %d requests, events %v, sites %v, peak %d", tr.Requests, tr.Events, tr.Sites, tr.PeakLiveBytes)
+	}
+	if !slices.Equal(tr.Trims, []int32{3}) {
+		t.Errorf("recorded trims %v, want [3]: the Trim after the three events", tr.Trims)
 	}
 	if _, err := trace.Load(dir + "/two.trace"); err != nil {
 		t.Errorf("the second recording does not load: %v", err)

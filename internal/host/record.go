@@ -13,8 +13,8 @@ import (
 
 // A recorder writes one device's requests as a gpumem trace while a
 // recording runs (StartRecording to StopRecording): every successful
-// allocation and its free, with the stream and, when the host program
-// supplies them (DefineSite), call sites. Request IDs count up from 0;
+// allocation and its free, with the stream, each Trim (torch.cuda.empty_cache)
+// and, when the host program supplies them (DefineSite), call sites. Request IDs count up from 0;
 // times are microseconds since the start. The first write error stops the
 // recording and is reported by StopRecording; it never fails an
 // allocation.
@@ -37,6 +37,7 @@ type recorder struct {
 type traceFile interface {
 	AllocSite(id, size, stream, tUS uint64, site uint32) error
 	Free(id, tUS uint64) error
+	Trim(tUS uint64) error
 	Site(id uint32, text string) error
 	Close() error
 }
@@ -136,6 +137,17 @@ func (r *recorder) free(id uint64) {
 	if r.err = r.w.Free(id, r.now()); r.err == nil {
 		r.frees++
 	}
+}
+
+// trim records that the program emptied the cache (Host.Trim): a replay
+// trims there too.
+func (r *recorder) trim() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil || r.stopped {
+		return
+	}
+	r.err = r.w.Trim(r.now())
 }
 
 func (r *recorder) site(id uint32, text string) error {
