@@ -62,10 +62,10 @@ type CacheEmptier interface {
 	EmptyCache()
 }
 
-// emptyCaches empties a's cache (if it is a CacheEmptier) once for each of
+// EmptyCaches empties a's cache (if it is a CacheEmptier) once for each of
 // tr's trims that falls before event i, from trims[*k] on, and moves *k
 // past them. i == len(tr.Events) takes those after the last event.
-func emptyCaches(tr *trace.Trace, a Allocator, i int, k *int) {
+func EmptyCaches(tr *trace.Trace, a Allocator, i int, k *int) {
 	for *k < len(tr.Trims) && int(tr.Trims[*k]) <= i {
 		if e, ok := a.(CacheEmptier); ok {
 			e.EmptyCache()

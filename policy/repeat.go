@@ -90,7 +90,7 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 		}
 		trims := 0
 		for i := range tr.Events {
-			emptyCaches(tr, a, i, &trims)
+			EmptyCaches(tr, a, i, &trims)
 			ev := &tr.Events[i]
 			slot := tr.Slot[i]
 			if ev.Kind != trace.Alloc {
@@ -127,7 +127,7 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 				}
 			}
 		}
-		emptyCaches(tr, a, len(tr.Events), &trims)
+		EmptyCaches(tr, a, len(tr.Events), &trims)
 		prev, cur = cur, prev
 	}
 	if r.Compared > 0 {

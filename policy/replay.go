@@ -58,7 +58,7 @@ func replayTo(tr *trace.Trace, a Allocator, last int, opt Options) (Result, erro
 	addrs := make([]uint64, tr.Requests) // 0: not allocated (refused, or freed)
 	trims := 0
 	for i := 0; i <= last; i++ {
-		emptyCaches(tr, a, i, &trims)
+		EmptyCaches(tr, a, i, &trims)
 		ev := &tr.Events[i]
 		slot := tr.Slot[i]
 		if ev.Kind == trace.Alloc {
@@ -87,7 +87,7 @@ func replayTo(tr *trace.Trace, a Allocator, last int, opt Options) (Result, erro
 		}
 	}
 	if last == len(tr.Events)-1 {
-		emptyCaches(tr, a, len(tr.Events), &trims)
+		EmptyCaches(tr, a, len(tr.Events), &trims)
 	}
 	r.EndReservedBytes = a.Reserved()
 	if r.PeakLiveBytes > 0 {

@@ -99,6 +99,7 @@ type replayer struct {
 	failed []bool   // by request slot: the allocation ran out of memory
 	live   uint64   // bytes of the requests the allocator serves now
 	ooms   int
+	trims  int // tr.Trims done (the program's empty_cache calls)
 }
 
 func newReplayer(tr *trace.Trace, a policy.Allocator) *replayer {
@@ -107,6 +108,7 @@ func newReplayer(tr *trace.Trace, a policy.Allocator) *replayer {
 
 // step replays event i.
 func (r *replayer) step(i int) error {
+	policy.EmptyCaches(r.tr, r.a, i, &r.trims)
 	e, slot := r.tr.Events[i], r.tr.Slot[i]
 	if e.Kind == trace.Alloc {
 		addr, err := r.a.Alloc(e.Size, e.Stream)
