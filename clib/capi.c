@@ -193,6 +193,10 @@ EXPORT gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo) {
 	return gpumemGo_pool_release(device, hi, lo);
 }
 
+EXPORT gpumem_status gpumem_pool_drop(int device, uint64_t hi, uint64_t lo) {
+	return gpumemGo_pool_drop(device, hi, lo);
+}
+
 EXPORT gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint64_t *ptrs, size_t cap, size_t *n) {
 	if (!n || (cap > 0 && !ptrs)) return GPUMEM_ERROR_INVALID_VALUE;
 	return gpumemGo_pool_live(device, hi, lo, ptrs, cap, n);

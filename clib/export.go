@@ -190,6 +190,11 @@ func gpumemGo_pool_release(device C.int, hi, lo C.uint64_t) C.gpumem_status {
 	return status(theHost().ReleasePool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}), device)
 }
 
+//export gpumemGo_pool_drop
+func gpumemGo_pool_drop(device C.int, hi, lo C.uint64_t) C.gpumem_status {
+	return status(theHost().DropPool(int(device), host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}), device)
+}
+
 // gpumemGo_pool_live copies the pool's live addresses into C's buffer of
 // capacity cap (ptrs is C memory; nothing of Go's crosses).
 //

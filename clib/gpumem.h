@@ -308,6 +308,11 @@ gpumem_status gpumem_pool_end(int device, uint64_t hi, uint64_t lo);
 /* Gives up one use of the pool (a graph that used it is gone). An unknown
  * pool is no error; one with no use left is GPUMEM_ERROR_INVALID_VALUE. */
 gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo);
+/* gpumem_pool_release for the object that made the pool, now gone
+ * (PyTorch's ~MemPool): if that leaves the pool with no use, route or live
+ * buffer, its memory goes back now, after a synchronize of the device,
+ * rather than at the next trim. */
+gpumem_status gpumem_pool_drop(int device, uint64_t hi, uint64_t lo);
 /* The addresses of the pool's live buffers: up to cap of them into ptrs,
  * and how many there are into *n (0 for an unknown pool).
  * GPUMEM_ERROR_BUFFER_TOO_SMALL when cap < *n: call again with more room. */

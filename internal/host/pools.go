@@ -298,6 +298,45 @@ func (h *Host) ReleasePool(ordinal int, id PoolID) error {
 	return nil
 }
 
+// DropPool is ReleasePool for a MemPool object that is gone (PyTorch's
+// ~MemPool empties the pool's cache): with no use, route or live buffer
+// left, the pool's memory goes back at once, after a synchronize of the
+// device, rather than at the next Trim. While a capture is underway, or
+// while a buffer of the pool lives, it goes back later, as ReleasePool's.
+func (h *Host) DropPool(ordinal int, id PoolID) error {
+	if err := h.ReleasePool(ordinal, id); err != nil {
+		return err
+	}
+	d := h.existing(ordinal)
+	if d == nil {
+		return nil
+	}
+	ps := &d.pools
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p := ps.byID[id]
+	if p == nil || !d.freeable(p) || d.Alloc.Capturing() {
+		return nil
+	}
+	if err := d.dev.Synchronize(); err != nil {
+		return fmt.Errorf("gpumem: closing pool %v: waiting for the device: %w", id, err)
+	}
+	return d.closeLocked(p)
+}
+
+// closeLocked closes freeable pool p, giving its memory back, once the
+// device is synchronized. Called with d.pools.mu held.
+func (d *Device) closeLocked(p *privatePool) error {
+	delete(d.pools.byID, p.id)
+	if p.useOnOOM {
+		d.pools.onOOM.Add(-1)
+	}
+	if err := p.alloc.Close(); err != nil {
+		return fmt.Errorf("gpumem: closing private pool %v: %w", p.id, err)
+	}
+	return nil
+}
+
 // freeable reports whether p has no use, no route and no live buffer.
 // Called with d.pools.mu held.
 func (d *Device) freeable(p *privatePool) bool {
@@ -335,13 +374,7 @@ func (d *Device) closeFreeable() (bool, error) {
 	}
 	var errs []error
 	for _, p := range done {
-		delete(ps.byID, p.id)
-		if p.useOnOOM {
-			ps.onOOM.Add(-1)
-		}
-		if err := p.alloc.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("gpumem: closing private pool %v: %w", p.id, err))
-		}
+		errs = append(errs, d.closeLocked(p))
 	}
 	return true, errors.Join(errs...)
 }

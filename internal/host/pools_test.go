@@ -750,3 +750,60 @@ func TestPoolUseOnOOM(t *testing.T) {
 		t.Errorf("%d UseOnOOM pools counted after both closed", d.pools.onOOM.Load())
 	}
 }
+
+// TestDropPool: the object that made a pool gone (PyTorch's ~MemPool),
+// the pool's memory goes back at once when nothing else holds it; a pool
+// whose buffer still lives keeps it until the buffer is freed and a Trim
+// comes, as a released graph pool does.
+func TestDropPool(t *testing.T) {
+	h := newSimHost(t, "")
+	d, err := h.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, held := PoolID{0, 1}, PoolID{0, 2}
+	var live uint64
+	for _, id := range []PoolID{empty, held} {
+		if err := h.RetainPool(0, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.BeginPool(0, id, RouteAll, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		p := mustAlloc(t, h, 4*miB, 0, 0)
+		if err := h.EndPool(0, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.ReleasePool(0, id); err != nil { // the use BeginPool counted
+			t.Fatal(err)
+		}
+		if id == empty {
+			mustFree(t, h, p)
+		} else {
+			live = p
+		}
+	}
+	if err := h.DropPool(0, empty); err != nil {
+		t.Fatal(err)
+	}
+	if h.PoolUses(0, empty) != 0 || d.pools.byID[empty] != nil {
+		t.Errorf("an empty pool dropped is still there")
+	}
+	before := h.PoolReserved(0)
+	if err := h.DropPool(0, held); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.PoolReserved(0); got != before || got == 0 {
+		t.Errorf("a pool with a live buffer, dropped: %d bytes held, want its %d kept", got, before)
+	}
+	mustFree(t, h, live)
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.PoolReserved(0); got != 0 {
+		t.Errorf("after its buffer was freed and a Trim: %d bytes held by pools", got)
+	}
+	if err := h.DropPool(0, held); err != nil {
+		t.Errorf("dropping a pool already closed: %v, want none (as ReleasePool)", err)
+	}
+}

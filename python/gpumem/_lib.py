@@ -162,6 +162,7 @@ _OPTIONAL = {  # functions of later versions, bound when present
     "gpumem_pool_retain": (_status, [ctypes.c_int, _u64, _u64]),
     "gpumem_pool_uses": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64)]),
     "gpumem_pool_create": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p]),
+    "gpumem_pool_drop": (_status, [ctypes.c_int, _u64, _u64]),
     "gpumem_pool_live": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64), ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.c_size_t)]),
     "gpumem_pool_checkpoint": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_size_t,
@@ -364,6 +365,12 @@ class Library:
         opts = _PoolOptions(alloc or None, free or None, int(bool(no_split)), int(bool(use_on_oom)))
         self.check(self._optional("gpumem_pool_create", "torch.cuda.MemPool with options")(
             device, hi, lo, ctypes.byref(opts)))
+
+    def pool_drop(self, device, pool):
+        """Gives up the use of the object that made pool, now gone; its
+        memory goes back now if nothing else holds it (gpumem_pool_drop)."""
+        hi, lo = pool
+        self.check(self._optional("gpumem_pool_drop", "torch.cuda.MemPool")(device, hi, lo))
 
     def pool_uses(self, device, pool):
         """How many uses pool has (0 for an unknown pool)."""

@@ -386,9 +386,14 @@ def _patch_history(torch, lib):
         """Pickles _snapshot() to filename (patched by gpumem.torch)."""
         hist.dump(filename)
 
-    def memory_snapshot(*args, **kwargs):
-        """gpumem's segments in PyTorch's format (patched by gpumem.torch)."""
-        return hist.snapshot()["segments"]
+    def memory_snapshot(mempool_id=None, *args, **kwargs):
+        """gpumem's segments in PyTorch's format, or those of the pool
+        mempool_id (a MemPool's id) alone (patched by gpumem.torch)."""
+        segments = hist.snapshot()["segments"]
+        if mempool_id is None:
+            return segments
+        want = tuple(_pool_id(mempool_id))
+        return [seg for seg in segments if tuple(seg["segment_pool_id"]) == want]
 
     def _set_memory_metadata(metadata):
         """Text the history's entries from now on carry as user_metadata
@@ -534,8 +539,10 @@ def _patch_graphs(torch, lib):
 
 
 def _release_pool(lib, device, pool):
+    # PyTorch's ~MemPool empties the pool's cache: its memory goes back now
+    # if nothing else holds the pool.
     try:
-        lib.pool_release(device, pool)
+        lib.pool_drop(device, pool)
     except Exception as e:  # in the garbage collector: warn, never raise
         warnings.warn(f"gpumem: giving back a collected MemPool's pool: {e}", RuntimeWarning)
 
@@ -545,8 +552,9 @@ def _patch_mempool(torch, lib):
     allocator ("createOrIncrefPool"): gpumem's own, over a private pool.
     torch.cuda.use_mem_pool(pool) routes the calling thread's allocations to
     it through the pool calls patched above; the pool holds one use while
-    the object lives, and its memory goes back, once freeable, at the next
-    empty_cache. Options gpumem does not have (another allocator,
+    the object lives; when the object is collected its memory goes back at
+    once if nothing else holds the pool (PyTorch's ~MemPool empties the
+    pool's cache), else once freeable, at the next empty_cache. Options gpumem does not have (another allocator,
     use_on_oom, no_split) are gpumem's too: the pool's segments come from
     that allocator's functions (their addresses kept when the allocator was
     made, _patch_custom_allocator), an allocation outside every pool that

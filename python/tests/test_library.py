@@ -413,7 +413,8 @@ def test_pool_options():
     trim after its last use; an allocation outside every pool that would
     run out of memory is served by the use_on_oom pool's free memory, at
     its freed buffer's address; a no_split pool gives each buffer a
-    segment; a second create of the same pool is refused."""
+    segment; a second create of the same pool is refused; a pool whose
+    object is gone (pool_drop) gives its memory back at once."""
     run("""
         import ctypes
         import gpumem
@@ -476,7 +477,9 @@ def test_pool_options():
         assert {s["address"] for s in segs} == {x, y}, (segs, x, y)
         lib.deallocate(x, 0)
         lib.deallocate(y, 0)
-        for pool in (keep, use, whole):
+        lib.pool_drop(0, keep)  # its object gone (~MemPool): back at once
+        assert freed == [(a, given[a])], (freed, a)
+        for pool in (use, whole):
             lib.pool_release(0, pool)
         gpumem.trim()
         assert sorted(freed) == sorted(given.items()), (freed, given)
