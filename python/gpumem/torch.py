@@ -58,6 +58,7 @@ record(path) writes a gpumem trace of the code it wraps, for gpumem replay.
 """
 
 import contextlib
+import inspect
 import os
 import sys
 import tempfile
@@ -559,24 +560,37 @@ def _patch_mempool(torch, lib):
     that allocator's functions (their addresses kept when the allocator was
     made, _patch_custom_allocator), an allocation outside every pool that
     would run out of memory is served from a use_on_oom pool, and a
-    no_split pool gives each buffer a segment of its own. symmetric
-    (memory shared across processes for NCCL) fails at once with one
+    no_split pool gives each buffer a segment of its own. The arguments
+    are bound as the installed PyTorch's MemPool binds them (an argument
+    it does not take is its TypeError); one it takes that gpumem does not
+    have (a later version's symmetric memory, say) fails at once with one
     line."""
-    if getattr(torch.cuda, "MemPool", None) is None:
+    orig = getattr(torch.cuda, "MemPool", None)
+    if orig is None:
         return
     _patch_custom_allocator(torch)
+    try:
+        signature = inspect.signature(orig.__init__)
+    except (TypeError, ValueError):
+        signature = inspect.signature(lambda self, allocator=None, use_on_oom=False, no_split=False: None)
+    known = {"self", "allocator", "use_on_oom", "no_split"}
 
     class MemPool:
         """A pool of memory of its own: allocations made inside
         torch.cuda.use_mem_pool(pool) come from it and its memory serves
         nothing else (gpumem.torch's, over a gpumem private pool)."""
 
-        def __init__(self, allocator=None, use_on_oom=False, symmetric=False, no_split=False, **kwargs):
-            if symmetric or kwargs:
-                what = "symmetric=True" if symmetric else ", ".join(sorted(kwargs))
-                raise RuntimeError(f"gpumem: torch.cuda.MemPool({what}) is not supported under gpumem.torch.use(); "
-                                   "MemPool with an allocator, use_on_oom or no_split is, or use PyTorch's "
-                                   "allocator for this program")
+        def __init__(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)  # PyTorch's TypeError for what it does not take
+            given = bound.arguments
+            other = [f"{k}={v!r}" for k, v in given.items()
+                     if k not in known and v != signature.parameters[k].default]
+            if other:
+                raise RuntimeError(f"gpumem: torch.cuda.MemPool({', '.join(other)}) is not supported under "
+                                   "gpumem.torch.use(); MemPool with an allocator, use_on_oom or no_split is, or "
+                                   "use PyTorch's allocator for this program")
+            allocator = given.get("allocator")
+            use_on_oom, no_split = bool(given.get("use_on_oom")), bool(given.get("no_split"))
             fns = None
             if allocator is not None and allocator is not _state["allocator"].allocator():
                 fns = _custom_allocators.get(id(allocator))

@@ -505,11 +505,10 @@ out["x_in_pool"] = any(b["address"] == x.data_ptr() for b in blocks)
 out["y_not_in_pool"] = all(b["address"] != y.data_ptr() for b in blocks)
 out["data"] = float(x.sum()) == 3.0 * (1 << 20) and float(y.sum()) == 4.0 * (1 << 20)
 try:
-    torch.cuda.MemPool(symmetric=True)
+    torch.cuda.MemPool(no_such_option=True)
     out["option"] = "accepted"
-except RuntimeError as e:
-    msg = str(e)
-    out["option"] = "refused" if msg.startswith("gpumem:") and msg.endswith("for this program") else msg
+except Exception as e:
+    out["option"] = type(e).__name__
 print("RESULT " + json.dumps(out))
 """
 
@@ -520,13 +519,9 @@ def test_mempool_routes_like_pytorchs():
     """torch.cuda.MemPool and use_mem_pool: what is allocated inside comes
     from the pool, what is allocated after does not, and use_count counts
     the object and the open block: the same under both allocators.
-    symmetric=True (memory shared across processes) is refused under
-    gpumem with one line."""
+    An argument MemPool does not take is the same TypeError under both."""
     results = under_both(MEMPOOL)
-    # An option gpumem does not support is refused at once, with one whole
-    # line naming gpumem and the way around it.
-    assert results["torch"].pop("option") == "accepted", results
-    assert results["gpumem"].pop("option") == "refused", results
+    assert results["torch"]["option"] == "TypeError", results
     assert results["gpumem"] == results["torch"], results
     assert results["gpumem"]["x_in_pool"] and results["gpumem"]["y_not_in_pool"] and results["gpumem"]["data"], results
 
@@ -724,3 +719,62 @@ def test_accelerator_memory_functions():
     results = under_both(ACCELERATOR_STATS)
     assert results["gpumem"] == results["torch"], results
     assert results["gpumem"]["grew"] == 1024 and results["gpumem"]["back"], results
+
+
+def test_mempool_arguments_bound_as_pytorchs(monkeypatch):
+    """gpumem's MemPool takes the arguments the installed PyTorch's MemPool
+    takes, bound the same way: one it does not take is its TypeError; one
+    it takes that gpumem lacks (symmetric, in a PyTorch that has it) is a
+    one-line RuntimeError naming gpumem; no_split and use_on_oom make the
+    pool with those options; an allocator gpumem was not shown is refused
+    with one line. No torch needed: a stand-in with PyTorch's signature."""
+    import sys
+    import types
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from gpumem import torch as gtorch
+
+    class PyTorchsMemPool:  # the later signature, with symmetric
+        def __init__(self, allocator=None, use_on_oom=False, symmetric=False, no_split=False):
+            pass
+
+    ids = iter(range(1, 100))
+    cuda = _fake_module("torch.cuda", MemPool=PyTorchsMemPool, current_device=lambda: 0,
+                        graph_pool_handle=lambda: (0, next(ids)))
+    fake = _fake_module("torch", cuda=cuda, _C=_fake_module("torch._C"))
+    made = []
+
+    class Lib:
+        def pool_retain(self, device, pool):
+            made.append(("retain", pool))
+
+        def pool_create(self, device, pool, alloc=0, free=0, no_split=False, use_on_oom=False):
+            made.append(("create", pool, alloc, free, no_split, use_on_oom))
+
+        def pool_drop(self, device, pool):
+            made.append(("drop", pool))
+
+    monkeypatch.setitem(gtorch._state, "allocator", types.SimpleNamespace(allocator=lambda: "gpumem's"))
+    gtorch._patch_mempool(fake, Lib())
+    MemPool = cuda.MemPool
+    assert MemPool is not PyTorchsMemPool
+    p = MemPool()
+    q = MemPool(None, True)  # positional, as PyTorch's binds them
+    r = MemPool(no_split=True)
+    assert made == [("retain", p.id), ("create", q.id, 0, 0, False, True), ("create", r.id, 0, 0, True, False)], made
+    assert p.allocator is None
+    try:
+        MemPool(no_such_option=1)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("an argument PyTorch's MemPool does not take was accepted")
+    for bad, words in ((lambda: MemPool(symmetric=True), "symmetric=True"),
+                       (lambda: MemPool(allocator=object()), "does not know this allocator")):
+        try:
+            bad()
+        except RuntimeError as e:
+            msg = str(e)
+            assert msg.startswith("gpumem:") and "\n" not in msg and words in msg, msg
+        else:
+            raise AssertionError(f"{words}: accepted")
+    assert len(made) == 3, made  # the refused ones made nothing
