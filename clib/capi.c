@@ -78,6 +78,7 @@ EXPORT gpumem_status gpumem_last_oom(gpumem_oom *out, size_t size) {
  * (so that gpumem_alloc reads one atomic when none does). */
 static uint32_t (*_Atomic site_fn)(int);
 static atomic_int recordings;
+static atomic_int free_sites; /* gpumem_set_free_sites */
 
 /* Open pool routes: while there are, allocations say which thread made
  * them (pthread_self), for GPUMEM_POOL_THREAD. */
@@ -125,7 +126,13 @@ EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 EXPORT void gpumem_free(void *ptr, size_t size, int device, void *stream) {
 	(void)size;
 	(void)stream;
-	if (gpumemGo_free((uintptr_t)ptr, device) != GPUMEM_SUCCESS) {
+	uint32_t site = 0;
+	if (atomic_load_explicit(&free_sites, memory_order_relaxed)) {
+		uint32_t (*fn)(int) = atomic_load(&site_fn);
+		if (fn) site = fn(device);
+	}
+	gpumem_status st = site ? gpumemGo_free_site((uintptr_t)ptr, device, site) : gpumemGo_free((uintptr_t)ptr, device);
+	if (st != GPUMEM_SUCCESS) {
 		/* PyTorch frees from destructors: nothing may be thrown here. */
 		static atomic_int said;
 		if (atomic_exchange(&said, 1) == 0)
@@ -294,6 +301,11 @@ EXPORT char *gpumem_torch_snapshot_json(int device) { return gpumemGo_json(devic
 
 EXPORT gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device)) {
 	atomic_store(&site_fn, fn);
+	return GPUMEM_SUCCESS;
+}
+
+EXPORT gpumem_status gpumem_set_free_sites(int on) {
+	atomic_store(&free_sites, on != 0);
 	return GPUMEM_SUCCESS;
 }
 

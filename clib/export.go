@@ -121,6 +121,14 @@ func gpumemGo_free(ptr C.uintptr_t, device C.int) C.gpumem_status {
 	return 0
 }
 
+//export gpumemGo_free_site
+func gpumemGo_free_site(ptr C.uintptr_t, device C.int, site C.uint32_t) C.gpumem_status {
+	if err := theHost().FreeSite(int(device), uint64(ptr), uint32(site)); err != nil {
+		return fail(err, device)
+	}
+	return 0
+}
+
 //export gpumemGo_free_on
 func gpumemGo_free_on(ptr C.uintptr_t, device C.int, stream C.uintptr_t) C.gpumem_status {
 	if err := theHost().FreeOn(int(device), uint64(ptr), uint64(stream)); err != nil {

@@ -375,6 +375,11 @@ gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device));
  * gpumem_string_free; NULL on failure. */
 gpumem_status gpumem_history(int device, int enabled, size_t max_entries);
 char *gpumem_torch_snapshot_json(int device);
+/* With on != 0, gpumem_free too calls the site callback (on the freeing
+ * thread), and a free's history entries carry that site as "free_site"
+ * (PyTorch's context "all": a free's entries show the stack of the free).
+ * Off by default: a free then asks for nothing. */
+gpumem_status gpumem_set_free_sites(int on);
 
 /* Converts a PyTorch memory snapshot (the pickle that
  * torch.cuda.memory._dump_snapshot writes) into gpumem traces, as

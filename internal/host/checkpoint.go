@@ -79,7 +79,7 @@ func (h *Host) RestorePool(ordinal int, id PoolID, cp []PoolBuffer) ([]uint64, e
 	for _, e := range live {
 		ptr := uint64(e.buf.Ptr())
 		if got, ok := d.tab.take(ptr); ok {
-			errs = append(errs, d.free(got))
+			errs = append(errs, d.free(got, 0))
 			freed = append(freed, ptr)
 		}
 	}

@@ -47,6 +47,9 @@ type TorchTraceEntry struct {
 	Stream uint64 `json:"stream"`
 	TimeUS int64  `json:"time_us"`
 	Site   uint32 `json:"site"`
+	// FreeSite is, for a free's entries, the call site of the free
+	// itself when the caller gave one (Host.FreeSite), else 0.
+	FreeSite uint32 `json:"free_site,omitempty"`
 }
 
 // TorchBlock is a block of a TorchSegment.
@@ -99,9 +102,14 @@ func (h *Host) RecordHistory(ordinal int, on bool, maxEntries int) error {
 }
 
 func (hs *history) add(action string, addr, size, stream uint64, site uint32) {
+	hs.addFree(action, addr, size, stream, site, 0)
+}
+
+// addFree is add with the call site of a free (TorchTraceEntry.FreeSite).
+func (hs *history) addFree(action string, addr, size, stream uint64, site, freeSite uint32) {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
-	e := TorchTraceEntry{Action: action, Addr: addr, Size: size, Stream: stream, Site: site,
+	e := TorchTraceEntry{Action: action, Addr: addr, Size: size, Stream: stream, Site: site, FreeSite: freeSite,
 		TimeUS: time.Now().UnixMicro()} // PyTorch's time_us: microseconds since the epoch
 	if len(hs.ring) < hs.max {
 		hs.ring = append(hs.ring, e)

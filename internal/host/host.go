@@ -287,18 +287,33 @@ func (h *Host) Free(ordinal int, ptr uint64) error {
 	if err != nil {
 		return err
 	}
-	return d.free(e)
+	return d.free(e, 0)
 }
 
-// free records the free of a buffer taken from the table and frees it.
-func (d *Device) free(e entry) error {
+// FreeSite is Free with the call site of the free itself (a site id of
+// the history's, 0 for none), which the free's history entries carry as
+// their FreeSite (PyTorch's context "all").
+func (h *Host) FreeSite(ordinal int, ptr uint64, site uint32) error {
+	if ptr == 0 {
+		return nil
+	}
+	d, e, err := h.take(ordinal, ptr)
+	if err != nil {
+		return err
+	}
+	return d.free(e, site)
+}
+
+// free records the free of a buffer taken from the table, made at call
+// site freeSite (0: not known), and frees it.
+func (d *Device) free(e entry, freeSite uint32) error {
 	if r := d.rec.Load(); r != nil && e.rec != 0 && e.recGen == r.gen {
 		r.free(e.rec - 1)
 	}
 	if hs := d.hist.Load(); hs != nil {
 		p, n := uint64(e.buf.Ptr()), e.buf.Size()
-		hs.add("free_requested", p, n, e.stream, e.site)
-		hs.add("free_completed", p, n, e.stream, e.site)
+		hs.addFree("free_requested", p, n, e.stream, e.site, freeSite)
+		hs.addFree("free_completed", p, n, e.stream, e.site, freeSite)
 	}
 	if e.pool != nil {
 		err := e.pool.alloc.Free(e.buf)
@@ -331,7 +346,7 @@ func (h *Host) FreeOn(ordinal int, ptr, stream uint64) error {
 		d.tab.put(ptr, e) // nothing changed: the buffer stays live
 		return err
 	}
-	return d.free(e)
+	return d.free(e, 0)
 }
 
 func (h *Host) take(ordinal int, ptr uint64) (*Device, entry, error) {

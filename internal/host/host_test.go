@@ -568,3 +568,38 @@ func BenchmarkTorchSnapshot(b *testing.B) {
 	}
 	b.ReportMetric(float64(segs), "segments")
 }
+
+// TestFreeSite: a free given its own call site (FreeSite, PyTorch's
+// context "all") puts it in both of its history entries beside the
+// allocation's; a plain Free puts none; the allocation's site stays.
+func TestFreeSite(t *testing.T) {
+	h := newSimHost(t, "")
+	if err := h.RecordHistory(0, true, 16); err != nil {
+		t.Fatal(err)
+	}
+	a, err := h.Alloc(0, miB, 0, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := h.Alloc(0, miB, 0, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.FreeSite(0, a, 9); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Free(0, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.FreeSite(0, a, 9); !errors.Is(err, gpumem.ErrForeign) {
+		t.Errorf("FreeSite of a freed buffer: %v, want ErrForeign", err)
+	}
+	var got []string
+	for _, e := range h.TorchSnapshot(0).DeviceTraces[0] {
+		got = append(got, fmt.Sprintf("%s %d %d", e.Action, e.Site, e.FreeSite))
+	}
+	want := []string{"alloc 7 0", "alloc 7 0", "free_requested 7 9", "free_completed 7 9", "free_requested 7 0", "free_completed 7 0"}
+	if !slices.Equal(got, want) {
+		t.Errorf("history:\n%v\nwant\n%v", got, want)
+	}
+}

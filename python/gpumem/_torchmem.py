@@ -295,6 +295,9 @@ class History:
                 self.lib.history(dev, True, max(1, min(int(max_entries), 1 << 31)))
             self.on[dev] = enabled
         self._callback(bool(self.on) and (self.context is not None or self.compile_context))
+        # A free's own stack (context "all") and region: the library asks
+        # for a site at each free too, only then.
+        self._free_sites(bool(self.on) and (self.context == "all" or self.compile_context))
 
     def _mark(self, context):
         """Notes that entries from now on are made under context. The
@@ -326,6 +329,12 @@ class History:
         elif not want and self.sites is not None:
             self.lib.set_site_callback(_lib.SITE_CALLBACK())
             self.sites = None
+
+    def _free_sites(self, want):
+        setter = getattr(self.lib, "set_free_sites", None)
+        if setter is not None and want != getattr(self, "_freeing", False):
+            setter(want)
+            self._freeing = want
 
     def set_metadata(self, text):
         """torch.cuda.memory._set_memory_metadata: text that the trace
@@ -365,15 +374,20 @@ class History:
                     if e["action"] in self.skip:
                         continue
                     site, t = e.pop("site"), e.get("time_us", 0)
+                    freed = e.pop("free_site", 0)  # the free's own site (context "all", compile_context)
                     context = self.contexts[max(bisect.bisect_right(changes, t) - 1, 0)][1]
                     # PyTorch's trace entries carry frames under "alloc"
-                    # and "all" only; a free's, the allocation's here.
-                    e["frames"] = self.frames(site) if context in ("alloc", "all") else []
+                    # and "all" only: under "all" a free's are the free's
+                    # own, under "alloc" the allocation's.
+                    if context == "all" and freed:
+                        e["frames"] = self.frames(freed)
+                    else:
+                        e["frames"] = self.frames(site) if context in ("alloc", "all") else []
                     e["user_metadata"] = self._metadata_at(t)
-                    # The region of a free is not known (the library asks
-                    # for sites only when it allocates).
+                    # A region is the allocation's for an allocation, the
+                    # free's for a free (when the library asked for it).
                     made = e["action"] in ("alloc", "oom")
-                    e["compile_context"] = self.table.regions.get(site, "N/A") if made else "N/A"
+                    e["compile_context"] = self.table.regions.get(site if made else freed, "N/A") if (made or freed) else "N/A"
                     trace.append(e)
             traces.append(trace)
         return {"segments": segments, "device_traces": traces}

@@ -102,6 +102,7 @@ def test_history_and_snapshot_on_the_simulated_device():
 class _FakeLib:
     def __init__(self):
         self.callback, self.ring, self.live, self.next = None, None, {}, 1 << 20
+        self.free_sites = False
 
     def history(self, device, enabled, max_entries):
         self.ring = [] if enabled else None
@@ -109,11 +110,17 @@ class _FakeLib:
     def set_site_callback(self, callback):
         self.callback = callback if callback else None
 
-    def _add(self, action, addr, size, site):
+    def set_free_sites(self, on):
+        self.free_sites = on
+
+    def _add(self, action, addr, size, site, freed=0):
         import time
         if self.ring is not None:
-            self.ring.append({"action": action, "addr": addr, "size": size, "stream": 0,
-                              "time_us": time.time_ns() // 1000, "site": site})
+            e = {"action": action, "addr": addr, "size": size, "stream": 0,
+                 "time_us": time.time_ns() // 1000, "site": site}
+            if freed:
+                e["free_site"] = freed
+            self.ring.append(e)
 
     def alloc(self, size):
         """What gpumem_alloc does: the site callback first, then the entry."""
@@ -124,9 +131,12 @@ class _FakeLib:
         return addr
 
     def free(self, addr):
+        """What gpumem_free does: the site callback first if free sites
+        are on (gpumem_set_free_sites), then the entries."""
+        freed = self.callback(0) if getattr(self, "free_sites", False) and self.callback is not None else 0
         size, site = self.live.pop(addr)
-        self._add("free_requested", addr, size, site)
-        self._add("free_completed", addr, size, site)
+        self._add("free_requested", addr, size, site, freed)
+        self._add("free_completed", addr, size, site, freed)
 
     def torch_snapshot_json(self, device=0):
         import json
@@ -186,11 +196,11 @@ def _history(monkeypatch, regions=None):
 
 def test_history_free_stack_by_context(monkeypatch):
     """test_memory_plots_free_stack: context "alloc" and "all" put the
-    allocating function in the trace (a free's entries too), "state" puts
-    it nowhere once the buffer is freed (trace entries carry no frames
-    under "state"). The freeing function appears under no context: gpumem
-    knows a buffer's stack from its allocation only, where PyTorch gives
-    a free's entries the free's own stack under "all"."""
+    allocating function in the trace, "state" puts it nowhere once the
+    buffer is freed (trace entries carry no frames under "state"); a
+    free's entries show the freeing function under "all" (the library
+    asks for a free's site then: gpumem_set_free_sites) and the
+    allocating one under "alloc", as PyTorch's."""
     import json
     lib, hist = _history(monkeypatch)
     for context in ("alloc", "all", "state"):
@@ -208,13 +218,15 @@ def test_history_free_stack_by_context(monkeypatch):
         snap = hist.snapshot()
         ss = json.dumps(snap)
         assert ("thealloc" in ss) == (context != "state"), (context, ss)
-        assert "thefree" not in ss, context  # PyTorch: ("thefree" in ss) == (context == "all")
+        assert ("thefree" in ss) == (context == "all"), (context, ss)
+        assert lib.free_sites == (context == "all"), context
         trace = snap["device_traces"][0]
         assert [e["action"] for e in trace] == ["alloc", "free_requested", "free_completed"], trace
         if context != "state":
-            assert all(_caller(e["frames"]) == "thealloc" for e in trace), trace
+            want = ["thealloc"] + 2 * ["thefree" if context == "all" else "thealloc"]
+            assert [_caller(e["frames"]) for e in trace] == want, trace
         hist.record(None)
-        assert lib.callback is None and hist.sites is None
+        assert lib.callback is None and hist.sites is None and not lib.free_sites
 
 
 def test_history_context_changes_keep_earlier_frames(monkeypatch):
@@ -250,8 +262,9 @@ def test_history_context_changes_keep_earlier_frames(monkeypatch):
     assert "should_capture1" in ss and "should_capture2" in ss and "should_not_capture" not in ss, ss
     trace = snap["device_traces"][0]
     named = [(e["action"], _caller(e["frames"])) for e in trace]
+    # The free made in should_capture2, under "all", shows its own stack.
     assert named == [("alloc", "should_capture1"), ("free_requested", None), ("free_completed", None),
-                     ("alloc", None), ("free_requested", None), ("free_completed", None),
+                     ("alloc", None), ("free_requested", "should_capture2"), ("free_completed", "should_capture2"),
                      ("alloc", "should_capture2")], named
     # The live block has its allocation's frames; history off and on again
     # keeps them, as PyTorch's blocks keep theirs.
@@ -334,7 +347,8 @@ def test_history_refuses_unknown_context(monkeypatch):
 @needs_library
 def test_history_context_through_the_library():
     """The same on the simulated device, through gpumem_alloc and
-    gpumem_free and the library's ring (internal/host/history.go): its
+    gpumem_free (which asks for the free's site under "all") and the
+    library's ring (internal/host/history.go): its
     time stamps and History's changes of context are on one clock, so an
     entry made right after a change is judged by the new context."""
     p = run("""
@@ -358,7 +372,8 @@ def test_history_context_through_the_library():
             thefree()
             snap = hist.snapshot()
             trace = snap["device_traces"][0]
-            print(context, json.dumps(snap).count("thealloc"), [e["action"] for e in trace])
+            ss = json.dumps(snap)
+            print(context, ss.count("thealloc"), ss.count("thefree"), [e["action"] for e in trace])
             hist.record(None)
         hist.record(context="all")
         thealloc()
@@ -370,7 +385,10 @@ def test_history_context_through_the_library():
     """, config=SIM)
     lines = p.stdout.splitlines()
     actions = "['alloc', 'free_requested', 'free_completed']"
-    assert lines[:4] == [f"alloc 3 {actions}", f"all 3 {actions}", f"state 0 {actions}", f"None 0 {actions}"], p.stdout
+    # Under "all" the free's two entries show the freeing function (the
+    # library asked for the free's site: gpumem_set_free_sites).
+    assert lines[:4] == [f"alloc 3 0 {actions}", f"all 1 2 {actions}", f"state 0 0 {actions}",
+                         f"None 0 0 {actions}"], p.stdout
     assert lines[4] == "change [('alloc', True), ('free_requested', False), ('free_completed', False)]", p.stdout
 
 
