@@ -120,6 +120,7 @@ EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 	}
 	if (st != GPUMEM_SUCCESS && gpumem_torch_enabled())
 		gpumem_torch_raise(st, gpumem_last_error(), size, device); /* does not return */
+	if (st == GPUMEM_SUCCESS) gpumem_torch_report((void *)p, (int64_t)size, device);
 	return (void *)p;
 }
 
@@ -132,6 +133,7 @@ EXPORT void gpumem_free(void *ptr, size_t size, int device, void *stream) {
 		if (fn) site = fn(device);
 	}
 	gpumem_status st = site ? gpumemGo_free_site((uintptr_t)ptr, device, site) : gpumemGo_free((uintptr_t)ptr, device);
+	if (st == GPUMEM_SUCCESS) gpumem_torch_report(ptr, -(int64_t)size, device);
 	if (st != GPUMEM_SUCCESS) {
 		/* PyTorch frees from destructors: nothing may be thrown here. */
 		static atomic_int said;

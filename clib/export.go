@@ -129,6 +129,19 @@ func gpumemGo_free_site(ptr C.uintptr_t, device C.int, site C.uint32_t) C.gpumem
 	return 0
 }
 
+// gpumemGo_totals gives device's allocated and reserved bytes, private
+// pools included (PyTorch's profiler's totals; called only while it
+// profiles memory).
+//
+//export gpumemGo_totals
+func gpumemGo_totals(device C.int, allocated, reserved *C.uint64_t) {
+	st, err := theHost().Stats(int(device))
+	if err != nil {
+		return
+	}
+	*allocated, *reserved = C.uint64_t(st.Allocated), C.uint64_t(st.Reserved)
+}
+
 //export gpumemGo_free_on
 func gpumemGo_free_on(ptr C.uintptr_t, device C.int, stream C.uintptr_t) C.gpumem_status {
 	if err := theHost().FreeOn(int(device), uint64(ptr), uint64(stream)); err != nil {

@@ -19,6 +19,10 @@ int gpumem_torch_enabled(void);
  * c10::Error. */
 void gpumem_torch_raise(gpumem_status status, const char *msg, size_t size, int device);
 
+/* torch_errors.c: an allocation (size > 0) or free (size < 0) told to
+ * PyTorch's profiler while it profiles memory; nothing otherwise. */
+void gpumem_torch_report(void *ptr, int64_t size, int device);
+
 /* capi.c: a pool's own allocator called (gpumem_pool_options). */
 void *gpumem_call_alloc(uintptr_t fn, size_t size, int device, uintptr_t stream);
 void gpumem_call_free(uintptr_t fn, uintptr_t ptr, size_t size, int device, uintptr_t stream);

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "_cgo_export.h"
 #include "internal.h"
 
 typedef struct {
@@ -67,6 +68,28 @@ static struct {
 
 static atomic_int enabled;
 
+/* PyTorch's profiler: c10::memoryProfilingEnabled() and
+ * c10::reportMemoryUsageToProfiler(void *ptr, int64_t alloc_size, size_t
+ * total_allocated, size_t total_reserved, c10::Device device), which
+ * PyTorch's own allocator calls at every allocation and free and a
+ * pluggable allocator does not: without them torch.profiler's
+ * profile_memory and its memory timeline see nothing of gpumem's.
+ * c10::Device is two bytes (DeviceType, then the index), trivially
+ * copyable: passed in a register as an integer. Optional: resolved by
+ * gpumem_torch_errors, used where both are found. */
+static _Bool (*_Atomic prof_enabled)(void);
+static void (*_Atomic prof_report)(void *ptr, int64_t size, size_t total_allocated, size_t total_reserved, uint16_t device);
+#define C10_DEVICE_CUDA 1
+
+void gpumem_torch_report(void *ptr, int64_t size, int device) {
+	_Bool (*on)(void) = atomic_load_explicit(&prof_enabled, memory_order_relaxed);
+	if (!on || !ptr || !on()) return;
+	void (*report)(void *, int64_t, size_t, size_t, uint16_t) = atomic_load(&prof_report);
+	uint64_t allocated = 0, reserved = 0;
+	gpumemGo_totals(device, &allocated, &reserved);
+	report(ptr, size, allocated, reserved, (uint16_t)(C10_DEVICE_CUDA | ((uint8_t)device << 8)));
+}
+
 int gpumem_torch_enabled(void) { return atomic_load_explicit(&enabled, memory_order_relaxed); }
 
 /* A safe upper bound on sizeof(c10::Error) (128 bytes in PyTorch 2.11). */
@@ -88,6 +111,12 @@ __attribute__((visibility("default"))) gpumem_status gpumem_torch_errors(const c
 	cxx.throw_ = lookup(lstd, "__cxa_throw");
 	cxx.op_new = lookup(lstd, "_Znwm");
 	cxx.op_delete = lookup(lstd, "_ZdlPv");
+	void *report = lookup(lc10, "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
+	void *profiling = lookup(lc10, "_ZN3c1022memoryProfilingEnabledEv");
+	if (report && profiling) {
+		atomic_store(&prof_report, report);
+		atomic_store(&prof_enabled, profiling);
+	}
 	int ok = cxx.error_ctor && cxx.check_fail && cxx.oom_vtable && cxx.oom_typeinfo &&
 	         cxx.allocate_exception && cxx.throw_ && cxx.op_new && cxx.op_delete;
 	/* The handles stay open: the libraries stay loaded while PyTorch is. */

@@ -796,3 +796,33 @@ def test_mempool_arguments_bound_as_pytorchs(monkeypatch):
         else:
             raise AssertionError(f"{words}: accepted")
     assert len(made) == 3, made  # the refused ones made nothing
+
+
+PROFILE_MEMORY = r"""
+import json, os
+import torch
+if os.environ["ALLOCATOR"] == "gpumem":
+    import gpumem.torch
+    gpumem.torch.use()
+torch.zeros(1, device="cuda")
+from torch.profiler import ProfilerActivity, profile
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True) as prof:
+    x = torch.empty(1 << 20, device="cuda")
+    y = x * 2
+    del x, y
+usage = lambda e: getattr(e, "device_memory_usage", None) or getattr(e, "cuda_memory_usage", 0) or 0
+events = [e for e in prof.events() if usage(e) != 0]
+print("RESULT " + json.dumps({"memory_events": len(events) > 0,
+                              "allocated": sum(usage(e) for e in events if usage(e) > 0) >= 4 << 20}))
+"""
+
+
+@needs_library
+@needs_gpu
+def test_profiler_sees_memory_like_pytorchs():
+    """torch.profiler with profile_memory sees the device memory allocated
+    and freed under gpumem (the library reports each to PyTorch's
+    profiler, as PyTorch's allocator does): the same answers under both."""
+    results = under_both(PROFILE_MEMORY)
+    assert results["torch"] == {"memory_events": True, "allocated": True}, results
+    assert results["gpumem"] == results["torch"], results
