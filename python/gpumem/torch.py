@@ -378,14 +378,27 @@ def _patch_history(torch, lib):
                                "the two share the call-site hook; end the recording first")
         hist.record(enabled, context, stacks, max_entries, device, clear_history, **kwargs)
 
-    def _snapshot(device=None, *args, **kwargs):
+    def _augmented(snap, augment_with_fx_traces):
+        # PyTorch's own pass (torch.cuda.memory imports it): frames in code
+        # FX generated get the FX node they ran (fx_node_op, fx_node_name,
+        # fx_original_trace). A PyTorch without it has no such option.
+        if not augment_with_fx_traces:
+            return snap
+        fn = getattr(getattr(torch.cuda, "memory", None), "_augment_memory_snapshot_stack_traces", None)
+        if fn is None:
+            raise TypeError("gpumem: this PyTorch's _snapshot has no augment_with_fx_traces")
+        return fn(snap)
+
+    def _snapshot(device=None, augment_with_fx_traces=False):
         """gpumem's segments and history in PyTorch's snapshot format
         (patched by gpumem.torch)."""
-        return hist.snapshot(device)
+        return _augmented(hist.snapshot(device), augment_with_fx_traces)
 
-    def _dump_snapshot(filename="dump_snapshot.pickle"):
+    def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False):
         """Pickles _snapshot() to filename (patched by gpumem.torch)."""
-        hist.dump(filename)
+        import pickle
+        with open(filename, "wb") as f:
+            pickle.dump(_augmented(hist.snapshot(), augment_with_fx_traces), f)
 
     def memory_snapshot(mempool_id=None, *args, **kwargs):
         """gpumem's segments in PyTorch's format, or those of the pool

@@ -826,3 +826,46 @@ def test_profiler_sees_memory_like_pytorchs():
     results = under_both(PROFILE_MEMORY)
     assert results["torch"] == {"memory_events": True, "allocated": True}, results
     assert results["gpumem"] == results["torch"], results
+
+
+def test_snapshot_augmented_with_fx_traces(monkeypatch, tmp_path):
+    """_snapshot(augment_with_fx_traces=True) and _dump_snapshot(...,
+    augment_with_fx_traces=True) hand gpumem's snapshot to PyTorch's own
+    pass (torch.cuda.memory._augment_memory_snapshot_stack_traces), as
+    PyTorch's do, and without the flag do not; a PyTorch without that pass
+    is a TypeError, as its _snapshot would be. No torch needed: stand-ins."""
+    import pickle
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from gpumem import torch as gtorch
+    seen = []
+
+    def augment(snap):
+        seen.append(snap)
+        return dict(snap, augmented=True)
+
+    memory = _fake_module("torch.cuda.memory", _snapshot=None, _dump_snapshot=None, memory_snapshot=None,
+                          _record_memory_history=None, _set_memory_metadata=None, _get_memory_metadata=None,
+                          _augment_memory_snapshot_stack_traces=augment)
+    cuda = _fake_module("torch.cuda", memory=memory, device_count=lambda: 1)
+    fake = _fake_module("torch", cuda=cuda, _C=_fake_module("torch._C"))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    lib = _FakeLib()
+    monkeypatch.setitem(gtorch._state, "history", None)
+    gtorch._patch_history(fake, lib)
+    hist = gtorch._state["history"]
+    monkeypatch.setattr(hist, "snapshot", lambda device=None: {"segments": [], "device_traces": [[]]})
+    assert "augmented" not in memory._snapshot() and not seen
+    assert memory._snapshot(augment_with_fx_traces=True)["augmented"] and len(seen) == 1
+    path = tmp_path / "s.pickle"
+    memory._dump_snapshot(str(path), augment_with_fx_traces=True)
+    assert pickle.loads(path.read_bytes())["augmented"] and len(seen) == 2
+    memory._dump_snapshot(str(path))
+    assert "augmented" not in pickle.loads(path.read_bytes()) and len(seen) == 2
+    del memory._augment_memory_snapshot_stack_traces
+    try:
+        memory._snapshot(augment_with_fx_traces=True)
+    except TypeError as e:
+        assert str(e).startswith("gpumem:"), e
+    else:
+        raise AssertionError("augmented without PyTorch's pass")
