@@ -30,6 +30,10 @@ type SegmentSnapshot struct {
 	MappedBytes uint64          `json:"mapped_bytes"`    // plain: Size
 	Spans       []SpanSnapshot  `json:"spans,omitempty"` // virtual: physical memory mapped in it
 	Blocks      []BlockSnapshot `json:"blocks"`          // tile the segment, in address order
+	// PrivatePool names the private pool the segment belongs to (PyTorch's
+	// pool id: hi, lo) where a host lists its pools' segments beside the
+	// allocator's own (internal/host); absent for the allocator's own.
+	PrivatePool []uint64 `json:"private_pool,omitempty"`
 }
 
 // SpanSnapshot is one span: a piece of physical memory mapped whole.

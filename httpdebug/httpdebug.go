@@ -45,7 +45,7 @@ func Handler(list func() []metrics.Source) http.Handler {
 	mux.HandleFunc("GET /debug/gpumem/stats", func(w http.ResponseWriter, r *http.Request) {
 		out := map[string]any{}
 		for _, s := range list() {
-			d := map[string]any{"pool": s.Pool, "limit": s.Allocator.Limit(), "stats": s.Allocator.Stats()}
+			d := map[string]any{"pool": s.Pool, "limit": s.Allocator.Limit(), "stats": s.AllStats()}
 			if s.OutsideKnown {
 				d["outside"] = s.Outside
 			}
@@ -56,7 +56,7 @@ func Handler(list func() []metrics.Source) http.Handler {
 	mux.HandleFunc("GET /debug/gpumem/profile", func(w http.ResponseWriter, r *http.Request) {
 		var as []*gpumem.Allocator
 		for _, s := range list() {
-			as = append(as, s.Allocator)
+			as = append(append(as, s.Allocator), s.Private...)
 		}
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Disposition", `attachment; filename="gpumem.pprof"`)
@@ -69,7 +69,7 @@ func Handler(list func() []metrics.Source) http.Handler {
 		srcs := list()
 		for _, s := range srcs {
 			if want == "" || s.Device == want {
-				writeJSON(w, s.Allocator.Snapshot())
+				writeJSON(w, s.AllSnapshot())
 				return
 			}
 		}

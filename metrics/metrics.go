@@ -22,6 +22,13 @@ type Source struct {
 	Device    string
 	Pool      string
 	Allocator *gpumem.Allocator
+	// Private are the device's private pools (CUDA graphs, MemPools:
+	// gpumem.Allocator.NewPrivate), whose memory is the device's too.
+	// Stats and Snapshot, where set, answer for the allocator and its
+	// private pools together; nil: the allocator's own.
+	Private  []*gpumem.Allocator
+	Stats    func() gpumem.Stats
+	Snapshot func() gpumem.Snapshot
 	// Outside is what the process held on the device outside gpumem (its
 	// CUDA context, loaded modules, allocations made before gpumem) when
 	// it was measured: NVML's figure for the process minus Reserved then.
@@ -29,6 +36,22 @@ type Source struct {
 	// simulated device).
 	Outside      uint64
 	OutsideKnown bool
+}
+
+// AllStats is src's statistics: Stats where set, else the allocator's.
+func (src Source) AllStats() gpumem.Stats {
+	if src.Stats != nil {
+		return src.Stats()
+	}
+	return src.Allocator.Stats()
+}
+
+// AllSnapshot is src's snapshot: Snapshot where set, else the allocator's.
+func (src Source) AllSnapshot() gpumem.Snapshot {
+	if src.Snapshot != nil {
+		return src.Snapshot()
+	}
+	return src.Allocator.Snapshot()
 }
 
 // Collector is a prometheus.Collector over the allocators that its list
@@ -107,7 +130,7 @@ var outsideDesc = prometheus.NewDesc("gpumem_process_outside_bytes",
 // Collect reads every allocator's statistics once and sends them.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, src := range c.list() {
-		s := src.Allocator.Stats()
+		s := src.AllStats()
 		for _, m := range metricsList {
 			ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(s, src.Allocator), src.Device, src.Pool)
 		}

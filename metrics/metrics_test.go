@@ -133,3 +133,41 @@ func TestLint(t *testing.T) {
 		t.Errorf("%s: %s", p.Metric, p.Text)
 	}
 }
+
+// TestScrapeUsesSourceStats: a Source's Stats, where set (a host's
+// allocator with its private pools), is what the metrics report, not the
+// allocator's own figure.
+func TestScrapeUsesSourceStats(t *testing.T) {
+	a := newAllocator(t)
+	p, err := a.NewPrivate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := p.Alloc(8<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Free(buf); _ = p.Close() }()
+	both := func() gpumem.Stats {
+		st := a.Stats()
+		st.Reserved += p.Stats().Reserved
+		return st
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(func() []Source {
+		return []Source{{Device: "0", Pool: "gpumem", Allocator: a, Private: []*gpumem.Allocator{p}, Stats: both}}
+	}))
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "gpumem_reserved_bytes" {
+			if got, want := f.GetMetric()[0].GetGauge().GetValue(), float64(both().Reserved); got != want || got < 8<<20 {
+				t.Errorf("reserved_bytes = %v, want the allocator's and its pool's %v", got, want)
+			}
+			return
+		}
+	}
+	t.Fatal("no gpumem_reserved_bytes")
+}

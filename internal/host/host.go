@@ -467,9 +467,7 @@ func (h *Host) Stats(ordinal int) (gpumem.Stats, error) {
 		return gpumem.Stats{}, fmt.Errorf("%w: device %d: want 0 to %d", ErrInvalidDevice, ordinal, MaxDevices-1)
 	}
 	if d := h.existing(ordinal); d != nil {
-		st := d.Alloc.Stats()
-		d.poolStats(&st)
-		return st, nil
+		return d.stats(), nil
 	}
 	return gpumem.Stats{}, nil
 }
@@ -488,14 +486,49 @@ func (h *Host) ResetPeaks(ordinal int) {
 	}
 }
 
-// Snapshot returns device ordinal's allocator snapshot as JSON (an empty
-// allocator's if nothing was allocated on it yet).
+// Snapshot returns device ordinal's snapshot (an empty allocator's if
+// nothing was allocated on it yet): its allocator's segments, then each
+// private pool's, named by the pool (SegmentSnapshot.PrivatePool), with the
+// statistics of all of them together (Host.Stats).
 func (h *Host) Snapshot(ordinal int) (gpumem.Snapshot, error) {
 	d, err := h.Device(ordinal)
 	if err != nil {
 		return gpumem.Snapshot{}, err
 	}
-	return d.Alloc.Snapshot(), nil
+	return d.snapshot(), nil
+}
+
+// stats is the device's allocator's statistics with its private pools'.
+func (d *Device) stats() gpumem.Stats {
+	st := d.Alloc.Stats()
+	d.poolStats(&st)
+	return st
+}
+
+// snapshot is Host.Snapshot's answer for d.
+func (d *Device) snapshot() gpumem.Snapshot {
+	snap := d.Alloc.Snapshot()
+	d.pools.mu.Lock()
+	for id, p := range d.pools.byID {
+		for _, seg := range p.alloc.Snapshot().Segments {
+			seg.PrivatePool = []uint64{id.Hi, id.Lo}
+			snap.Segments = append(snap.Segments, seg)
+		}
+	}
+	d.pools.mu.Unlock()
+	snap.Stats = d.stats()
+	return snap
+}
+
+// privates lists the device's private pools' allocators.
+func (d *Device) privates() []*gpumem.Allocator {
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	out := make([]*gpumem.Allocator, 0, len(d.pools.byID))
+	for _, p := range d.pools.byID {
+		out = append(out, p.alloc)
+	}
+	return out
 }
 
 // MemInfo reports device ordinal's memory as a program running on gpumem

@@ -67,7 +67,7 @@ func (d *Device) measureOutside() {
 	if !ok {
 		return
 	}
-	res := d.Alloc.Stats().Reserved
+	res := d.stats().Reserved // the private pools' memory is gpumem's too
 	d.outside.bytes.Store(used - min(used, res))
 	d.outside.known.Store(true)
 }

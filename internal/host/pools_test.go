@@ -807,3 +807,59 @@ func TestDropPool(t *testing.T) {
 		t.Errorf("dropping a pool already closed: %v, want none (as ReleasePool)", err)
 	}
 }
+
+// TestSnapshotAndSourcesHoldPools: a private pool's memory is in the
+// device's snapshot (its segments, named by the pool) and in the numbers
+// the HTTP handler, the metrics and `gpumem top` read (Sources), not only
+// in Host.Stats: gpumem tells every byte it holds.
+func TestSnapshotAndSourcesHoldPools(t *testing.T) {
+	h := newSimHost(t, "")
+	id := PoolID{0, 7}
+	own := mustAlloc(t, h, 4*miB, 0, 0)
+	if err := h.BeginPool(0, id, RouteAll, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	pooled := mustAlloc(t, h, 30*miB, 0, 0)
+	if err := h.EndPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := h.Snapshot(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inPool, own2 bool
+	var segBytes uint64
+	for _, seg := range snap.Segments {
+		segBytes += seg.MappedBytes
+		for _, b := range seg.Blocks {
+			if b.Address == pooled && slices.Equal(seg.PrivatePool, []uint64{0, 7}) {
+				inPool = true
+			}
+			if b.Address == own && seg.PrivatePool == nil {
+				own2 = true
+			}
+		}
+	}
+	st, _ := h.Stats(0)
+	if !inPool || !own2 {
+		t.Errorf("snapshot: the pool's buffer in a segment named (0, 7): %v; the device's own in an unnamed one: %v", inPool, own2)
+	}
+	if snap.Stats.Reserved != st.Reserved || snap.Stats.LiveBuffers != 2 {
+		t.Errorf("snapshot's stats: %d reserved, %d buffers; want Host.Stats' %d and 2", snap.Stats.Reserved, snap.Stats.LiveBuffers, st.Reserved)
+	}
+	if segBytes > st.Reserved {
+		t.Errorf("the snapshot's segments map %d bytes, more than the %d reserved", segBytes, st.Reserved)
+	}
+	srcs := h.Sources()
+	if len(srcs) != 1 || srcs[0].AllStats().Reserved != st.Reserved || len(srcs[0].Private) != 1 {
+		t.Errorf("Sources: %d, reserved %d, %d private; want 1, %d, 1", len(srcs), srcs[0].AllStats().Reserved, len(srcs[0].Private), st.Reserved)
+	}
+	if got := srcs[0].AllSnapshot(); len(got.Segments) != len(snap.Segments) {
+		t.Errorf("Sources' snapshot has %d segments, Host.Snapshot %d", len(got.Segments), len(snap.Segments))
+	}
+	mustFree(t, h, pooled)
+	mustFree(t, h, own)
+	if err := h.ReleasePool(0, id); err != nil {
+		t.Fatal(err)
+	}
+}

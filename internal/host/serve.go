@@ -16,7 +16,10 @@ import (
 func (h *Host) Sources() []metrics.Source {
 	var out []metrics.Source
 	for _, d := range h.Devices() {
-		src := metrics.Source{Device: strconv.Itoa(d.Ordinal), Pool: "gpumem", Allocator: d.Alloc}
+		// The device's figures hold its private pools' (CUDA graphs,
+		// MemPools), as Host.Stats and Host.Snapshot do.
+		src := metrics.Source{Device: strconv.Itoa(d.Ordinal), Pool: "gpumem", Allocator: d.Alloc,
+			Private: d.privates(), Stats: d.stats, Snapshot: d.snapshot}
 		src.Outside, src.OutsideKnown = d.Outside()
 		out = append(out, src)
 	}
