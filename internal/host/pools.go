@@ -279,7 +279,18 @@ func (h *Host) EndPool(ordinal int, id PoolID) error {
 // used it is gone). With no use left, the pool's memory goes back to the
 // driver once its last buffer is freed. An unknown pool is not an error:
 // PyTorch releases the pools of graphs that allocated nothing.
-func (h *Host) ReleasePool(ordinal int, id PoolID) error {
+func (h *Host) ReleasePool(ordinal int, id PoolID) error { return h.releasePool(ordinal, id, false) }
+
+// DropPool is ReleasePool for a MemPool object that is gone (PyTorch's
+// ~MemPool empties the pool's cache): with no use, route or live buffer
+// left, the pool's memory goes back at once, after a synchronize of the
+// device, rather than at the next Trim. While a capture is underway, or
+// while a buffer of the pool lives, it goes back later, as ReleasePool's.
+func (h *Host) DropPool(ordinal int, id PoolID) error { return h.releasePool(ordinal, id, true) }
+
+// releasePool gives up one use of pool id; with drop, it closes the pool
+// at once if that leaves it freeable (DropPool).
+func (h *Host) releasePool(ordinal int, id PoolID, drop bool) error {
 	d := h.existing(ordinal)
 	if d == nil {
 		return nil
@@ -295,27 +306,7 @@ func (h *Host) ReleasePool(ordinal int, id PoolID) error {
 		return fmt.Errorf("%w %v: ReleasePool of a pool with no use left on device %d", ErrPool, id, ordinal)
 	}
 	p.uses--
-	return nil
-}
-
-// DropPool is ReleasePool for a MemPool object that is gone (PyTorch's
-// ~MemPool empties the pool's cache): with no use, route or live buffer
-// left, the pool's memory goes back at once, after a synchronize of the
-// device, rather than at the next Trim. While a capture is underway, or
-// while a buffer of the pool lives, it goes back later, as ReleasePool's.
-func (h *Host) DropPool(ordinal int, id PoolID) error {
-	if err := h.ReleasePool(ordinal, id); err != nil {
-		return err
-	}
-	d := h.existing(ordinal)
-	if d == nil {
-		return nil
-	}
-	ps := &d.pools
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	p := ps.byID[id]
-	if p == nil || !d.freeable(p) || d.Alloc.Capturing() {
+	if !drop || !d.freeable(p) || d.Alloc.Capturing() {
 		return nil
 	}
 	if err := d.dev.Synchronize(); err != nil {

@@ -452,22 +452,19 @@ def test_pool_options():
                 lib.pool_release(0, pool)  # the use pool_begin counted
         a, b = in_pool(keep, 40 * MiB), in_pool(use, 40 * MiB)
         assert a in given and b in given and given[a] == given[b] == 40 * MiB, (given, a, b)
-        try:
-            lib.allocate(40 * MiB, 0, 0)
-        except gpumem.GpumemError as e:
-            assert e.status == _lib.ERROR_OUT_OF_MEMORY, e
-        else:
-            raise AssertionError("40 MiB more with 80 of a 96 MiB limit held")
+        def out_of_memory(size, why):
+            try:
+                lib.allocate(size, 0, 0)
+            except gpumem.GpumemError as e:
+                assert e.status == _lib.ERROR_OUT_OF_MEMORY, e
+            else:
+                raise AssertionError(why)
+        out_of_memory(40 * MiB, "40 MiB more with 80 of a 96 MiB limit held")
         lib.deallocate(a, 0)
         lib.deallocate(b, 0)
         c = lib.allocate(30 * MiB, 0, 0)  # from the use_on_oom pool
         assert c == b, (hex(c), hex(b))
-        try:
-            lib.allocate(30 * MiB, 0, 0)
-        except gpumem.GpumemError as e:
-            assert e.status == _lib.ERROR_OUT_OF_MEMORY, e
-        else:
-            raise AssertionError("the pool without use_on_oom served the device's own")
+        out_of_memory(30 * MiB, "the pool without use_on_oom served the device's own")
         lib.deallocate(c, 0)
         assert len(given) == 2, given
         x, y = in_pool(whole, 4 * MiB), in_pool(whole, 4 * MiB)
