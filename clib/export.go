@@ -121,6 +121,12 @@ func gpumemGo_free(ptr C.uintptr_t, device C.int) C.gpumem_status {
 	return 0
 }
 
+//export gpumemGo_set_caching
+func gpumemGo_set_caching(on C.int) C.gpumem_status {
+	theHost().SetCaching(on != 0)
+	return 0
+}
+
 //export gpumemGo_free_site
 func gpumemGo_free_site(ptr C.uintptr_t, device C.int, site C.uint32_t) C.gpumem_status {
 	if err := theHost().FreeSite(int(device), uint64(ptr), uint32(site)); err != nil {

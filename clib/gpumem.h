@@ -364,6 +364,14 @@ gpumem_status gpumem_record_site(int device, uint32_t id, const char *text);
  * gpumem_record_site, or 0. NULL removes it. */
 gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device));
 
+/* The cache on (on != 0, the default) or off, on every device (PyTorch's
+ * caching_allocator_enable, PYTORCH_NO_CUDA_MEMORY_CACHING=1): while off,
+ * an allocation that no private pool takes is a driver allocation of its
+ * own and its free gives it straight back; such buffers count in none of
+ * gpumem's statistics and the limit does not apply to them. For tools that
+ * check each access against its allocation (compute-sanitizer). */
+gpumem_status gpumem_set_caching(int on);
+
 /* Memory history in PyTorch's snapshot format (torch.cuda.memory.
  * _record_memory_history and _snapshot under gpumem). gpumem_history turns
  * device's history on (enabled != 0), keeping the latest max_entries

@@ -44,6 +44,8 @@ type Host struct {
 	served     string // the address served over HTTP, "" if none (serve.go)
 	serveTried bool
 
+	uncached atomic.Bool // the cache is off (SetCaching)
+
 	devs [MaxDevices]atomic.Pointer[Device]
 }
 
@@ -222,6 +224,9 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 			a = pool.alloc
 		}
 	}
+	if pool == nil && h.uncached.Load() {
+		return d.allocDirect(size, stream, site)
+	}
 	buf, err := a.Alloc(size, device.Stream(stream))
 	if errors.Is(err, gpumem.ErrOutOfMemory) {
 		// Freeable graph pools go back before an out-of-memory, as
@@ -253,6 +258,45 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 		return 0, err
 	}
 	return d.enter(buf, pool, stream, site)
+}
+
+// SetCaching turns the cache on or off on every device (PyTorch's
+// caching_allocator_enable, PYTORCH_NO_CUDA_MEMORY_CACHING=1): while it is
+// off, an allocation that no private pool takes is a driver allocation of
+// its own (cuMemAlloc) and its free gives it straight back (cuMemFree),
+// whatever the mode is by then; one made while it was on goes back to the
+// cache. Uncached buffers count in none of the allocator's statistics,
+// as under PyTorch's allocator, and the limit does not apply to them; the
+// driver's own numbers (MemInfo, NVML) show them. For tools that check
+// every access against its allocation (compute-sanitizer), where a cache
+// would hide a read past a buffer's end.
+func (h *Host) SetCaching(on bool) { h.uncached.Store(!on) }
+
+// Caching reports whether the cache is on (SetCaching).
+func (h *Host) Caching() bool { return !h.uncached.Load() }
+
+// allocDirect serves an allocation with the cache off (SetCaching).
+func (d *Device) allocDirect(size, stream uint64, site uint32) (uint64, error) {
+	p, err := d.dev.Alloc(size)
+	if err != nil {
+		if errors.Is(err, device.ErrOutOfMemory) {
+			err = fmt.Errorf("%w: the cache is off (caching_allocator_enable(False)), and the driver refused %d bytes on device %d: %v",
+				gpumem.ErrOutOfMemory, size, d.Ordinal, err)
+		}
+		if hs := d.hist.Load(); hs != nil && errors.Is(err, gpumem.ErrOutOfMemory) {
+			hs.add("oom", 0, size, stream, site)
+		}
+		return 0, err
+	}
+	e := entry{direct: &directBuffer{ptr: p, size: size}, site: site, stream: stream}
+	if hs := d.hist.Load(); hs != nil {
+		hs.add("alloc", uint64(p), size, stream, site)
+	}
+	if !d.tab.put(uint64(p), e) {
+		_ = d.dev.Free(p)
+		return 0, fmt.Errorf("gpumem: internal error: the driver gave address %#x, still live in gpumem's table, on device %d", uint64(p), d.Ordinal)
+	}
+	return uint64(p), nil
 }
 
 // enter puts a buffer just allocated (of pool, or the device's allocator
@@ -312,8 +356,14 @@ func (d *Device) free(e entry, freeSite uint32) error {
 	}
 	if hs := d.hist.Load(); hs != nil {
 		p, n := uint64(e.buf.Ptr()), e.buf.Size()
+		if e.direct != nil {
+			p, n = uint64(e.direct.ptr), e.direct.size
+		}
 		hs.addFree("free_requested", p, n, e.stream, e.site, freeSite)
 		hs.addFree("free_completed", p, n, e.stream, e.site, freeSite)
+	}
+	if e.direct != nil {
+		return d.dev.Free(e.direct.ptr) // the driver waits for the work using it
 	}
 	if e.pool != nil {
 		err := e.pool.alloc.Free(e.buf)
@@ -342,9 +392,11 @@ func (h *Host) FreeOn(ordinal int, ptr, stream uint64) error {
 	if err != nil {
 		return err
 	}
-	if err := d.allocatorOf(e).RecordStream(e.buf, device.Stream(stream)); err != nil {
-		d.tab.put(ptr, e) // nothing changed: the buffer stays live
-		return err
+	if e.direct == nil {
+		if err := d.allocatorOf(e).RecordStream(e.buf, device.Stream(stream)); err != nil {
+			d.tab.put(ptr, e) // nothing changed: the buffer stays live
+			return err
+		}
 	}
 	return d.free(e, 0)
 }
@@ -388,6 +440,9 @@ func (h *Host) RecordStream(ordinal int, ptr, stream uint64) error {
 			continue
 		}
 		if e, ok := d.tab.get(ptr); ok {
+			if e.direct != nil {
+				return nil // its free goes to the driver, which waits for every stream
+			}
 			return d.allocatorOf(e).RecordStream(e.buf, device.Stream(stream))
 		}
 	}

@@ -3,6 +3,7 @@ package host
 import (
 	"errors"
 	"fmt"
+	"github.com/gpumem/gpumem/device/sim"
 	"io"
 	"net/http"
 	"slices"
@@ -602,4 +603,59 @@ func TestFreeSite(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("history:\n%v\nwant\n%v", got, want)
 	}
+}
+
+// TestUncached: with the cache off (SetCaching(false)) an allocation is
+// the driver's own (the simulated device's allocation count moves), counts
+// in none of the allocator's statistics, ignores the limit, and its free
+// goes straight back to the driver, even once the cache is on again; a
+// buffer made while the cache was on goes back to the cache; a private
+// pool's route still wins.
+func TestUncached(t *testing.T) {
+	h := newSimHost(t, "limit=8MiB")
+	d, err := h.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := d.dev.(*sim.Device)
+	cached := mustAlloc(t, h, miB, 0, 0)
+	h.SetCaching(false)
+	if h.Caching() {
+		t.Fatal("Caching after SetCaching(false)")
+	}
+	before := sd.Stats()
+	direct := mustAlloc(t, h, 16*miB, 0, 0) // twice the limit: the driver's, not gpumem's
+	if got := sd.Stats().Allocs - before.Allocs; got != 1 {
+		t.Errorf("an uncached allocation made %d driver allocations, want 1", got)
+	}
+	st, _ := h.Stats(0)
+	if st.Allocated != miB || st.LiveBuffers != 1 {
+		t.Errorf("stats with an uncached buffer live: allocated %d, buffers %d; want the cached 1 MiB and 1", st.Allocated, st.LiveBuffers)
+	}
+	mustFree(t, h, cached) // made cached: back to the cache
+	if st, _ := h.Stats(0); st.Cached == 0 {
+		t.Errorf("a buffer made with the cache on, freed with it off, did not go back to the cache")
+	}
+	h.SetCaching(true)
+	mustFree(t, h, direct)
+	if got := sd.Stats().Frees - before.Frees; got != 1 {
+		t.Errorf("the uncached buffer's free made %d driver frees, want 1", got)
+	}
+	if err := h.Free(0, direct); !errors.Is(err, gpumem.ErrForeign) {
+		t.Errorf("a second free of the uncached buffer: %v, want ErrForeign", err)
+	}
+	h.SetCaching(false)
+	id := PoolID{0, 3}
+	if err := h.BeginPool(0, id, RouteAll, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	pooled := mustAlloc(t, h, miB, 0, 0)
+	if live := h.PoolLive(0, id); !slices.Equal(live, []uint64{pooled}) {
+		t.Errorf("with the cache off, a pool's route still takes its allocations: pool holds %#x, want [%#x]", live, pooled)
+	}
+	mustFree(t, h, pooled)
+	if err := h.EndPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	h.SetCaching(true)
 }

@@ -2,6 +2,7 @@ package host
 
 import (
 	"cmp"
+	"github.com/gpumem/gpumem/device"
 	"slices"
 	"sync"
 
@@ -51,6 +52,15 @@ type entry struct {
 	// recGen, plus one; 0 when it was not recorded.
 	rec    uint64
 	recGen uint32
+	// direct is a buffer the driver gave while the cache was off
+	// (SetCaching): buf is zero then, and the free goes to the driver.
+	direct *directBuffer
+}
+
+// directBuffer is an uncached buffer: a driver allocation of its own.
+type directBuffer struct {
+	ptr  device.Ptr
+	size uint64
 }
 
 // hash mixes an address (512-aligned, so its low bits are zero) into 64

@@ -164,6 +164,7 @@ _OPTIONAL = {  # functions of later versions, bound when present
     "gpumem_pool_create": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p]),
     "gpumem_pool_drop": (_status, [ctypes.c_int, _u64, _u64]),
     "gpumem_set_free_sites": (_status, [ctypes.c_int]),
+    "gpumem_set_caching": (_status, [ctypes.c_int]),
     "gpumem_pool_live": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64), ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.c_size_t)]),
     "gpumem_pool_checkpoint": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_size_t,
@@ -320,6 +321,10 @@ class Library:
 
     def set_site_callback(self, callback):
         self.check(self._c.gpumem_set_site_callback(callback))
+
+    def set_caching(self, on):
+        """The cache on or off, every device (gpumem_set_caching)."""
+        self.check(self._optional("gpumem_set_caching", "caching_allocator_enable")(1 if on else 0))
 
     def set_free_sites(self, on):
         """Whether frees too ask the site callback for their call site

@@ -248,7 +248,7 @@ def _patch(torch, lib):
     _patch_graphs(torch, lib)
     _patch_history(torch, lib)
     _patch_oom_observers(torch, lib)
-    _patch_allocator_settings(torch)
+    _patch_allocator_settings(torch, lib)
 
 
 # Settings of PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF,
@@ -277,7 +277,7 @@ def _settings_ignored(conf, where):
     return keys
 
 
-def _patch_allocator_settings(torch):
+def _patch_allocator_settings(torch, lib):
     """Says so, once per setting, when PyTorch's allocator settings are given
     under gpumem: in PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF at use(),
     or through torch.cuda.memory._set_allocator_settings (which still passes
@@ -286,18 +286,18 @@ def _patch_allocator_settings(torch):
         if os.environ.get(var):
             _settings_ignored(os.environ[var], var)
     mem = torch.cuda.memory
+    # PyTorch's uncached mode, for tools that check each access against its
+    # allocation (compute-sanitizer): gpumem's too (gpumem_set_caching).
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+        lib.set_caching(False)
     enable = getattr(mem, "caching_allocator_enable", None)
     if enable is not None:
         def caching_allocator_enable(value=True):
-            """PyTorch's switch for its CUDA allocator's cache; gpumem keeps
-            its own and says so once when asked to turn it off (patched by
-            gpumem.torch)."""
-            if not value and "caching_allocator_enable" not in _said_settings:
-                _said_settings.add("caching_allocator_enable")
-                warnings.warn("gpumem: torch.cuda.caching_allocator_enable(False) has no effect under "
-                              "gpumem.torch.use(): gpumem keeps its cache and counts every byte it serves; "
-                              "torch.cuda.empty_cache() gives the cache back, GPUMEM_CONFIG=release_after=... "
-                              "gives idle memory back by itself", RuntimeWarning, stacklevel=2)
+            """PyTorch's switch for its CUDA allocator's cache: gpumem's
+            cache too. While off, each allocation outside a graph's or
+            MemPool's pool is the driver's own and its free goes straight
+            back (patched by gpumem.torch)."""
+            lib.set_caching(bool(value))
             return enable(value)
 
         _put((mem, torch.cuda), "caching_allocator_enable", caching_allocator_enable)

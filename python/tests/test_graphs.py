@@ -720,8 +720,9 @@ def test_allocator_settings_said_to_have_no_effect():
     """PyTorch's CUDA allocator settings under gpumem: a warning once per
     setting that tunes the allocator gpumem replaces, from the environment
     at use() and from _set_allocator_settings (still passed on); none for
-    PyTorch's host allocator's settings; and once for
-    caching_allocator_enable(False), whose cache gpumem keeps."""
+    PyTorch's host allocator's settings. caching_allocator_enable turns
+    gpumem's cache off and on too (passed on to PyTorch as well), with no
+    warning; so does PYTORCH_NO_CUDA_MEMORY_CACHING=1 at use()."""
     p = run("""
         import os, types, warnings
         import gpumem.torch as gt
@@ -733,9 +734,12 @@ def test_allocator_settings_said_to_have_no_effect():
         cuda = types.ModuleType("faketorch.cuda")
         cuda.memory, cuda.caching_allocator_enable = memory, memory.caching_allocator_enable
         torch = types.SimpleNamespace(cuda=cuda)
+        caching = []
+        lib = types.SimpleNamespace(set_caching=caching.append)
+        os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            gt._patch_allocator_settings(torch)
+            gt._patch_allocator_settings(torch, lib)
             memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
             memory._set_allocator_settings("graph_capture_record_stream_reuse:False")
             memory._set_allocator_settings("pinned_num_register_threads:8")
@@ -745,11 +749,12 @@ def test_allocator_settings_said_to_have_no_effect():
         for x in w:
             print(str(x.message))
         print("passed", passed)
+        print("caching", caching)
     """)
     lines = p.stdout.splitlines()
     assert len(lines) == 4, lines
-    assert lines[2].startswith("gpumem: torch.cuda.caching_allocator_enable(False) has no effect"), lines
-    lines = lines[:2] + [lines[3].replace(", True, False, False]", "]")]
+    assert lines[3] == "caching [False, True, False, False]", lines  # the environment's, then each call
+    lines = lines[:2] + [lines[2].replace(", True, False, False]", "]")]
     assert lines[0].startswith("gpumem: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments for PyTorch's own CUDA allocator"), lines
     assert "no effect under gpumem.torch.use()" in lines[0] and "pinned" not in lines[0]
     assert lines[1].startswith("gpumem: torch.cuda.memory._set_allocator_settings sets graph_capture_record_stream_reuse"), lines

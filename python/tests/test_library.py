@@ -483,3 +483,30 @@ def test_pool_options():
         assert gpumem.stats(0)["reserved"] == 0, gpumem.stats(0)
         print("ok")
     """, config=SIM + ",limit=96MiB")
+
+
+@needs_library
+def test_cache_off():
+    """gpumem_set_caching(0) (PyTorch's caching_allocator_enable(False)):
+    each allocation is the driver's own, outside gpumem's statistics and
+    its limit, and its free goes straight back; on again, gpumem serves."""
+    run("""
+        import gpumem
+        lib = gpumem.library()
+        lib.set_caching(False)
+        p = lib.allocate(64 << 20, 0, 0)  # eight times the limit
+        s = gpumem.stats(0)
+        assert s["allocated"] == 0 and s["live_buffers"] == 0 and s["reserved"] == 0, s
+        lib.deallocate(p, 0)
+        lib.set_caching(True)
+        try:
+            lib.allocate(64 << 20, 0, 0)
+        except gpumem.GpumemError:
+            pass
+        else:
+            raise AssertionError("the limit did not hold with the cache on")
+        q = lib.allocate(1 << 20, 0, 0)
+        assert gpumem.stats(0)["allocated"] == 1 << 20
+        lib.deallocate(q, 0)
+        print("ok")
+    """, config=SIM + ",limit=8MiB")
