@@ -611,6 +611,19 @@ func (a *Allocator) Trim() error {
 	if a.keep {
 		return nil // a private pool's memory stays until Close (capture.go)
 	}
+	return a.trimAll()
+}
+
+// ReleaseUnused gives back the memory of private pool a that no buffer
+// uses: the Trim a private pool refuses, for a pool whose users are all
+// gone while some of its buffers still live (PyTorch's allocator frees a
+// released graph pool's free segments at empty_cache while a graph's
+// output lives on). Only its caller knows that no graph will write that
+// memory any more, and it must have waited for the device to finish the
+// pool's work. On an allocator that is not a private pool it is Trim.
+func (a *Allocator) ReleaseUnused() error { return a.trimAll() }
+
+func (a *Allocator) trimAll() error {
 	if a.capturing() {
 		return fmt.Errorf("gpumem: Trim: %w: nothing was given back", errCapturing)
 	}

@@ -45,9 +45,11 @@ import (
 // (internal/host/checkpoint.go).
 //
 // Invariant: a private pool never gives memory back before Close (keep;
-// Trim, releaseTo and reclaim return early), and the bytes every member of
-// a family holds add up to *family, at most the root's limit (or the
-// overhang SetLimit left).
+// Trim, releaseTo and reclaim return early) unless its caller says that no
+// graph will write its unused memory any more (ReleaseUnused: PyTorch's
+// empty_cache after the pool's graphs are gone), and the bytes every
+// member of a family holds add up to *family, at most the root's limit (or
+// the overhang SetLimit left).
 
 // errCapturing is what the operations a capture forbids return while one
 // is underway.

@@ -439,3 +439,44 @@ func TestPrivateNoSplit(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseUnused: a private pool keeps its free memory through Trim,
+// and ReleaseUnused gives back the segments no buffer uses while the live
+// buffer's stays where it is.
+func TestReleaseUnused(t *testing.T) {
+	dev := newSim(1 << 30)
+	a := newAlloc(t, dev, gpumem.Config{CheckInvariants: true})
+	s, _ := dev.NewStream()
+	p, err := a.NewPrivate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.Alloc(12*miB, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scratch, err := p.Alloc(40*miB, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Free(scratch); err != nil {
+		t.Fatal(err)
+	}
+	held := p.Stats().Reserved
+	if err := p.Trim(); err != nil || p.Stats().Reserved != held {
+		t.Fatalf("Trim of a private pool: %v, %d -> %d bytes; want nothing given back", err, held, p.Stats().Reserved)
+	}
+	if err := p.ReleaseUnused(); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Stats().Reserved; got != 12*miB {
+		t.Errorf("after ReleaseUnused the pool holds %d bytes, want the live buffer's 12 MiB segment", got)
+	}
+	mustCheck(t, p, "ReleaseUnused")
+	if err := p.Free(out); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -331,15 +331,18 @@ func (d *Device) closeLocked(p *privatePool) error {
 // freeable reports whether p has no use, no route and no live buffer.
 // Called with d.pools.mu held.
 func (d *Device) freeable(p *privatePool) bool {
-	if p.uses > 0 || p.live.Load() > 0 {
-		return false
-	}
+	return p.uses == 0 && p.live.Load() == 0 && !d.routed(p)
+}
+
+// routed reports whether a route sends allocations to p. Called with
+// d.pools.mu held.
+func (d *Device) routed(p *privatePool) bool {
 	for _, r := range d.pools.routes {
 		if r.pool == p {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // closeFreeable closes the freeable pools, giving their memory back, after
@@ -347,17 +350,25 @@ func (d *Device) freeable(p *privatePool) bool {
 // run; PyTorch synchronizes before it frees them too), and reports whether
 // it closed any. While a capture is underway it closes none: a synchronize
 // would break the capture.
+//
+// A pool with no use and no route whose buffers still live (a graph gone,
+// its output kept) gives back the memory none of them uses, as PyTorch's
+// empty_cache frees such a pool's free segments: no replay can write it
+// any more.
 func (d *Device) closeFreeable() (bool, error) {
 	ps := &d.pools
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	var done []*privatePool
+	var done, unused []*privatePool
 	for _, p := range ps.byID {
-		if d.freeable(p) {
+		switch {
+		case d.freeable(p):
 			done = append(done, p)
+		case p.uses == 0 && !d.routed(p) && p.alloc.Stats().Cached > 0:
+			unused = append(unused, p)
 		}
 	}
-	if len(done) == 0 || d.Alloc.Capturing() {
+	if len(done)+len(unused) == 0 || d.Alloc.Capturing() {
 		return false, nil
 	}
 	if err := d.dev.Synchronize(); err != nil {
@@ -367,7 +378,15 @@ func (d *Device) closeFreeable() (bool, error) {
 	for _, p := range done {
 		errs = append(errs, d.closeLocked(p))
 	}
-	return true, errors.Join(errs...)
+	gave := len(done) > 0
+	for _, p := range unused {
+		before := p.alloc.Stats().Reserved
+		if err := p.alloc.ReleaseUnused(); err != nil {
+			errs = append(errs, fmt.Errorf("gpumem: private pool %v: %w", p.id, err))
+		}
+		gave = gave || p.alloc.Stats().Reserved < before
+	}
+	return gave, errors.Join(errs...)
 }
 
 // PoolLive lists the addresses of pool id's live buffers on device

@@ -863,3 +863,47 @@ func TestSnapshotAndSourcesHoldPools(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReleasedPoolGivesUnusedBack: a graph's pool released while one of
+// its buffers (the graph's output) lives gives back, at the next Trim, the
+// segments no buffer uses, as PyTorch's empty_cache does, and keeps the
+// live buffer's; before its release the Trim gives back nothing of it.
+func TestReleasedPoolGivesUnusedBack(t *testing.T) {
+	h := newSimHost(t, "")
+	id := PoolID{0, 11}
+	if err := h.BeginPool(0, id, RouteAll, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	out := mustAlloc(t, h, 12*miB, 0, 0)     // a segment of its own
+	scratch := mustAlloc(t, h, 40*miB, 0, 0) // another
+	if err := h.EndPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	mustFree(t, h, scratch)
+	held := h.PoolReserved(0)
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.PoolReserved(0); got != held {
+		t.Errorf("a pool still in use gave back memory at Trim: %d -> %d", held, got)
+	}
+	if err := h.ReleasePool(0, id); err != nil { // the graph is gone; out lives
+		t.Fatal(err)
+	}
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.PoolReserved(0); got >= held || got < 12*miB {
+		t.Errorf("a released pool with a live output holds %d bytes after Trim, want its output's segment of the %d", got, held)
+	}
+	if live := h.PoolLive(0, id); !slices.Equal(live, []uint64{out}) {
+		t.Errorf("the pool's live buffers after the Trim: %#x, want [%#x]", live, out)
+	}
+	mustFree(t, h, out)
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.PoolReserved(0); got != 0 {
+		t.Errorf("once the output is freed, the pool holds %d bytes after Trim", got)
+	}
+}
