@@ -206,6 +206,10 @@
 // segments kept at their addresses until the pool is closed, counted
 // against the same limit, serving no other allocation. internal/host
 // routes a program's allocations to pools as PyTorch's graph pools do.
+// PyTorch's MemPool options are a private pool's too (NewPrivateWith): its
+// segments made by another allocator (PrivateConfig.Segments) and never
+// split (PrivateConfig.NoSplit); its memory given back once no graph can
+// write it (ReleaseUnused).
 //
 // # Invariants
 //

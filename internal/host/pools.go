@@ -40,7 +40,14 @@ import (
 // its freeable graph pools. Not sooner: a graph captured later may still
 // use a buffer of the pool that was freed during its capture (PyTorch's
 // own test_graph_capture_reset_recapture does), and a replay may still
-// run.
+// run. Then too a pool with no use whose buffers still live (a graph's
+// output kept) gives back the memory none of them uses. DropPool (a
+// MemPool object collected) closes a freeable pool at once.
+//
+// A MemPool's options (RetainPoolWith, PoolOptions): an allocator of its
+// own making the pool's segments (a CUDAPluggableAllocator's functions),
+// no_split, and use_on_oom: an allocation of the device's own that would
+// run out of memory is served from such a pool instead (AllocThread).
 //
 // Invariants, under pools.mu: n == len(routes); every route's pool is in
 // byID; a pool with uses == 0 and live == 0 is not in byID (closed).
