@@ -89,8 +89,12 @@ type PoolOptions struct {
 	// NoSplit: one segment a buffer (gpumem.PrivateConfig.NoSplit).
 	NoSplit bool
 	// UseOnOOM: an allocation of the device's own that would otherwise
-	// fail with out-of-memory is served from this pool's memory, and its
-	// buffer belongs to the pool from then on (PyTorch's use_on_oom).
+	// fail with out-of-memory is served by this pool, and its buffer
+	// belongs to the pool from then on (PyTorch's use_on_oom): from the
+	// pool's free memory, or from new memory of the pool's where the
+	// limit and the pool's allocator still give it (PyTorch's takes only
+	// free blocks; the two differ only where the pool's allocator has room
+	// the device's has not).
 	UseOnOOM bool
 }
 
