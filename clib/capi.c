@@ -180,6 +180,14 @@ EXPORT gpumem_status gpumem_pool_retain(int device, uint64_t hi, uint64_t lo) {
 
 EXPORT gpumem_status gpumem_pool_create(int device, uint64_t hi, uint64_t lo, const gpumem_pool_options *opts) {
 	if (!opts || !opts->alloc != !opts->free) return GPUMEM_ERROR_INVALID_VALUE;
+	if (opts->alloc == gpumem_alloc || opts->free == gpumem_free) {
+		/* gpumem's own functions as the pool's allocator: the pool's
+		 * growth would come back into the pool (a deadlock); such a pool
+		 * is a plain gpumem pool. */
+		static const char msg[] = "gpumem_pool_create: the pool's allocator is gpumem's own gpumem_alloc/gpumem_free; make the pool without one";
+		gpumem_set_error(GPUMEM_ERROR_INVALID_VALUE, msg, sizeof msg - 1, NULL);
+		return GPUMEM_ERROR_INVALID_VALUE;
+	}
 	return gpumemGo_pool_create(device, hi, lo, (uintptr_t)opts->alloc, (uintptr_t)opts->free, opts->no_split != 0,
 	                            opts->use_on_oom != 0);
 }

@@ -611,6 +611,8 @@ def _patch_mempool(torch, lib):
                     raise RuntimeError("gpumem: torch.cuda.MemPool(allocator): gpumem does not know this allocator's "
                                        "functions; make it with torch.cuda.memory.CUDAPluggableAllocator after "
                                        "gpumem.torch.use()")
+                if fns[1] == _own_function(lib, "gpumem_alloc"):
+                    fns = None  # gpumem's own functions: a pool of gpumem's
             self._device = torch.cuda.current_device()
             self._id = _pool_id(torch.cuda.graph_pool_handle())  # unique among PyTorch's pool ids
             if fns is None and not use_on_oom and not no_split:
@@ -643,6 +645,13 @@ def _patch_mempool(torch, lib):
             return [seg for seg in segs if tuple(seg["segment_pool_id"]) == self._id]
 
     _put((torch.cuda, getattr(torch.cuda, "memory", None)), "MemPool", MemPool)
+
+
+def _own_function(lib, name):
+    """The address of the library's own C function name (0 if unknown)."""
+    import ctypes
+    fn = getattr(getattr(lib, "c", None), name, None)
+    return ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else 0
 
 
 # The functions of each CUDAPluggableAllocator made since use(): id of its

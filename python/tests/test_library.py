@@ -510,3 +510,24 @@ def test_cache_off():
         lib.deallocate(q, 0)
         print("ok")
     """, config=SIM + ",limit=8MiB")
+
+
+@needs_library
+def test_pool_create_refuses_gpumems_own_functions():
+    """A pool whose allocator would be gpumem's own gpumem_alloc and
+    gpumem_free is refused with one line: its growth would come back into
+    the pool."""
+    run("""
+        import ctypes
+        import gpumem
+        from gpumem import _lib
+        lib = gpumem.library()
+        own = lambda name: ctypes.cast(getattr(lib.c, name), ctypes.c_void_p).value
+        try:
+            lib.pool_create(0, (0, 9), alloc=own("gpumem_alloc"), free=own("gpumem_free"))
+        except gpumem.GpumemError as e:
+            assert e.status == _lib.ERROR_INVALID_VALUE and "gpumem's own" in str(e) and "\\n" not in str(e), str(e)
+        else:
+            raise AssertionError("accepted")
+        print("ok")
+    """, config=SIM)
