@@ -209,18 +209,27 @@ run() {
 			;;
 		record)
 			# Issue 30's replay-versus-run check: each bench/train program
-			# (PROGRAMS=a,b for some) run under gpumem with
-			# gpumem.torch.record, its trace and its final stats (the real
-			# pool peak) packed in record.tgz; bench/train/replay_check.py
-			# replays them anywhere.
+			# (PROGRAMS=a,b for some) run as the training suite runs it
+			# (run.py: a synchronize at every step's loss, both rounds),
+			# recorded whole (--record), its trace and its final stats
+			# (the real pool peak) packed in record.tgz;
+			# bench/train/replay_check.py replays them anywhere. (A run
+			# that does not synchronize, record_check.py's, lets the host
+			# run steps ahead of the GPU, which no trace holds.)
 			use_wheel_library
 			local dir=$out/record prog
 			mkdir -p "$dir"
 			local all
 			all=$(cd bench/train && python3 -c 'import programs; print(",".join(programs.PROGRAMS))')
 			for prog in $(echo "${PROGRAMS:-$all}" | tr , ' '); do
-				python3 bench/train/record_check.py "$prog" gpumem "$dir" >>"$out/record.log" 2>&1 ||
-					echo "FAIL: $prog" | tee -a "$out/record.log" >&2
+				python3 bench/train/run.py "$prog" gpumem --record "$dir/$prog.gpumem.trace.gz" --tag record \
+					--out "$dir/$prog.run.jsonl" >>"$out/record.log" 2>&1 || { echo "FAIL: $prog" | tee -a "$out/record.log" >&2; continue; }
+				python3 -c '
+import json, sys
+rec = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+st = rec["gpumem_stats"]
+json.dump({"peak_reserved": st["PeakReserved"], "allocator": st}, open(sys.argv[2], "w"))' \
+					"$dir/$prog.run.jsonl" "$dir/$prog.gpumem.stats.json"
 			done
 			tar czf "$out/record.tgz" -C "$out" record && rm -rf "$dir"
 			;;

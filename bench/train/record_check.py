@@ -11,7 +11,11 @@ the check that both replay to the same peak live bytes:
                                    allocator (torch.cuda.memory._dump_snapshot),
                                    for `gpumem import`
 
-Each in a process of its own (an allocator is chosen per process)."""
+Each in a process of its own (an allocator is chosen per process). The
+step callback does nothing, so the host may run steps ahead of the GPU: a
+run to compare with its replay is `run.py PROGRAM gpumem --record TRACE`
+(scripts/gpu.sh's record part), which synchronizes at each step as the
+training suite does."""
 
 import os
 import subprocess
