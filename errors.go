@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -175,7 +176,7 @@ func (e *OutOfMemoryError) Error() string {
 	fmt.Fprintf(&b, "gpumem: out of memory (%s): requested %s", e.Cause, fmtBytes(e.Requested))
 	if e.Cause == CauseQuota {
 		fmt.Fprintf(&b, ": scope %s holds %s of its quota of %s; the largest request that would have fit: %s",
-			e.Scope, size(e.Allocated), size(e.Limit), size(e.WouldFit))
+			e.Scope, size(e.Allocated), size(e.Limit), sizeDown(e.WouldFit))
 		return b.String()
 	}
 	fmt.Fprintf(&b, " on stream %d: ", e.Stream)
@@ -240,7 +241,7 @@ func (e *OutOfMemoryError) Error() string {
 	default:
 		b.WriteString(e.WithVirtual.String())
 	}
-	fmt.Fprintf(&b, ". The largest request that would have fit: %s", size(e.WouldFit))
+	fmt.Fprintf(&b, ". The largest request that would have fit: %s", sizeDown(e.WouldFit))
 	if e.Scope != "" {
 		b.WriteString(", scope " + e.Scope)
 	}
@@ -305,6 +306,22 @@ func size(n uint64) string {
 		return s[:i-1]
 	}
 	return s
+}
+
+// sizeDown is size rounded down to its last digit: a figure that may be
+// typed back as a request and must not be above n ("the largest request
+// that would have fit").
+func sizeDown(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	f, u := float64(n), 0
+	for f >= unit && u < 5 {
+		f /= unit
+		u++
+	}
+	return fmt.Sprintf("%.2f %ciB", math.Floor(f*100)/100, "KMGTP"[u-1])
 }
 
 // fmtBytes writes a byte count readably: "1.50 GiB (1610612736)".

@@ -249,3 +249,22 @@ func TestStaleBufferCannotFreePage(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSizeDown: the largest request that would have fit is written rounded
+// down, so that asking for the figure written never asks for more than
+// fits (%.2f wrote 14.795 MiB as 14.80 MiB).
+func TestSizeDown(t *testing.T) {
+	for _, tc := range []struct {
+		n    uint64
+		want string
+	}{
+		{512, "512 B"},
+		{15513354, "14.79 MiB"}, // 14.7947 MiB
+		{132 << 20, "132.00 MiB"},
+		{(2 << 30) - 1, "1.99 GiB"},
+	} {
+		if got := gpumem.SizeDown(tc.n); got != tc.want {
+			t.Errorf("sizeDown(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}

@@ -19,3 +19,6 @@ func SearchCounts(a *Allocator) (finds, fewest, placements, cached uint64) {
 	}
 	return
 }
+
+// SizeDown is sizeDown, for its test.
+var SizeDown = sizeDown
