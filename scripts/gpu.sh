@@ -27,7 +27,9 @@
 #                                   real pool peaks under gpumem, for
 #                                   bench/train/replay_check.py) and
 #                                   pressure (each program unlimited and
-#                                   under a limit of its fit capacity).
+#                                   under a limit of its fit capacity) and
+#                                   pathcost (an allocation's cost on the
+#                                   driver and inside PyTorch).
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
@@ -50,6 +52,9 @@ build() {
 	go test -c "${ld[@]}" -o "$bin/gpumem_pkg.test" .
 	go build "${ld[@]}" -o "$bin/gpumem" ./cmd/gpumem
 	scripts/lib.sh # build/libgpumem.so and its copy in python/gpumem/ (cgo)
+	# The C caller's pair (clib/cbench), for the pathcost part; it finds
+	# the library beside it at run time.
+	cc -O2 -I clib -o "$bin/pairs" clib/cbench/pairs.c -L build -lgpumem -Wl,-rpath,'$ORIGIN/../../python/gpumem
 	rm -f "$bin"/gpumem-*.whl
 	scripts/wheel.sh "$bin" # the wheel (libgpumem.so, the shim, the command) for the wheel part
 	git describe --always --dirty >"$bin/COMMIT" 2>/dev/null || true
@@ -266,6 +271,27 @@ json.dump({"peak_reserved": st["PeakReserved"], "allocator": st}, open(sys.argv[
 				done
 			done
 			tar czf "$out/pressure.tgz" -C "$out" pressure && rm -rf "$dir"
+			;;
+		pathcost)
+			# What an allocation costs on the real device: the C caller's
+			# pair on the driver (clib/cbench, no PyTorch), then
+			# torch.empty+del inside PyTorch under PyTorch's allocator,
+			# a near-empty pluggable allocator and gpumem, interleaved,
+			# three rounds (bench/torchalloc/alloc_bench.py).
+			use_wheel_library
+			{
+				machine
+				echo "== clib/cbench/pairs on the driver"
+				"$bin/pairs" || echo "FAIL: pairs"
+			} >"$out/pathcost.log" 2>&1
+			local round a
+			for round in 1 2 3; do
+				for a in native pluggable gpumem; do
+					python3 bench/torchalloc/alloc_bench.py "$a" --n 10000 --repeat 5 --out "$out/allocbench.jsonl" \
+						>/dev/null 2>>"$out/pathcost.log" || echo "FAIL: $a round $round" >>"$out/pathcost.log"
+				done
+			done
+			cat "$out/pathcost.log" >&2
 			;;
 		table)
 			{
