@@ -262,13 +262,26 @@ json.dump({"peak_reserved": st["PeakReserved"], "allocator": st}, open(sys.argv[
 				cap=$(awk '$1 == "gpumem" { print $2 $3; exit }' "$dir/$prog.fit.txt")
 				echo "$prog: fit $cap" | tee -a "$out/pressure.log" >&2
 				[ -n "$cap" ] || continue
-				local round
+				local round tag
 				for round in 1 2; do
-					python3 bench/train/run.py "$prog" gpumem --out "$out/pressure.jsonl" --tag unlimited >>"$out/pressure.log" 2>&1 ||
-						echo "FAIL: $prog unlimited" | tee -a "$out/pressure.log" >&2
-					GPUMEM_CONFIG=limit=$cap python3 bench/train/run.py "$prog" gpumem --out "$out/pressure.jsonl" --tag "limit=$cap" \
-						>>"$out/pressure.log" 2>&1 || echo "FAIL: $prog limit=$cap" | tee -a "$out/pressure.log" >&2
+					for tag in unlimited "limit=$cap"; do
+						# A failed run leaves an "error" line, as suite.py's
+						# do (bench/train/pressure_table.py counts them).
+						local cfg=()
+						[[ $tag == limit=* ]] && cfg=("GPUMEM_CONFIG=$tag")
+						if ! env "${cfg[@]}" python3 bench/train/run.py "$prog" gpumem \
+							--out "$out/pressure.jsonl" --tag "$tag" >"$dir/run.log" 2>&1; then
+							echo "FAIL: $prog $tag" | tee -a "$out/pressure.log" >&2
+							python3 -c '
+import json, sys
+err = open(sys.argv[4]).read()[-2000:]
+print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv[2], "error": err}), file=open(sys.argv[3], "a"))' \
+								"$prog" "$tag" "$out/pressure.jsonl" "$dir/run.log"
+						fi
+						cat "$dir/run.log" >>"$out/pressure.log"
+					done
 				done
+				rm -f "$dir/run.log"
 			done
 			tar czf "$out/pressure.tgz" -C "$out" pressure && rm -rf "$dir"
 			;;
