@@ -48,3 +48,29 @@ func Example() {
 	// leak reported: true
 	// held after Trim: 0
 }
+
+// A private pool (a CUDA graph's memory, or PyTorch's MemPool): its
+// buffers come from memory nothing else uses, counted against the root's
+// limit. With NoSplit each buffer has a segment of its own (memory to
+// register whole, with NCCL say); with Segments those segments come from
+// another allocator.
+func ExampleAllocator_NewPrivateWith() {
+	dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
+	a, err := gpumem.New(dev, gpumem.Config{Limit: 256 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer a.Close()
+	pool, err := a.NewPrivateWith(gpumem.PrivateConfig{NoSplit: true})
+	if err != nil {
+		panic(err)
+	}
+	x, _ := pool.Alloc(4<<20, 0)
+	y, _ := pool.Alloc(4<<20, 0)
+	fmt.Println("segments:", len(pool.Snapshot().Segments))
+	pool.Free(x)
+	pool.Free(y)
+	pool.Close() // its memory goes back
+	// Output:
+	// segments: 2
+}
