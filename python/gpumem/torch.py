@@ -554,9 +554,10 @@ def _patch_graphs(torch, lib):
 
 def _release_pool(lib, device, pool):
     # PyTorch's ~MemPool empties the pool's cache: its memory goes back now
-    # if nothing else holds the pool.
+    # if nothing else holds the pool. At the interpreter's exit (finalizers
+    # of objects still alive) the device may be going away: the use only.
     try:
-        lib.pool_drop(device, pool)
+        (lib.pool_release if sys.is_finalizing() else lib.pool_drop)(device, pool)
     except Exception as e:  # in the garbage collector: warn, never raise
         warnings.warn(f"gpumem: giving back a collected MemPool's pool: {e}", RuntimeWarning)
 
