@@ -92,6 +92,7 @@ func (e *env) replay(args []string) int {
 	fs.Var(&capacity, "capacity", "the simulated device's memory (`SIZE`)")
 	granularity := sizeFlag(sim.DefaultGranularity)
 	fs.Var(&granularity, "granularity", "the simulated device's granule (`SIZE`: a power of two, at least 4KiB)")
+	runAhead := fs.Duration("run-ahead", 0, "the simulated GPU runs this far behind the host, in the trace's time (5ms): an event recorded at a trace time t is not done before t plus this unless the allocator waited for it; a program that does not synchronize at each step runs ahead so (0: the GPU keeps up)")
 	queryLag := fs.Int("query-lag", 0, "the simulated device's events report not done to their first `n` queries after a record, as a GPU's do for microseconds (0: done at once on an idle stream)")
 	mode := fs.String("mode", "auto", "allocator `mode`: auto, plain (whole segments) or virtual (memory mapped in spans)")
 	var limit, prealloc, release, small, span sizeFlag
@@ -173,7 +174,11 @@ func (e *env) replay(args []string) int {
 	if *queryLag < 0 {
 		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --query-lag: want 0 or more", *queryLag))
 	}
-	simCfg := sim.Config{Capacity: uint64(capacity), Granularity: uint64(granularity), QueryLag: *queryLag}
+	simCfg := sim.Config{Capacity: uint64(capacity), Granularity: uint64(granularity), QueryLag: *queryLag,
+		RunAhead: uint64(runAhead.Microseconds())}
+	if *runAhead < 0 {
+		return e.usageError(fs, fmt.Sprintf("invalid value %v for flag --run-ahead: want 0 or more", *runAhead))
+	}
 	if _, err := sim.New(simCfg); err != nil {
 		return e.usageError(fs, "invalid simulated device: "+err.Error())
 	}
@@ -224,7 +229,11 @@ func (e *env) replay(args []string) int {
 		}
 		var dev device.Device = gpu
 		if gpu == nil {
-			dev = sim.MustNew(simCfg) // checked above
+			sd := sim.MustNew(simCfg) // checked above
+			if simCfg.RunAhead > 0 {
+				opt.AtTime = sd.SetTime
+			}
+			dev = sd
 		}
 		res, err := replay.Run(tr, dev, cfg, opt)
 		if err == nil && gpu != nil {

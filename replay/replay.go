@@ -47,6 +47,10 @@ type Options struct {
 	// by operation (device/timed), in Result.Driver and
 	// PassesResult.DriverLater. With Repeat, the first run's.
 	DriverTimes bool
+	// AtTime, if set, is called with each event's trace time before the
+	// event is replayed: the simulated device's clock for its
+	// Config.RunAhead (a host that runs ahead of the GPU).
+	AtTime func(us uint64)
 }
 
 // Result is one trace's replay. JSON keys are part of the CLI's contract.
@@ -347,6 +351,9 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 	start := time.Now()
 	trims := 0 // tr.Trims done: the program's empty_cache calls, replayed as Trim
 	for i, ev := range tr.Events {
+		if opt.AtTime != nil {
+			opt.AtTime(ev.TimeUS)
+		}
 		for trims < len(tr.Trims) && int(tr.Trims[trims]) == i {
 			if err := a.Trim(); err != nil {
 				return 0, 0, fmt.Errorf("replay %s: the trim before event %d: %w", tr.Name, i, err)

@@ -373,3 +373,32 @@ func TestReplayTrims(t *testing.T) {
 		t.Errorf("after the final trim the replay holds %d bytes, want at most the live 2 MiB's span", w.EndReservedBytes)
 	}
 }
+
+// TestReplayRunAhead: with the simulated device's RunAhead and the replay
+// setting its clock (Options.AtTime), memory one stream freed is not
+// handed to another until the GPU has reached the free, so the second
+// stream grows; with the GPU keeping up it reuses the memory.
+func TestReplayRunAhead(t *testing.T) {
+	const text = "# gpumem-trace v1\n" +
+		"a 0 67108864 7 0\n" +
+		"f 0 10\n" +
+		"a 1 67108864 9 20\n" + // another stream, 10 us after the free
+		"f 1 30\n"
+	tr := readTrace(t, text)
+	peak := func(ahead uint64) uint64 {
+		dev := sim.MustNew(sim.Config{Capacity: 1 << 30, RunAhead: ahead})
+		opt := replay.Options{Check: true}
+		if ahead > 0 {
+			opt.AtTime = dev.SetTime
+		}
+		res, err := replay.Run(tr, dev, gpumem.Config{}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.PeakReservedBytes
+	}
+	keepUp, behind := peak(0), peak(1000)
+	if keepUp >= 128<<20 || behind < 128<<20 {
+		t.Errorf("peak reserved with the GPU keeping up %d, 1 ms behind %d; want under 128 MiB (the free reused) and at least 128 MiB (not yet)", keepUp, behind)
+	}
+}

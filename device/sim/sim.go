@@ -44,6 +44,14 @@ type Config struct {
 	// a record even on an idle stream, so a query right after a record
 	// finds it pending. 0: an event on an idle stream is done at once.
 	QueryLag int
+	// RunAhead is how far, in microseconds of SetTime's clock, the host
+	// runs ahead of the GPU: an event recorded at time t reports not done
+	// to every query before t+RunAhead, unless the host has waited for
+	// it since (Wait, Synchronize, SynchronizeStream). A program that
+	// does not synchronize at each step runs whole steps ahead; a replay
+	// that sets the clock to each event's trace time models it. 0: the GPU
+	// keeps up.
+	RunAhead uint64
 }
 
 // Device is a simulated GPU. It implements device.Device,
@@ -53,8 +61,10 @@ type Device struct {
 	ordinal int
 	cap     uint64
 	gran    uint64
-	// queryLag is Config.QueryLag.
-	queryLag int
+	// queryLag is Config.QueryLag; runAhead Config.RunAhead; now the
+	// clock SetTime sets (microseconds).
+	queryLag                     int
+	runAhead, now, base, lastSet uint64
 
 	mu        sync.Mutex
 	used      uint64
@@ -156,6 +166,7 @@ func New(cfg Config) (*Device, error) {
 		cap:       cfg.Capacity,
 		gran:      g,
 		queryLag:  max(cfg.QueryLag, 0),
+		runAhead:  cfg.RunAhead,
 		ordinal:   cfg.Ordinal,
 		nextPlain: plainBase + o*plainPart,
 		plainEnd:  plainBase + (o+1)*plainPart,
@@ -300,8 +311,23 @@ func (d *Device) Synchronize() error {
 		return err
 	}
 	d.completeAll()
+	d.caughtUp(0, true)
 	d.st.Synchronizes++
 	return nil
+}
+
+// SetTime sets the device's clock to us microseconds, for
+// Config.RunAhead: a replay sets it to each event's time. The clock never
+// goes back: a time before the last one given starts a new run of the
+// times (a trace's next pass), after the last.
+func (d *Device) SetTime(us uint64) {
+	d.mu.Lock()
+	if us < d.lastSet {
+		d.base = d.now + 1
+	}
+	d.lastSet = us
+	d.now = max(d.now, d.base+us)
+	d.mu.Unlock()
 }
 
 // Stats are the device's counters. Call counters count successful calls.

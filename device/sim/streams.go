@@ -43,6 +43,7 @@ type eventRec struct {
 	stream   device.Stream
 	seq      uint64 // complete when stream's done >= seq
 	lag      int    // queries left that report it not done (Config.QueryLag)
+	ready    uint64 // no query before this time finds it done (Config.RunAhead)
 }
 
 type frame struct {
@@ -236,8 +237,24 @@ func (d *Device) SynchronizeStream(s device.Stream) error {
 		return err
 	}
 	d.force(s, st.enq)
+	d.caughtUp(s, false)
 	d.st.Synchronizes++
 	return nil
+}
+
+// caughtUp marks the events recorded on stream s (every stream's, with
+// all) as reached by the GPU: the host has waited for all of it
+// (Config.RunAhead).
+func (d *Device) caughtUp(s device.Stream, all bool) {
+	if d.runAhead == 0 {
+		return
+	}
+	for e, r := range d.events {
+		if r.ready > 0 && (all || r.stream == s) {
+			r.ready = 0
+			d.events[e] = r
+		}
+	}
 }
 
 // NewEvent creates an event. Event ids are never reused.
@@ -302,7 +319,11 @@ func (d *Device) Record(e device.Event, s device.Stream) error {
 	if st.held || st.head < len(st.q) {
 		seq = d.enqueue(st, item{kind: itemMarker})
 	}
-	d.events[e] = eventRec{recorded: true, stream: s, seq: seq, lag: d.queryLag}
+	r := eventRec{recorded: true, stream: s, seq: seq, lag: d.queryLag}
+	if d.runAhead > 0 {
+		r.ready = d.now + d.runAhead
+	}
+	d.events[e] = r
 	d.st.Records++
 	return nil
 }
@@ -325,6 +346,9 @@ func (d *Device) Query(e device.Event) (bool, error) {
 		d.events[e] = r
 		return false, nil
 	}
+	if r.recorded && d.now < r.ready {
+		return false, nil // the GPU has not reached the record yet (Config.RunAhead)
+	}
 	return !r.recorded || d.reached(r.stream, r.seq), nil
 }
 
@@ -344,8 +368,8 @@ func (d *Device) Wait(e device.Event) error {
 	if r.recorded && !d.reached(r.stream, r.seq) {
 		d.force(r.stream, r.seq)
 	}
-	if r.lag > 0 { // the host waited: the GPU has reached the record
-		r.lag = 0
+	if r.lag > 0 || r.ready > 0 { // the host waited: the GPU has reached the record
+		r.lag, r.ready = 0, 0
 		d.events[e] = r
 	}
 	d.st.Waits++

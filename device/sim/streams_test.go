@@ -689,3 +689,70 @@ func TestQueryLag(t *testing.T) {
 		t.Fatal("after a host wait the event reports not done")
 	}
 }
+
+// TestRunAhead: with Config.RunAhead an event recorded at time t reports
+// not done before t+RunAhead, done after; a host wait, a synchronize of
+// its stream or of the device ends that at once; a clock that goes back
+// (a trace's next pass) goes on after the last time instead.
+func TestRunAhead(t *testing.T) {
+	d := MustNew(Config{RunAhead: 100})
+	s, _ := d.NewStream()
+	other, _ := d.NewStream()
+	e, _ := d.NewEvent()
+	query := func() bool {
+		t.Helper()
+		done, err := d.Query(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return done
+	}
+	record := func(on device.Stream) {
+		t.Helper()
+		if err := d.Record(e, on); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.SetTime(1000)
+	record(s)
+	if d.SetTime(1099); query() {
+		t.Fatal("done 99 us after its record with RunAhead 100")
+	}
+	if d.SetTime(1100); !query() {
+		t.Fatal("not done 100 us after its record")
+	}
+	for _, tc := range []struct {
+		name  string
+		catch func() error
+	}{
+		{"Wait", func() error { return d.Wait(e) }},
+		{"SynchronizeStream", func() error { return d.SynchronizeStream(s) }},
+		{"Synchronize", d.Synchronize},
+	} {
+		record(s)
+		if query() {
+			t.Fatalf("%s: done at its record", tc.name)
+		}
+		if err := tc.catch(); err != nil {
+			t.Fatal(err)
+		}
+		if !query() {
+			t.Errorf("%s: not done after the host waited", tc.name)
+		}
+	}
+	record(s)
+	if err := d.SynchronizeStream(other); err != nil {
+		t.Fatal(err)
+	}
+	if query() {
+		t.Error("done after a synchronize of another stream")
+	}
+	d.SetTime(5) // a new pass: the clock goes on from 1100
+	record(s)
+	if d.SetTime(50); query() {
+		t.Error("done 45 us into the next pass")
+	}
+	if d.SetTime(105); !query() {
+		t.Error("not done 100 us into the next pass")
+	}
+}
