@@ -54,7 +54,7 @@ build() {
 	scripts/lib.sh # build/libgpumem.so and its copy in python/gpumem/ (cgo)
 	# The C caller's pair (clib/cbench), for the pathcost part; it finds
 	# the library beside it at run time.
-	cc -O2 -I clib -o "$bin/pairs" clib/cbench/pairs.c -L build -lgpumem -Wl,-rpath,'$ORIGIN/../../python/gpumem
+	cc -O2 -I clib -o "$bin/pairs" clib/cbench/pairs.c -L build -lgpumem -Wl,-rpath,'$ORIGIN/../../python/gpumem'
 	rm -f "$bin"/gpumem-*.whl
 	scripts/wheel.sh "$bin" # the wheel (libgpumem.so, the shim, the command) for the wheel part
 	git describe --always --dirty >"$bin/COMMIT" 2>/dev/null || true
