@@ -312,30 +312,31 @@ func size(n uint64) string {
 // typed back as a request and must not be above n ("the largest request
 // that would have fit").
 func sizeDown(n uint64) string {
-	const unit = 1024
-	if n < unit {
+	if n < 1024 {
 		return fmt.Sprintf("%d B", n)
 	}
-	f, u := float64(n), 0
-	for f >= unit && u < 5 {
-		f /= unit
-		u++
-	}
-	return fmt.Sprintf("%.2f %ciB", math.Floor(f*100)/100, "KMGTP"[u-1])
+	f, u := scaled(n)
+	return fmt.Sprintf("%.2f %ciB", math.Floor(f*100)/100, u)
 }
 
 // fmtBytes writes a byte count readably: "1.50 GiB (1610612736)".
 func fmtBytes(n uint64) string {
-	const unit = 1024
-	if n < unit {
+	if n < 1024 {
 		return fmt.Sprintf("%d B", n)
 	}
+	f, u := scaled(n)
+	return fmt.Sprintf("%.2f %ciB (%d)", f, u, n)
+}
+
+// scaled is n (at least 1024) in its largest binary unit, and the unit's
+// letter: 1.5, 'G' for 1.5 GiB.
+func scaled(n uint64) (float64, byte) {
 	f, u := float64(n), 0
-	for f >= unit && u < 5 {
-		f /= unit
+	for f >= 1024 && u < 5 {
+		f /= 1024
 		u++
 	}
-	return fmt.Sprintf("%.2f %ciB (%d)", f, "KMGTP"[u-1], n)
+	return f, "KMGTP"[u-1]
 }
 
 // MarshalJSON writes the verdict as one object with snake_case keys (the
