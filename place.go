@@ -143,8 +143,25 @@ func (p *pool) findBacked(h *heap, first *block, rounded uint64, si slot) (*bloc
 // skipped: their places (cleanPlacement) are over unmapped chunks. A block
 // whose search fails records it (block.nzFrom).
 func (p *pool) findReady(h *heap, first *block, rounded uint64, si slot) (*block, uint64, bool) {
-	if off, ok := p.readyPlace(first, rounded, si); ok {
-		return first, off, true
+	var found *block
+	var at uint64
+	candidates(h, first, rounded, func(b *block) bool {
+		off, ok := p.readyPlace(b, rounded, si)
+		if ok {
+			found, at = b, off
+		}
+		return ok
+	})
+	return found, at, found != nil
+}
+
+// candidates calls try on the free blocks that findReady and findFewest
+// search, in their order, until try returns true, and reports whether it
+// did: first, then up to maxCandidates others of h that fit rounded, bin
+// by bin from rounded's.
+func candidates(h *heap, first *block, rounded uint64, try func(*block) bool) bool {
+	if try(first) {
+		return true
 	}
 	seen := 0
 	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
@@ -153,12 +170,12 @@ func (p *pool) findReady(h *heap, first *block, rounded uint64, si slot) (*block
 				continue
 			}
 			seen++
-			if off, ok := p.readyPlace(b, rounded, si); ok {
-				return b, off, true
+			if try(b) {
+				return true
 			}
 		}
 	}
-	return nil, 0, false
+	return false
 }
 
 // readyPlace returns the place in free block b that placement chooses for
@@ -227,20 +244,8 @@ func (p *pool) findFewest(h *heap, first *block, rounded uint64, si slot) (*bloc
 		}
 		return m == 0
 	}
-	if try(first) {
+	if candidates(h, first, rounded, try) {
 		return best, bestOff, 0, true
-	}
-	seen := 0
-	for i := binOf(rounded); i >= 0 && seen < maxCandidates; i = h.free.nextBin(i + 1) {
-		for b := h.free.heads[i]; b != nil && seen < maxCandidates; b = b.fnext {
-			if b.size < rounded || b == first {
-				continue
-			}
-			seen++
-			if try(b) {
-				return best, bestOff, 0, true
-			}
-		}
 	}
 	return best, bestOff, bestMissing, best != nil
 }
