@@ -93,7 +93,7 @@ func (h *Host) RestorePool(ordinal int, id PoolID, cp []PoolBuffer) ([]uint64, e
 			d.freed(p)
 			return freed, fmt.Errorf("gpumem: RestorePool%v: buffer %d of %d: %w (the pool now holds the %d before it)", id, i+1, len(want), err, i)
 		}
-		if _, err := d.enter(buf, p, b.Stream, 0); err != nil {
+		if _, err := d.enter(entry{buf: buf, pool: p, stream: b.Stream}, uint64(buf.Ptr()), buf.Size()); err != nil {
 			return freed, fmt.Errorf("gpumem: RestorePool%v: %w", id, err)
 		}
 	}

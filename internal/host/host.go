@@ -225,7 +225,16 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 		}
 	}
 	if pool == nil && h.uncached.Load() {
-		return d.allocDirect(size, stream, site)
+		// The cache is off (SetCaching): the driver's own allocation.
+		p, err := d.dev.Alloc(size)
+		if err == nil {
+			return d.enter(entry{direct: &directBuffer{ptr: p, size: size}, site: site, stream: stream}, uint64(p), size)
+		}
+		if errors.Is(err, device.ErrOutOfMemory) {
+			err = fmt.Errorf("%w: the cache is off (caching_allocator_enable(False)), and the driver refused %d bytes on device %d: %v",
+				gpumem.ErrOutOfMemory, size, d.Ordinal, err)
+		}
+		return 0, d.failed(err, size, stream, site)
 	}
 	buf, err := a.Alloc(size, device.Stream(stream))
 	if errors.Is(err, gpumem.ErrOutOfMemory) {
@@ -252,12 +261,18 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 		if pool != nil {
 			d.freed(pool)
 		}
-		if hs := d.hist.Load(); hs != nil && errors.Is(err, gpumem.ErrOutOfMemory) {
-			hs.add("oom", 0, size, stream, site)
-		}
-		return 0, err
+		return 0, d.failed(err, size, stream, site)
 	}
-	return d.enter(buf, pool, stream, site)
+	return d.enter(entry{buf: buf, pool: pool, site: site, stream: stream}, uint64(buf.Ptr()), buf.Size())
+}
+
+// failed notes an allocation that failed with err in the history (an
+// out-of-memory) and returns err.
+func (d *Device) failed(err error, size, stream uint64, site uint32) error {
+	if hs := d.hist.Load(); hs != nil && errors.Is(err, gpumem.ErrOutOfMemory) {
+		hs.add("oom", 0, size, stream, site)
+	}
+	return err
 }
 
 // SetCaching turns the cache on or off on every device (PyTorch's
@@ -275,45 +290,20 @@ func (h *Host) SetCaching(on bool) { h.uncached.Store(!on) }
 // Caching reports whether the cache is on (SetCaching).
 func (h *Host) Caching() bool { return !h.uncached.Load() }
 
-// allocDirect serves an allocation with the cache off (SetCaching).
-func (d *Device) allocDirect(size, stream uint64, site uint32) (uint64, error) {
-	p, err := d.dev.Alloc(size)
-	if err != nil {
-		if errors.Is(err, device.ErrOutOfMemory) {
-			err = fmt.Errorf("%w: the cache is off (caching_allocator_enable(False)), and the driver refused %d bytes on device %d: %v",
-				gpumem.ErrOutOfMemory, size, d.Ordinal, err)
-		}
-		if hs := d.hist.Load(); hs != nil && errors.Is(err, gpumem.ErrOutOfMemory) {
-			hs.add("oom", 0, size, stream, site)
-		}
-		return 0, err
-	}
-	e := entry{direct: &directBuffer{ptr: p, size: size}, site: site, stream: stream}
+// enter puts e, a buffer just allocated at ptr of size bytes (of a pool,
+// of the device's allocator, or the driver's own with the cache off), in
+// the table, the history and the recording, and returns its address.
+func (d *Device) enter(e entry, ptr, size uint64) (uint64, error) {
 	if hs := d.hist.Load(); hs != nil {
-		hs.add("alloc", uint64(p), size, stream, site)
-	}
-	if !d.tab.put(uint64(p), e) {
-		_ = d.dev.Free(p)
-		return 0, fmt.Errorf("gpumem: internal error: the driver gave address %#x, still live in gpumem's table, on device %d", uint64(p), d.Ordinal)
-	}
-	return uint64(p), nil
-}
-
-// enter puts a buffer just allocated (of pool, or the device's allocator
-// for nil) in the table, the history and the recording, and returns its
-// address.
-func (d *Device) enter(buf gpumem.Buffer, pool *privatePool, stream uint64, site uint32) (uint64, error) {
-	e := entry{buf: buf, pool: pool, site: site, stream: stream}
-	ptr, size := uint64(buf.Ptr()), buf.Size()
-	if hs := d.hist.Load(); hs != nil {
-		hs.add("alloc", ptr, size, stream, site)
+		hs.add("alloc", ptr, size, e.stream, e.site)
 	}
 	if r := d.rec.Load(); r != nil {
-		e.rec, e.recGen = r.alloc(size, stream, site), r.gen
+		e.rec, e.recGen = r.alloc(size, e.stream, e.site), r.gen
 	}
 	if !d.tab.put(ptr, e) {
-		// The allocator handed out a live address twice: its books are
-		// wrong. Refuse rather than corrupt the host's memory.
+		// The allocator (or the driver) handed out a live address twice:
+		// the books are wrong. Refuse rather than corrupt the host's
+		// memory.
 		return 0, fmt.Errorf("gpumem: internal error: address %#x handed out while still live on device %d", ptr, d.Ordinal)
 	}
 	return ptr, nil
