@@ -267,8 +267,11 @@ func (p *pool) allocFast(rounded uint64, si slot) *block {
 		}
 	}
 	if !b.seg.virtual {
-		if p.a.noSplit && !wholeFits(b, rounded) {
-			return nil
+		if p.a.noSplit {
+			if !wholeFits(b, rounded) {
+				return nil
+			}
+			rounded = b.size // taken whole: no remainder to split off
 		}
 		b = p.carve(h, b, rounded, 0)
 		b.state = blockAllocated
@@ -336,6 +339,9 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 	}
 	if b.si != si && b.si >= 0 {
 		p.a.c.handoffs.Add(1)
+	}
+	if p.a.noSplit {
+		rounded = b.size // taken whole (PrivateConfig.NoSplit; plain: off is 0)
 	}
 	b = p.carve(h, b, rounded, off)
 	if b.seg.virtual {
@@ -488,7 +494,7 @@ func (p *pool) carve(h *heap, b *block, rounded, off uint64) *block {
 		b.size -= off
 		h.free.insert(n)
 	}
-	if rest := b.size - rounded; rest >= minBlock && !p.a.noSplit {
+	if rest := b.size - rounded; rest >= minBlock {
 		n := p.newBlock()
 		n.seg, n.addr, n.size, n.freed, n.si = b.seg, b.addr+rounded, rest, b.freed, b.si
 		n.prev, n.next = b, b.next
