@@ -155,17 +155,7 @@ func TestDefragMovesLiveChunks(t *testing.T) {
 				if defrag && dev.Stats().Copies != st.Copies {
 					t.Errorf("the allocator counts %d copies, the device %d", st.Copies, dev.Stats().Copies)
 				}
-				for _, m := range live {
-					if err := a.Free(m.b); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if err := a.Close(); err != nil {
-					t.Fatal(err)
-				}
-				if free, total, _ := dev.MemInfo(); free != total {
-					t.Errorf("defrag=%v: after Close the device has %d of %d bytes free", defrag, free, total)
-				}
+				freeAndClose(t, dev, a, live)
 				if s := dev.Stats(); s.LiveMappings != 0 || s.LiveReservations != 0 {
 					t.Errorf("defrag=%v: after Close %d mappings and %d reservations remain", defrag, s.LiveMappings, s.LiveReservations)
 				}
