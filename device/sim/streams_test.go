@@ -662,14 +662,7 @@ func TestQueryLag(t *testing.T) {
 	if done, _ := d.Query(e); !done {
 		t.Fatal("an event never recorded reports not done")
 	}
-	query := func() bool {
-		t.Helper()
-		done, err := d.Query(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return done
-	}
+	query := func() bool { t.Helper(); return mustQuery(t, d, e) }
 	if err := d.Record(e, s); err != nil {
 		t.Fatal(err)
 	}
@@ -699,14 +692,7 @@ func TestRunAhead(t *testing.T) {
 	s, _ := d.NewStream()
 	other, _ := d.NewStream()
 	e, _ := d.NewEvent()
-	query := func() bool {
-		t.Helper()
-		done, err := d.Query(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return done
-	}
+	query := func() bool { t.Helper(); return mustQuery(t, d, e) }
 	record := func(on device.Stream) {
 		t.Helper()
 		if err := d.Record(e, on); err != nil {
@@ -755,4 +741,14 @@ func TestRunAhead(t *testing.T) {
 	if d.SetTime(105); !query() {
 		t.Error("not done 100 us into the next pass")
 	}
+}
+
+// mustQuery is d.Query(e), failing the test on an error.
+func mustQuery(t *testing.T, d *Device, e device.Event) bool {
+	t.Helper()
+	done, err := d.Query(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return done
 }
