@@ -165,6 +165,31 @@ type Capture interface {
 	CaptureInfo(s Stream) (capturing bool, id uint64, err error)
 }
 
+// Node is a node of the graph a capture builds (CUgraphNode).
+type Node uintptr
+
+// CaptureGraph is the optional capability of reading the graph a capture
+// is building (cuStreamGetCaptureInfo's dependencies,
+// cuGraphNodeGetDependencies), which the driver allows during a capture.
+// With it an allocator can tell, with no event, when the work of every
+// stream that used a buffer comes before the work a stream captures next:
+// the buffer may then be reused on that stream within the capture (see
+// gpumem's SetCaptureReuse).
+type CaptureGraph interface {
+	// CaptureTerminals appends to buf the nodes the next work captured on
+	// s will depend on (none before the capture's first work), and
+	// reports whether s captures, and the capture's id (as CaptureInfo).
+	CaptureTerminals(s Stream, buf []Node) (nodes []Node, id uint64, capturing bool, err error)
+	// NodeParents appends to buf the nodes that n depends on.
+	NodeParents(n Node, buf []Node) ([]Node, error)
+}
+
+// AsCaptureGraph returns d's capture-graph capability, if it has one.
+func AsCaptureGraph(d Device) (CaptureGraph, bool) {
+	c, ok := d.(CaptureGraph)
+	return c, ok
+}
+
 // AsCapture returns d's capture capability, if it has one.
 func AsCapture(d Device) (Capture, bool) {
 	c, ok := d.(Capture)

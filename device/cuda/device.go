@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -165,6 +166,58 @@ func (d *Device) CaptureInfo(s device.Stream) (bool, uint64, error) {
 		return false, 0, d.fail("cuStreamGetCaptureInfo", r, "stream=%#x", uint64(s))
 	}
 	return status != 0, id, nil
+}
+
+// CaptureTerminals appends to buf the nodes the next work captured on s
+// will depend on (cuStreamGetCaptureInfo_v2's dependencies), the id of its
+// capture, and whether s captures (an invalidated capture counts as not:
+// nothing may be added to it). device.CaptureGraph.
+func (d *Device) CaptureTerminals(s device.Stream, buf []device.Node) ([]device.Node, uint64, bool, error) {
+	if d.drv.cuStreamGetCaptureInfo2 == 0 || d.drv.cuGraphNodeGetDependencies == 0 {
+		return buf, 0, false, d.fail("cuStreamGetCaptureInfo_v2", cudaErrNotSupported, "stream=%#x: the driver lacks cuStreamGetCaptureInfo_v2 or cuGraphNodeGetDependencies", uint64(s))
+	}
+	var status int32
+	var id uint64
+	var graph uintptr
+	var deps *uintptr
+	var n uintptr
+	if r := d.call(d.drv.cuStreamGetCaptureInfo2, uintptr(s), uintptr(unsafe.Pointer(&status)), uintptr(unsafe.Pointer(&id)),
+		uintptr(unsafe.Pointer(&graph)), uintptr(unsafe.Pointer(&deps)), uintptr(unsafe.Pointer(&n))); r != cudaSuccess {
+		return buf, 0, false, d.fail("cuStreamGetCaptureInfo_v2", r, "stream=%#x", uint64(s))
+	}
+	if status != cuStreamCaptureStatusActive {
+		return buf, 0, false, nil
+	}
+	// deps points at n node handles the driver owns until the stream's
+	// next captured work; copied out at once.
+	if n > 0 && deps != nil {
+		for _, node := range unsafe.Slice(deps, n) {
+			buf = append(buf, device.Node(node))
+		}
+	}
+	return buf, id, true, nil
+}
+
+// NodeParents appends to buf the nodes n depends on
+// (cuGraphNodeGetDependencies). device.CaptureGraph.
+func (d *Device) NodeParents(n device.Node, buf []device.Node) ([]device.Node, error) {
+	if d.drv.cuGraphNodeGetDependencies == 0 {
+		return buf, d.fail("cuGraphNodeGetDependencies", cudaErrNotSupported, "node=%#x: the driver lacks it", uint64(n))
+	}
+	var count uintptr
+	if r := d.call(d.drv.cuGraphNodeGetDependencies, uintptr(n), 0, uintptr(unsafe.Pointer(&count))); r != cudaSuccess {
+		return buf, d.fail("cuGraphNodeGetDependencies", r, "node=%#x", uint64(n))
+	}
+	if count == 0 {
+		return buf, nil
+	}
+	at := len(buf)
+	buf = slices.Grow(buf, int(count))[:at+int(count)]
+	got := count
+	if r := d.call(d.drv.cuGraphNodeGetDependencies, uintptr(n), uintptr(unsafe.Pointer(&buf[at])), uintptr(unsafe.Pointer(&got))); r != cudaSuccess {
+		return buf[:at], d.fail("cuGraphNodeGetDependencies", r, "node=%#x", uint64(n))
+	}
+	return buf[:at+int(min(got, count))], nil
 }
 
 // fail builds the *device.OpError for a failed call; the arguments are only

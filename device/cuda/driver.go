@@ -36,6 +36,11 @@ type driver struct {
 
 	cuThreadExchangeStreamCaptureMode, cuStreamGetCaptureInfo uintptr
 
+	// The capture's graph (CaptureGraph): cuStreamGetCaptureInfo_v2 and
+	// cuGraphNodeGetDependencies by those exact names, whose arguments are
+	// fixed (_v3 and _v2 of each add edge data); 0 if the driver has none.
+	cuStreamGetCaptureInfo2, cuGraphNodeGetDependencies uintptr
+
 	cuMemsetD8, cuMemsetD8Async, cuMemcpyHtoD, cuMemcpyDtoH uintptr
 	cuMemcpyDtoD                                            uintptr
 
@@ -83,6 +88,8 @@ func (d *driver) symbols() []dl.Symbol {
 		// _v2 and _v3 add out-parameters after these three, which may be
 		// NULL; the call passes NULL for them (ignored by the original).
 		{Addr: &d.cuStreamGetCaptureInfo, Names: []string{"cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo"}},
+		{Addr: &d.cuStreamGetCaptureInfo2, Names: []string{"cuStreamGetCaptureInfo_v2"}, Optional: true},
+		{Addr: &d.cuGraphNodeGetDependencies, Names: []string{"cuGraphNodeGetDependencies"}, Optional: true},
 		{Addr: &d.cuMemsetD8, Names: []string{"cuMemsetD8_v2"}},
 		{Addr: &d.cuMemsetD8Async, Names: []string{"cuMemsetD8Async"}},
 		{Addr: &d.cuMemcpyHtoD, Names: []string{"cuMemcpyHtoD_v2"}},

@@ -2,14 +2,21 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/gpumem/gpumem/device"
 )
 
 // Graph capture, simulated. BeginCapture puts a stream in capture mode,
-// JoinCapture adds another stream to the same capture (as an event recorded
-// on a capturing stream and waited on by another does on a GPU), EndCapture
-// ends it. While a stream captures, the operations the driver refuses there
+// JoinCapture adds another stream to the same capture, or joins one of its
+// streams to another (as an event recorded on a capturing stream and waited
+// on by another does on a GPU), EndCapture ends it.
+//
+// The capture builds a graph as the driver's does: each Touch on a
+// capturing stream adds a node that depends on the stream's terminals (the
+// nodes its next work will depend on), and becomes its only terminal; a
+// stream that joins another takes the other's terminals too.
+// device.CaptureGraph reads it (CaptureTerminals, NodeParents). While a stream captures, the operations the driver refuses there
 // fail with device.ErrCapturing and break the capture, as the driver's do:
 // an event recorded on the stream, the stream made to wait for an event,
 // a synchronize of the stream, a synchronize of the device (which breaks
@@ -21,6 +28,12 @@ import (
 type capture struct {
 	streams int   // streams in it
 	broken  error // the first operation that broke it
+}
+
+// Graph nodes of every capture, by number (from 1): each node's parents.
+// Kept after the capture ends, as a graph's nodes outlive its capture.
+type graphNodes struct {
+	parents [][]device.Node // [n-1]: the parents of node n
 }
 
 // BeginCapture starts a capture on stream s and returns its id. It panics if
@@ -37,22 +50,70 @@ func (d *Device) BeginCapture(s device.Stream) uint64 {
 	}
 	d.nextCapture++
 	st.capture = d.nextCapture
+	st.terminals = st.terminals[:0]
 	d.captures[st.capture] = &capture{streams: 1}
 	return st.capture
 }
 
-// JoinCapture makes stream s part of the capture of stream of. It panics if
-// of does not capture or s already does.
+// JoinCapture makes stream s wait for the work captured so far on stream
+// of: a stream outside any capture becomes part of of's (a fork: its
+// terminals are of's), a stream of the same capture adds of's terminals
+// to its own (a join). It panics if of does not capture, or s captures
+// something else.
 func (d *Device) JoinCapture(s, of device.Stream) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st, err := d.live(s)
 	o, oerr := d.live(of)
-	if err != nil || oerr != nil || st.capture != 0 || o.capture == 0 {
-		panic(fmt.Sprintf("sim: JoinCapture(%d, %d): not a capturing stream, or already capturing", s, of))
+	if err != nil || oerr != nil || o.capture == 0 || st.capture != 0 && st.capture != o.capture {
+		panic(fmt.Sprintf("sim: JoinCapture(%d, %d): not a capturing stream, or capturing another", s, of))
 	}
-	st.capture = o.capture
-	d.captures[o.capture].streams++
+	if st.capture == 0 {
+		st.capture = o.capture
+		d.captures[o.capture].streams++
+		st.terminals = append(st.terminals[:0], o.terminals...)
+		return
+	}
+	for _, n := range o.terminals {
+		if !slices.Contains(st.terminals, n) {
+			st.terminals = append(st.terminals, n)
+		}
+	}
+}
+
+// addNode adds a node to st's capture graph after st's terminals, and
+// makes it st's only terminal. Called with d.mu held, st capturing.
+func (d *Device) addNode(st *stream) {
+	d.graph.parents = append(d.graph.parents, slices.Clone(st.terminals))
+	st.terminals = append(st.terminals[:0], device.Node(len(d.graph.parents)))
+}
+
+// CaptureTerminals returns the nodes the next work captured on s will
+// depend on, appended to buf, the id of its capture and whether s
+// captures. device.CaptureGraph.
+func (d *Device) CaptureTerminals(s device.Stream, buf []device.Node) ([]device.Node, uint64, bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st, err := d.live(s)
+	if err != nil {
+		return buf, 0, false, &device.OpError{Op: "sim.CaptureTerminals", Args: fmt.Sprintf("s=%d", s), Err: err}
+	}
+	if st.capture == 0 {
+		return buf, 0, false, nil
+	}
+	d.st.GraphQueries++
+	return append(buf, st.terminals...), st.capture, true, nil
+}
+
+// NodeParents appends the nodes n depends on to buf. device.CaptureGraph.
+func (d *Device) NodeParents(n device.Node, buf []device.Node) ([]device.Node, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if n == 0 || uint64(n) > uint64(len(d.graph.parents)) {
+		return buf, &device.OpError{Op: "sim.NodeParents", Args: fmt.Sprintf("n=%d", n), Err: errf(device.ErrInvalid, "no such graph node")}
+	}
+	d.st.GraphQueries++
+	return append(buf, d.graph.parents[n-1]...), nil
 }
 
 // EndCapture takes stream s out of its capture; when s was the last stream
@@ -71,6 +132,7 @@ func (d *Device) EndCapture(s device.Stream) error {
 		delete(d.captures, st.capture)
 	}
 	st.capture = 0
+	st.terminals = st.terminals[:0]
 	return c.broken
 }
 

@@ -85,7 +85,8 @@ type Device struct {
 	streams        []*stream           // by id; nil once destroyed and idle
 	captures       map[uint64]*capture // by id (capture.go)
 	nextCapture    uint64
-	busy           []*stream // streams with pending items
+	graph          graphNodes // the nodes captures have made (capture.go)
+	busy           []*stream  // streams with pending items
 	pendingTouches int
 
 	faults *faults.Injector // FailNth, FailOOM
@@ -346,6 +347,7 @@ type Stats struct {
 	StreamWaits                      uint64
 	Synchronizes                     uint64 // Synchronize and SynchronizeStream
 	CaptureViolations                uint64 // calls refused because a stream captured (capture.go): each broke a capture
+	GraphQueries                     uint64 // CaptureTerminals and NodeParents on capturing streams and graph nodes
 	Touches                          uint64
 	Copies, CopiedBytes              uint64
 	Injected                         uint64 // failures injected by FailNth and FailOOM

@@ -17,8 +17,9 @@ type stream struct {
 	enq, done uint64
 	q         []item
 	head      int
-	busyIdx   int    // index in Device.busy, or -1
-	capture   uint64 // the capture it is part of (capture.go), 0 if none
+	busyIdx   int           // index in Device.busy, or -1
+	capture   uint64        // the capture it is part of (capture.go), 0 if none
+	terminals []device.Node // while capturing: what its next captured work depends on
 
 	visitEpoch, visitUpto uint64 // CheckHandoff's search marks
 }
@@ -471,6 +472,9 @@ func (d *Device) touch(s device.Stream, p, size uint64) error {
 		return errf(device.ErrInvalid, "[%#x, +%#x) is not accessible: %#x is neither in a live allocation nor mapped with access set", p, size, at)
 	}
 	d.enqueue(st, item{kind: itemTouch, a: p, b: size})
+	if st.capture != 0 {
+		d.addNode(st)
+	}
 	d.st.Touches++
 	return nil
 }
