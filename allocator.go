@@ -81,8 +81,12 @@ type Allocator struct {
 	familyBytes atomic.Uint64 // what family points to, for a root
 	familyPeak  atomic.Uint64 // for a root: the most family has held (FamilyPeakReserved)
 	ownCaptures atomic.Int32  // what captures points to, for a root
-	root        *Allocator
-	keep        bool
+	// reuse is what a root and its private pools share for reuse within
+	// a capture (capture.go); ownReuse is a root's.
+	reuse    *captureReuse
+	ownReuse captureReuse
+	root     *Allocator
+	keep     bool
 	// A private pool's PrivateConfig: segments from segs instead of the
 	// device (nil: the device); noSplit: blocks never split (place.go).
 	segs    SegmentSource
@@ -114,6 +118,8 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 	a := &Allocator{dev: dev, cfg: cfg, check: cfg.CheckInvariants || invariants.Enabled}
 	a.checkSearch = a.check
 	a.root, a.family, a.captures = a, &a.familyBytes, &a.ownCaptures
+	a.reuse = &a.ownReuse
+	a.reuse.g, _ = device.AsCaptureGraph(dev)
 	a.total = dev.Info().Total
 	if a.total == 0 {
 		_, t, err := dev.MemInfo()
@@ -224,6 +230,9 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 	}
 	rounded := (size + minBlock - 1) &^ (minBlock - 1)
 	p.mu.Lock()
+	if p.nmarked > 0 {
+		p.freeJoined(si) // only while frees of a capture wait (capture.go)
+	}
 	b := p.allocFast(rounded, si)
 	if b == nil {
 		var err error

@@ -84,10 +84,15 @@ type block struct {
 // blockExtra holds what only some blocks need. It is allocated on first
 // use and kept with the node when the node is recycled.
 type blockExtra struct {
-	uses    []device.Stream // other streams that used this buffer (RecordStream)
-	events  []device.Event  // pending: events to wait for before reuse
-	site    []uintptr       // allocation call stack, when recorded
-	created int64           // allocation time, UnixNano, when sites are recorded
+	uses   []device.Stream // other streams that used this buffer (RecordStream)
+	events []device.Event  // pending: events to wait for before reuse
+	// pending, freed during capture markID: the graph nodes that ended its
+	// uses, which its stream's captured work must follow before it is
+	// reused (capture.go, "Reuse within a capture")
+	markers []device.Node
+	markID  uint64
+	site    []uintptr // allocation call stack, when recorded
+	created int64     // allocation time, UnixNano, when sites are recorded
 }
 
 func (b *block) extra() *blockExtra {

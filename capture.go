@@ -4,6 +4,9 @@ package gpumem
 
 import (
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -51,6 +54,165 @@ import (
 // member of a family holds add up to *family, at most the root's limit (or
 // the overhang SetLimit left).
 
+// Reuse within a capture (PyTorch's graph_capture_record_stream_reuse).
+// A buffer freed during a capture after RecordStream named other streams
+// would wait for events; none may be recorded, so it stays pending until
+// the capture ends, and the capture takes more memory than it needs. With
+// SetCaptureReuse on and a device that shows the capture's graph
+// (device.CaptureGraph), the free records markers instead: the terminals
+// of its own stream and of every stream that used it, the nodes that
+// every later captured use of those streams follows. Before a request on
+// stream s (freeJoined) the allocator walks the graph back from s's
+// terminals; a pending block of s whose markers all lie on that walk is
+// free: all new work of s comes after every use of it. No event is
+// recorded or queried. A block one of whose streams does not capture, or
+// with no marker (no stream had captured work yet), waits for the
+// capture's end as before.
+//
+// Invariant: a pending block has markers only if it was freed during the
+// capture markID; pool.nmarked counts them (checked). The walk's nodes are
+// kept per stream and capture id, so each node is visited once per
+// stream (a stream's terminals only ever follow its earlier ones).
+
+// captureReuse is the state of reuse within a capture, shared by a root
+// and its private pools.
+type captureReuse struct {
+	on atomic.Bool
+	g  device.CaptureGraph // nil: the device does not show the graph
+
+	mu      sync.Mutex
+	visited map[device.Stream]*visitSet
+	buf     []device.Node
+}
+
+// visitSet is the nodes found so far on the walk back from a stream's
+// terminals in capture id.
+type visitSet struct {
+	id    uint64
+	nodes map[device.Node]struct{}
+}
+
+// SetCaptureReuse turns reuse within a capture on or off for a and its
+// private pools (see above). Off by default, as in PyTorch. It reports
+// whether the device shows capture graphs; without them, on changes
+// nothing.
+func (a *Allocator) SetCaptureReuse(on bool) bool {
+	a.reuse.on.Store(on)
+	return a.reuse.g != nil
+}
+
+// markFree records b's capture markers as it goes pending during a
+// capture (under p.mu), if reuse within a capture is on.
+func (p *pool) markFree(b *block) {
+	r := p.a.reuse
+	x := b.x
+	if !r.on.Load() || r.g == nil {
+		return
+	}
+	var id uint64
+	ok := true
+	mark := func(s device.Stream) {
+		if !ok {
+			return
+		}
+		nodes, cid, capturing, err := r.g.CaptureTerminals(s, x.markers)
+		if err != nil || !capturing || id != 0 && cid != id {
+			ok = false
+			return
+		}
+		id, x.markers = cid, nodes
+	}
+	mark(b.stream())
+	for _, s := range x.uses {
+		mark(s)
+	}
+	if !ok || len(x.markers) == 0 {
+		x.markers = x.markers[:0]
+		return
+	}
+	slices.Sort(x.markers)
+	x.markers = slices.Compact(x.markers)
+	x.markID = id
+	p.nmarked++
+}
+
+// freeJoined frees the pending blocks of stream slot si whose markers the
+// stream's captured work now follows (under p.mu; p.nmarked > 0).
+func (p *pool) freeJoined(si slot) {
+	r := p.a.reuse
+	s := p.streams[si].s
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vs, err := r.walk(s)
+	if err != nil || vs == nil {
+		return // not capturing, or the graph unreadable: wait for the end
+	}
+	link := &p.pending
+	for b := p.pending; b != nil; {
+		next := b.fnext
+		x := b.x
+		if len(x.markers) == 0 || x.markID != vs.id || b.si != si || !vs.hasAll(x.markers) {
+			link = &b.fnext
+			b = next
+			continue
+		}
+		*link = next
+		p.unpend(b)
+		b = next
+	}
+}
+
+// walk extends the walk back from s's terminals to the nodes added since
+// the last one (under r.mu). It returns nil when s does not capture.
+func (r *captureReuse) walk(s device.Stream) (*visitSet, error) {
+	terms, id, capturing, err := r.g.CaptureTerminals(s, r.buf[:0])
+	r.buf = terms[:0]
+	if err != nil || !capturing {
+		return nil, err
+	}
+	if r.visited == nil {
+		r.visited = make(map[device.Stream]*visitSet)
+	}
+	vs := r.visited[s]
+	if vs == nil || vs.id != id {
+		vs = &visitSet{id: id, nodes: make(map[device.Node]struct{})}
+		r.visited[s] = vs
+	}
+	stack := terms
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if _, seen := vs.nodes[n]; seen {
+			continue
+		}
+		vs.nodes[n] = struct{}{}
+		if stack, err = r.g.NodeParents(n, stack); err != nil {
+			delete(vs.nodes, n) // its parents are not known: walk it again
+			return nil, err
+		}
+	}
+	r.buf = stack[:0]
+	return vs, nil
+}
+
+// hasAll reports whether every node of ns was found on the walk.
+func (vs *visitSet) hasAll(ns []device.Node) bool {
+	for _, n := range ns {
+		if _, ok := vs.nodes[n]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// endReuse forgets the walks of captures that have ended: called when no
+// capture is underway any more.
+func (r *captureReuse) endReuse() {
+	r.mu.Lock()
+	clear(r.visited)
+	r.mu.Unlock()
+}
+
 // errCapturing is what the operations a capture forbids return while one
 // is underway.
 var errCapturing = fmt.Errorf("a stream capture is underway on the device: %w", device.ErrCapturing)
@@ -65,9 +227,13 @@ func (a *Allocator) BeginCapture() { a.captures.Add(1) }
 // no capture underway (a caller's bug that would otherwise hide the next
 // capture).
 func (a *Allocator) EndCapture() {
-	if a.captures.Add(-1) < 0 {
+	n := a.captures.Add(-1)
+	if n < 0 {
 		a.captures.Add(1)
 		panic("gpumem: EndCapture without BeginCapture")
+	}
+	if n == 0 {
+		a.reuse.endReuse()
 	}
 }
 
@@ -124,6 +290,7 @@ func (a *Allocator) NewPrivateWith(pc PrivateConfig) (*Allocator, error) {
 		return nil, err
 	}
 	p.root, p.family, p.captures, p.keep = root, root.family, root.captures, true
+	p.reuse = root.reuse
 	p.segs, p.noSplit = pc.Segments, pc.NoSplit
 	p.limit.Store(root.limit.Load())
 	return p, nil

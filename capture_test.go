@@ -480,3 +480,111 @@ func TestReleaseUnused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCaptureReuseAfterJoin follows PyTorch's test_graph_capture_reclaim_2_streams
+// and _4_streams on the simulated device's capture graph: a buffer of s1,
+// used on s2, s3 and s4 (RecordStream) and freed during a capture, is not
+// reused on s1 while any of those streams' work is not yet joined into
+// s1's, and is reused (the same address) once all of it is, with no event
+// recorded or queried. With reuse off, or with a use on a stream outside
+// the capture, it stays pending until the capture ends.
+func TestCaptureReuseAfterJoin(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		on        bool
+		outside   bool // a use on a stream that does not capture
+		wantReuse bool
+	}{
+		{"on", true, false, true},
+		{"off", false, false, false},
+		{"use outside the capture", true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dev := newSim(1 << 30)
+			a := newAlloc(t, dev, gpumem.Config{CheckInvariants: true})
+			if !a.SetCaptureReuse(tc.on) {
+				t.Fatal("SetCaptureReuse: the simulated device shows no capture graph")
+			}
+			p, err := a.NewPrivate()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s [6]device.Stream
+			for i := range s {
+				s[i], _ = dev.NewStream()
+			}
+			s1, s2, s3, s4, s5 := s[1], s[2], s[3], s[4], s[5]
+			alloc := func(st device.Stream) gpumem.Buffer {
+				t.Helper()
+				b, err := p.Alloc(32, st)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			touch := func(st device.Stream, b gpumem.Buffer) {
+				t.Helper()
+				if err := dev.Touch(st, b.Ptr(), b.Size()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a.BeginCapture()
+			dev.BeginCapture(s1)
+			data1 := alloc(s1)
+			touch(s1, data1) // torch.ones
+			sink1, sink3 := alloc(s1), alloc(s1)
+			var bufs []gpumem.Buffer
+			for _, st := range []device.Stream{s2, s3, s4} {
+				dev.JoinCapture(st, s1) // st.wait_stream(s1)
+				b := alloc(st)
+				bufs = append(bufs, b)
+				touch(st, data1) // torch.add(data1, ..., out=b)
+				touch(st, b)
+				if err := p.RecordStream(data1, st); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.outside {
+				if err := p.RecordStream(data1, s5); err != nil {
+					t.Fatal(err)
+				}
+			}
+			addr1 := data1.Ptr()
+			if err := p.Free(data1); err != nil {
+				t.Fatal(err)
+			}
+			dev.JoinCapture(s1, s2) // s1.wait_stream(s2)
+			touch(s1, sink1)
+			dev.JoinCapture(s3, s4)
+			touch(s3, sink3)
+			data2 := alloc(s1) // s3's and s4's work not yet joined
+			if data2.Ptr() == addr1 {
+				t.Errorf("data2 reuses data1's %#x before s3 and s4 are joined into s1", uint64(addr1))
+			}
+			dev.JoinCapture(s1, s3)
+			touch(s1, sink1)
+			data3 := alloc(s1)
+			if got := data3.Ptr() == addr1; got != tc.wantReuse {
+				t.Errorf("data3 at %#x, data1 was at %#x: reused %v, want %v", uint64(data3.Ptr()), uint64(addr1), got, tc.wantReuse)
+			}
+			mustCheck(t, p, "after the reuse")
+			for _, st := range []device.Stream{s4, s3, s2, s1} {
+				if err := dev.EndCapture(st); err != nil {
+					t.Errorf("the capture was broken: %v", err)
+				}
+			}
+			a.EndCapture()
+			if st := dev.Stats(); st.CaptureViolations != 0 || st.Records != 0 {
+				t.Errorf("during the capture: %d forbidden calls, %d events recorded, want none", st.CaptureViolations, st.Records)
+			}
+			for _, b := range append(bufs, sink1, sink3, data2, data3) {
+				if err := p.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := p.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

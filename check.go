@@ -397,15 +397,21 @@ func (p *pool) check() error {
 	if p.empty.tail != prevI || ne != p.empty.n || ne != empties {
 		bad("empty list: %d listed, counts %d, %d spans empty (tail %d, last %d)", ne, p.empty.n, empties, p.empty.tail, prevI)
 	}
-	np := 0
+	np, nm := 0, 0
 	for b := p.pending; b != nil; b = b.fnext {
 		np++
 		if b.state != blockPending {
 			bad("pending list holds block 0x%x in state %s", b.addr, b.state)
 		}
+		if b.x != nil && len(b.x.markers) > 0 {
+			nm++
+		}
 	}
 	if np != p.npending || np != pending {
 		bad("pending: list %d, count %d, blocks %d", np, p.npending, pending)
+	}
+	if nm != p.nmarked {
+		bad("pending: %d blocks with capture markers, count %d", nm, p.nmarked)
 	}
 	return errors.Join(errs...)
 }

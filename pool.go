@@ -41,6 +41,7 @@ type pool struct {
 	spare    *block // recycled block nodes, linked through fnext
 	pending  *block // freed blocks waiting for events, linked through fnext
 	npending int
+	nmarked  int // pending blocks with capture markers (capture.go)
 
 	// spans back this pool's virtual segments (vm.go); empty lists those
 	// with no live chunk, oldest first. They still count as reserved; a
@@ -575,7 +576,9 @@ func (p *pool) absorb(b, n *block) {
 // the next processPending, which synchronizes the whole device first.
 func (p *pool) deferFree(b *block) {
 	x := b.x
-	if ev := p.a.ev; ev != nil && !p.a.capturing() {
+	if p.a.capturing() {
+		p.markFree(b)
+	} else if ev := p.a.ev; ev != nil {
 		for _, s := range x.uses {
 			e, err := p.event()
 			if err != nil {
@@ -651,14 +654,24 @@ func (p *pool) processPending(wait, sync bool) error {
 			continue
 		}
 		*link = next
-		p.npending--
-		p.spareEvents = append(p.spareEvents, b.x.events...)
-		b.x.events, b.x.uses = b.x.events[:0], b.x.uses[:0]
-		b.fnext = nil
-		p.release(b, true)
+		p.unpend(b)
 		b = next
 	}
 	return errors.Join(errs...)
+}
+
+// unpend frees pending block b, already unlinked from the pending list.
+func (p *pool) unpend(b *block) {
+	p.npending--
+	x := b.x
+	if len(x.markers) > 0 {
+		p.nmarked--
+		x.markers = x.markers[:0]
+	}
+	p.spareEvents = append(p.spareEvents, x.events...)
+	x.events, x.uses = x.events[:0], x.uses[:0]
+	b.fnext = nil
+	p.release(b, true)
 }
 
 // event returns a spare event of this pool, creating one if needed.
