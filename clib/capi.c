@@ -316,6 +316,8 @@ EXPORT gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device)) {
 
 EXPORT gpumem_status gpumem_set_caching(int on) { return gpumemGo_set_caching(on); }
 
+EXPORT gpumem_status gpumem_set_capture_reuse(int on) { return gpumemGo_set_capture_reuse(on); }
+
 EXPORT gpumem_status gpumem_set_free_sites(int on) {
 	atomic_store(&free_sites, on != 0);
 	return GPUMEM_SUCCESS;

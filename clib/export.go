@@ -127,6 +127,14 @@ func gpumemGo_set_caching(on C.int) C.gpumem_status {
 	return 0
 }
 
+//export gpumemGo_set_capture_reuse
+func gpumemGo_set_capture_reuse(on C.int) C.gpumem_status {
+	if !theHost().SetCaptureReuse(on != 0) && on != 0 {
+		return fail(fmt.Errorf("%w: gpumem: reuse within a capture is on, but the driver cannot show a capture's graph (cuStreamGetCaptureInfo_v2, cuGraphNodeGetDependencies): buffers freed during a capture after other streams used them wait for its end", gpudevice.ErrUnsupported), -1)
+	}
+	return 0
+}
+
 //export gpumemGo_free_site
 func gpumemGo_free_site(ptr C.uintptr_t, device C.int, site C.uint32_t) C.gpumem_status {
 	if err := theHost().FreeSite(int(device), uint64(ptr), uint32(site)); err != nil {

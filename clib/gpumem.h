@@ -196,6 +196,13 @@ gpumem_status gpumem_set_oom_callback(void (*fn)(int device, uint64_t size, uint
  * GPUMEM_ERROR_CONFIG, with nothing written, if the symbols or the slot
  * are not found. */
 gpumem_status gpumem_torch_cache_info(const char *libtorch_cuda);
+/* Makes C++ calls for memory history (torch::cuda::_record_memory_history
+ * and _memory_snapshot_pickled: CUDAPluggableAllocator's recordHistory and
+ * snapshot) fail with c10::Error and gpumem's one line naming the Python
+ * calls that work, in the place of PyTorch's "does not yet support". Needs
+ * gpumem_torch_errors first. GPUMEM_ERROR_CONFIG, with nothing written, if
+ * the exceptions, the symbols or the slots are missing. */
+gpumem_status gpumem_torch_cpp_history(const char *libtorch_cuda);
 
 /* --- Allocation with a status -------------------------------------------- */
 
@@ -371,6 +378,16 @@ gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device));
  * gpumem's statistics and the limit does not apply to them. For tools that
  * check each access against its allocation (compute-sanitizer). */
 gpumem_status gpumem_set_caching(int on);
+
+/* Reuse within a CUDA graph capture on (on != 0) or off (the default), on
+ * every device (PyTorch's graph_capture_record_stream_reuse): a buffer
+ * freed during a capture after gpumem_record_stream named other streams is
+ * reused on its own stream, still within the capture, once the capture's
+ * graph orders all those streams' work before that stream's next work;
+ * otherwise it waits for the capture's end. Fails (GPUMEM_ERROR_DEVICE,
+ * with its message) when on and a device in use cannot show capture
+ * graphs; the setting stays, and changes nothing there. */
+gpumem_status gpumem_set_capture_reuse(int on);
 
 /* Memory history in PyTorch's snapshot format (torch.cuda.memory.
  * _record_memory_history and _snapshot under gpumem). gpumem_history turns

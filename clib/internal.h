@@ -19,6 +19,10 @@ int gpumem_torch_enabled(void);
  * c10::Error. */
 void gpumem_torch_raise(gpumem_status status, const char *msg, size_t size, int device);
 
+/* Throws c10::Error with msg when PyTorch's exceptions are enabled (does
+ * not return then); returns at once otherwise. */
+void gpumem_torch_fail(const char *where, const char *msg);
+
 /* torch_errors.c: an allocation (size > 0) or free (size < 0) told to
  * PyTorch's profiler while it profiles memory; nothing otherwise. */
 void gpumem_torch_report(void *ptr, int64_t size, int device);

@@ -160,6 +160,10 @@ static void torch_oom_message(char *out, size_t n, const gpumem_oom *o, const ch
 	         req, o->device, total, free_, active, cached, verdict);
 }
 
+void gpumem_torch_fail(const char *where, const char *msg) {
+	if (atomic_load_explicit(&enabled, memory_order_relaxed)) cxx.check_fail(where, "gpumem", 0, msg); /* throws c10::Error */
+}
+
 void gpumem_torch_raise(gpumem_status status, const char *verdict, size_t size, int device) {
 	char msg[3072];
 	gpumem_oom o;

@@ -45,6 +45,9 @@ type Host struct {
 	serveTried bool
 
 	uncached atomic.Bool // the cache is off (SetCaching)
+	// captureReuse: reuse within a capture, for devices opened later too
+	// (SetCaptureReuse; under mu)
+	captureReuse bool
 
 	devs [MaxDevices]atomic.Pointer[Device]
 }
@@ -167,6 +170,7 @@ func (h *Host) Device(ordinal int) (*Device, error) {
 		closeFn()
 		return nil, fmt.Errorf("gpumem: device %d: %w", ordinal, err)
 	}
+	a.SetCaptureReuse(h.captureReuse)
 	d := &Device{Ordinal: ordinal, Alloc: a, dev: dev, closeFn: closeFn}
 	h.devs[ordinal].Store(d)
 	h.started = true
@@ -286,6 +290,24 @@ func (d *Device) failed(err error, size, stream uint64, site uint32) error {
 // every access against its allocation (compute-sanitizer), where a cache
 // would hide a read past a buffer's end.
 func (h *Host) SetCaching(on bool) { h.uncached.Store(!on) }
+
+// SetCaptureReuse turns reuse within a CUDA graph capture on or off, on
+// every device, those opened later too (PyTorch's
+// graph_capture_record_stream_reuse; gpumem.Allocator.SetCaptureReuse): a
+// buffer freed during a capture after other streams used it is reused on
+// its stream once the capture's graph orders all their work before that
+// stream's next work. It reports false if a device in use cannot read
+// capture graphs (the driver lacks the calls), where on changes nothing.
+func (h *Host) SetCaptureReuse(on bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.captureReuse = on
+	ok := true
+	for _, d := range h.Devices() {
+		ok = d.Alloc.SetCaptureReuse(on) && ok
+	}
+	return ok
+}
 
 // Caching reports whether the cache is on (SetCaching).
 func (h *Host) Caching() bool { return !h.uncached.Load() }

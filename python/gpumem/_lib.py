@@ -165,6 +165,7 @@ _OPTIONAL = {  # functions of later versions, bound when present
     "gpumem_pool_drop": (_status, [ctypes.c_int, _u64, _u64]),
     "gpumem_set_free_sites": (_status, [ctypes.c_int]),
     "gpumem_set_caching": (_status, [ctypes.c_int]),
+    "gpumem_set_capture_reuse": (_status, [ctypes.c_int]),
     "gpumem_pool_live": (_status, [ctypes.c_int, _u64, _u64, ctypes.POINTER(_u64), ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.c_size_t)]),
     "gpumem_pool_checkpoint": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_size_t,
@@ -173,6 +174,7 @@ _OPTIONAL = {  # functions of later versions, bound when present
     "gpumem_torch_delete": (None, [ctypes.c_void_p]),
     "gpumem_set_oom_callback": (_status, [OOM_CALLBACK]),
     "gpumem_torch_cache_info": (_status, [ctypes.c_char_p]),
+    "gpumem_torch_cpp_history": (_status, [ctypes.c_char_p]),
     "gpumem_capture_hold": (_status, [ctypes.c_int]),
     "gpumem_capture_release": (_status, [ctypes.c_int]),
 }
@@ -326,6 +328,11 @@ class Library:
         """The cache on or off, every device (gpumem_set_caching)."""
         self.check(self._optional("gpumem_set_caching", "caching_allocator_enable")(1 if on else 0))
 
+    def set_capture_reuse(self, on):
+        """Reuse within a CUDA graph capture on or off, every device
+        (gpumem_set_capture_reuse: PyTorch's graph_capture_record_stream_reuse)."""
+        self.check(self._optional("gpumem_set_capture_reuse", "graph_capture_record_stream_reuse")(1 if on else 0))
+
     def set_free_sites(self, on):
         """Whether frees too ask the site callback for their call site
         (gpumem_set_free_sites); a library without it keeps frees silent."""
@@ -446,6 +453,14 @@ class Library:
         """Answers PyTorch's C++ cacheInfo queries (cuDNN's benchmark) from
         gpumem; returns the status (the reason in last_error())."""
         return self._optional("gpumem_torch_cache_info", "cuDNN benchmark workspace queries")(os.fsencode(libtorch_cuda))
+
+    def torch_cpp_history(self, libtorch_cuda):
+        """gpumem's line for C++ memory history calls (gpumem_torch_cpp_history);
+        a status, not raised: PyTorch's own message stays where it fails."""
+        fn = getattr(self._c, "gpumem_torch_cpp_history", None)
+        if fn is None:
+            return ERROR_CONFIG
+        return fn(os.fsencode(libtorch_cuda))
 
     def torch_errors(self, c10, c10_cuda):
         return self._c.gpumem_torch_errors(os.fsencode(c10), os.fsencode(c10_cuda))

@@ -43,7 +43,10 @@ what PyTorch does not pass to a pluggable allocator by itself:
 - settings of PyTorch's own CUDA allocator (PYTORCH_CUDA_ALLOC_CONF,
   torch.cuda.memory._set_allocator_settings: expandable_segments,
   max_split_size_mb, ...) have no effect under gpumem, which says so once
-  per setting (gpumem's own: GPUMEM_CONFIG, gpumem.configure());
+  per setting (gpumem's own: GPUMEM_CONFIG, gpumem.configure()), except
+  graph_capture_record_stream_reuse, which gpumem follows: a buffer freed
+  during a capture after record_stream is reused within the capture once
+  the graph joins its streams' work (gpumem_set_capture_reuse);
 - out-of-memory observers (torch._C._cuda_attach_out_of_memory_observer)
   are called on gpumem's out-of-memory, with PyTorch's arguments;
 
@@ -118,6 +121,11 @@ def use(limit=None, *, config=None):
     if lib.torch_cache_info(os.path.join(tlib, "libtorch_cuda.so")) != _lib.SUCCESS:
         import warnings
         warnings.warn(lib.last_error() + " (PyTorch " + torch.__version__ + ")", RuntimeWarning, stacklevel=2)
+    # C++ memory history (torch::cuda::_record_memory_history and
+    # _memory_snapshot_pickled) fails with gpumem's line naming the Python
+    # calls that work. Left as PyTorch's message if it cannot be: no
+    # warning, as nothing else changes.
+    lib.torch_cpp_history(os.path.join(tlib, "libtorch_cuda.so"))
     _state["allocator"] = allocator
     _state["installed"] = True
     _patch(torch, lib)
@@ -257,7 +265,9 @@ def _patch(torch, lib):
 # PyTorch's host allocator, which stays PyTorch's.)
 _DEVICE_SETTINGS = ("backend", "expandable_segments", "max_split_size_mb", "max_non_split_rounding_mb",
                     "roundup_power2_divisions", "garbage_collection_threshold", "release_lock_on_cudamalloc",
-                    "graph_capture_record_stream_reuse", "per_process_memory_fraction")
+                    "per_process_memory_fraction")
+# Settings gpumem follows: key -> what gpumem.torch does with its value.
+_FOLLOWED_SETTINGS = {"graph_capture_record_stream_reuse": "set_capture_reuse"}
 _said_settings = set()
 
 
@@ -277,14 +287,30 @@ def _settings_ignored(conf, where):
     return keys
 
 
+def _follow_settings(conf, lib):
+    """Applies the settings of conf ("key:value,...") that gpumem follows
+    (graph_capture_record_stream_reuse: reuse within a capture). A value
+    other than True or False is PyTorch's to refuse; gpumem leaves it."""
+    for item in str(conf or "").split(","):
+        key, _, value = item.partition(":")
+        setter = _FOLLOWED_SETTINGS.get(key.strip())
+        value = value.strip().lower()
+        if setter and value in ("true", "false"):
+            getattr(lib, setter)(value == "true")
+
+
 def _patch_allocator_settings(torch, lib):
     """Says so, once per setting, when PyTorch's allocator settings are given
     under gpumem: in PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF at use(),
     or through torch.cuda.memory._set_allocator_settings (which still passes
     them on: PyTorch's getters read them)."""
-    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+    followed = False
+    for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):  # PyTorch's order: the first set wins
         if os.environ.get(var):
             _settings_ignored(os.environ[var], var)
+            if not followed:
+                _follow_settings(os.environ[var], lib)
+                followed = True
     mem = torch.cuda.memory
     # PyTorch's uncached mode, for tools that check each access against its
     # allocation (compute-sanitizer): gpumem's too (gpumem_set_caching).
@@ -310,7 +336,9 @@ def _patch_allocator_settings(torch, lib):
         effect under gpumem, which says so once each (patched by
         gpumem.torch)."""
         _settings_ignored(env, "torch.cuda.memory._set_allocator_settings")
-        return orig(env)
+        out = orig(env)  # PyTorch's checks first: a bad value is its error
+        _follow_settings(env, lib)
+        return out
 
     _put((mem,), "_set_allocator_settings", _set_allocator_settings)
 

@@ -720,13 +720,18 @@ def test_allocator_settings_said_to_have_no_effect():
     """PyTorch's CUDA allocator settings under gpumem: a warning once per
     setting that tunes the allocator gpumem replaces, from the environment
     at use() and from _set_allocator_settings (still passed on); none for
-    PyTorch's host allocator's settings. caching_allocator_enable turns
-    gpumem's cache off and on too (passed on to PyTorch as well), with no
-    warning; so does PYTORCH_NO_CUDA_MEMORY_CACHING=1 at use()."""
+    PyTorch's host allocator's settings, nor for
+    graph_capture_record_stream_reuse, which gpumem follows (from
+    PYTORCH_ALLOC_CONF before PYTORCH_CUDA_ALLOC_CONF, as PyTorch reads
+    them, and from each call, after PyTorch's own). caching_allocator_enable
+    turns gpumem's cache off and on too (passed on to PyTorch as well), with
+    no warning; so does PYTORCH_NO_CUDA_MEMORY_CACHING=1 at use()."""
     p = run("""
         import os, types, warnings
         import gpumem.torch as gt
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,pinned_use_cuda_host_register:True"
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ("expandable_segments:True,pinned_use_cuda_host_register:True,"
+                                                 "graph_capture_record_stream_reuse:False")
+        os.environ["PYTORCH_ALLOC_CONF"] = "graph_capture_record_stream_reuse:True"
         passed = []
         memory = types.ModuleType("faketorch.cuda.memory")
         memory._set_allocator_settings = lambda env: passed.append(env)
@@ -734,29 +739,106 @@ def test_allocator_settings_said_to_have_no_effect():
         cuda = types.ModuleType("faketorch.cuda")
         cuda.memory, cuda.caching_allocator_enable = memory, memory.caching_allocator_enable
         torch = types.SimpleNamespace(cuda=cuda)
-        caching = []
-        lib = types.SimpleNamespace(set_caching=caching.append)
+        caching, reuse = [], []
+        lib = types.SimpleNamespace(set_caching=caching.append, set_capture_reuse=reuse.append)
         os.environ["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             gt._patch_allocator_settings(torch, lib)
-            memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
             memory._set_allocator_settings("graph_capture_record_stream_reuse:False")
+            memory._set_allocator_settings("graph_capture_record_stream_reuse:True,max_split_size_mb:64")
+            memory._set_allocator_settings("graph_capture_record_stream_reuse:maybe")
             memory._set_allocator_settings("pinned_num_register_threads:8")
             cuda.caching_allocator_enable(True)
             cuda.caching_allocator_enable(False)
             memory.caching_allocator_enable(False)
         for x in w:
             print(str(x.message))
-        print("passed", passed)
+        print("passed", [x for x in passed if isinstance(x, str)])
         print("caching", caching)
+        print("reuse", reuse)
     """)
     lines = p.stdout.splitlines()
-    assert len(lines) == 4, lines
-    assert lines[3] == "caching [False, True, False, False]", lines  # the environment's, then each call
-    lines = lines[:2] + [lines[2].replace(", True, False, False]", "]")]
+    assert len(lines) == 5, lines
     assert lines[0].startswith("gpumem: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments for PyTorch's own CUDA allocator"), lines
     assert "no effect under gpumem.torch.use()" in lines[0] and "pinned" not in lines[0]
-    assert lines[1].startswith("gpumem: torch.cuda.memory._set_allocator_settings sets graph_capture_record_stream_reuse"), lines
-    assert lines[2] == ("passed ['graph_capture_record_stream_reuse:True', 'graph_capture_record_stream_reuse:False', "
-                        "'pinned_num_register_threads:8']"), lines
+    assert "graph_capture_record_stream_reuse" not in lines[0], lines
+    assert lines[1].startswith("gpumem: torch.cuda.memory._set_allocator_settings sets max_split_size_mb"), lines
+    assert "graph_capture_record_stream_reuse" not in lines[1], lines
+    assert lines[2] == ("passed ['graph_capture_record_stream_reuse:False', "
+                        "'graph_capture_record_stream_reuse:True,max_split_size_mb:64', "
+                        "'graph_capture_record_stream_reuse:maybe', 'pinned_num_register_threads:8']"), lines
+    assert lines[3] == "caching [False, True, False, False]", lines  # the environment's, then each call
+    # PYTORCH_ALLOC_CONF's True (PyTorch reads it first), then each call's;
+    # "maybe" is left to PyTorch.
+    assert lines[4] == "reuse [True, False, True]", lines
+
+
+@needs_library
+def test_capture_reuse_switch_on_the_simulated_device():
+    """gpumem_set_capture_reuse through the library, on the simulated
+    device (which shows capture graphs): on and off succeed."""
+    p = run("""
+        import gpumem
+        lib = gpumem.library()
+        lib.allocate(1 << 20, 0, 0)
+        lib.set_capture_reuse(True)
+        lib.set_capture_reuse(False)
+        print("ok")
+    """, env={"GPUMEM_CONFIG": SIM})
+    assert p.stdout.strip().endswith("ok"), p.stdout
+
+
+@needs_library
+@needs_gpu
+def test_capture_reuses_after_streams_join():
+    """PyTorch's graph_capture_record_stream_reuse, as its own
+    test_graph_capture_reclaim_4_streams uses it: a tensor of s1, read on
+    s2, s3 and s4 (record_stream) and freed during the capture, is not
+    reused before all three streams' work is joined into s1, and is once it
+    is (the same address, under both allocators); replays compute what
+    eager code does."""
+    r = both("""
+        torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
+        s1, s2, s3, s4 = (torch.cuda.Stream() for _ in range(4))
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s1):
+            g.capture_begin()
+            data1 = torch.ones(8, device=dev)
+            data1_ptr = data1.data_ptr()
+            sink1 = torch.empty_like(data1)
+            sink3 = torch.empty_like(data1)
+            bufs = []
+            for k, s in ((2, s2), (3, s3), (4, s4)):
+                s.wait_stream(s1)
+                with torch.cuda.stream(s):
+                    b = torch.empty_like(data1)
+                    torch.add(data1, float(k), out=b)
+                    data1.record_stream(s)
+                bufs.append(b)
+            del data1
+            s1.wait_stream(s2)
+            sink1.fill_(1.0)
+            s3.wait_stream(s4)
+            with torch.cuda.stream(s3):
+                sink3.fill_(3.0)
+            data2 = torch.empty(8, device=dev)
+            s1.wait_stream(s3)
+            sink1.add_(sink3)
+            data3 = torch.empty(8, device=dev)
+            data3.copy_(sink1)
+            g.capture_end()
+        torch.cuda.synchronize()
+        g.instantiate()
+        g.replay()
+        torch.cuda.synchronize()
+        RESULT.update(before=data2.data_ptr() == data1_ptr, after=data3.data_ptr() == data1_ptr,
+                      bufs=[b.tolist() for b in bufs], data3=data3.tolist())
+        torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:False")
+    """)
+    for allocator, res in r.items():
+        assert res["before"] is False, f"under {allocator}, reused before the join: {res}"
+        assert res["after"] is True, f"under {allocator}, not reused after the join: {res}"
+        assert res["bufs"] == [[3.0] * 8, [4.0] * 8, [5.0] * 8], (allocator, res)
+        assert res["data3"] == [4.0] * 8, (allocator, res)

@@ -828,6 +828,52 @@ def test_profiler_sees_memory_like_pytorchs():
     assert results["gpumem"] == results["torch"], results
 
 
+CPP_HISTORY = r"""
+import json, os
+import torch
+if os.environ["ALLOCATOR"] == "gpumem":
+    import gpumem.torch
+    gpumem.torch.use()
+x = torch.empty(1 << 20, device="cuda")
+out = {}
+def first_line(fn):
+    try:
+        fn()
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return None
+# The C++ calls (as a C++ extension's torch::cuda::_record_memory_history
+# and _memory_snapshot_pickled make them), through PyTorch's own bindings.
+out["record"] = first_line(lambda: torch.cuda.memory._record_memory_history_impl("all"))
+out["snapshot"] = first_line(lambda: torch._C._cuda_memorySnapshot(None))
+first_line(lambda: torch.cuda.memory._record_memory_history_impl(None))
+# The Python calls still work, and the process goes on.
+torch.cuda.memory._record_memory_history()
+y = torch.empty(1 << 20, device="cuda")
+out["python_snapshot"] = any(b.get("state") == "active_allocated" for s in torch.cuda.memory._snapshot()["segments"]
+                             for b in s["blocks"])
+torch.cuda.memory._record_memory_history(enabled=None)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@needs_library
+@needs_gpu
+def test_cpp_history_fails_with_gpumems_line():
+    """C++ memory history (the allocator's recordHistory and snapshot,
+    which PyTorch's test_cpp_memory_snapshot_pickle reaches from a C++
+    extension) cannot be answered from C: under gpumem each fails at once
+    with gpumem's one line naming the Python calls that work, and those
+    work; under PyTorch's allocator both succeed."""
+    results = under_both(CPP_HISTORY)
+    native, ours = results["torch"], results["gpumem"]
+    assert native == {"record": None, "snapshot": None, "python_snapshot": True}, native
+    assert ours["record"].startswith("gpumem: C++ memory history (torch::cuda::_record_memory_history"), ours
+    assert "torch.cuda.memory._record_memory_history from Python is" in ours["record"], ours
+    assert ours["snapshot"].startswith("gpumem: a C++ memory snapshot (torch::cuda::_memory_snapshot_pickled"), ours
+    assert ours["python_snapshot"] is True, ours
+
+
 def test_snapshot_augmented_with_fx_traces(monkeypatch, tmp_path):
     """_snapshot(augment_with_fx_traces=True) and _dump_snapshot(...,
     augment_with_fx_traces=True) hand gpumem's snapshot to PyTorch's own
