@@ -91,7 +91,7 @@ const scratchMin = 64 << 20
 // before it creates, for size bytes each time), then live chunks move.
 // Errors from a split stop it (the growth goes on); only a split that
 // could not restore a live span returns its error.
-func (p *pool) defrag(size uint64) error {
+func (p *pool) defrag(size uint64, asker slot) error {
 	a := p.a
 	if a.capturing() {
 		return nil // a split synchronizes the device (capture.go)
@@ -101,7 +101,7 @@ func (p *pool) defrag(size uint64) error {
 	if a.reserved.Load()+size <= bound {
 		return nil
 	}
-	p.makeRoom(size)
+	p.makeRoom(size, asker)
 	for a.reserved.Load()+size > bound {
 		// Bytes in flight during a copy stay under the peak already
 		// reached, or the bound.
@@ -157,9 +157,8 @@ func (p *pool) placedNow(i int32) bool {
 // [r0, r1) from its start: a chunk is occupied when a block that is not
 // free overlaps it (see the invariants in vm.go), or the block being
 // backed, which is not marked allocated yet. It walks the segment's blocks:
-// one of the two places mapping reaches up into placement (doc.go,
-// "Layers"); the chunk counts alone do not say which chunks a block covers
-// whole.
+// the one place mapping reaches up into placement (doc.go, "Layers"); the
+// chunk counts alone do not say which chunks a block covers whole.
 func (p *pool) liveRuns(i int32) [][2]int {
 	s := &p.spans[i]
 	seg, c0, n := s.seg, int(s.c0), int(s.n)

@@ -44,9 +44,9 @@
 // named there. A shortage goes back up as an error (*shortage) to
 // pool.allocSlow, which decides; what backing made ready goes back up as
 // back's result, and pool.allocate voids placement's caches (readyNear).
-// Two places still reach up, each noted where it is: a split reads which
-// of its chunks live blocks cover (liveRuns), and stalls asks which
-// stream the request is for (pool.asker).
+// The requesting stream comes down with the request (back's asker, for
+// stalls). One place still reaches up, noted where it is: a split reads
+// which of its chunks live blocks cover (liveRuns).
 //
 // # Modes
 //

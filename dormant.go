@@ -137,8 +137,9 @@ func (p *pool) revivable(i int32, seg *segment, r0 int) int32 {
 // starting at chunk r0 of seg that newSpan may use for k chunks there: of
 // exactly k chunks, or larger and fitting the unmapped room (as
 // emptyToStretch would stretch one); -1 for none. Moving it there revives
-// the mapping: the handle goes back where it was, at no driver cost.
-func (p *pool) revivableAt(seg *segment, r0 int, k int32) int32 {
+// the mapping: the handle goes back where it was, at no driver cost. asker
+// is the requesting slot (stalls).
+func (p *pool) revivableAt(seg *segment, r0 int, k int32, asker slot) int32 {
 	if seg.dormant == nil {
 		return -1
 	}
@@ -148,7 +149,7 @@ func (p *pool) revivableAt(seg *segment, r0 int, k int32) int32 {
 	}
 	dm := &p.dormants[d]
 	o := &p.spans[dm.owner]
-	if int(dm.c0) != r0 || o.occupied != 0 || o.prealloc || p.stalls(dm.owner) {
+	if int(dm.c0) != r0 || o.occupied != 0 || o.prealloc || p.stalls(dm.owner, asker) {
 		return -1
 	}
 	if dm.n == k || (dm.n > k && dm.n <= p.roomAt(seg, r0)) {

@@ -80,8 +80,7 @@ type pool struct {
 	// non-free block b.si a live slot; per slot see streamState.
 	streams     []streamState
 	deadSlots   []slot
-	live        int  // live slots
-	asker       slot // the slot of the allocation being served (stalls)
+	live        int // live slots
 	freeSeq     uint64
 	spareEvents []device.Event
 
@@ -346,8 +345,7 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 	}
 	b = p.carve(h, b, rounded, off)
 	if b.seg.virtual {
-		p.asker = si
-		grew, err := p.back(b)
+		grew, err := p.back(b, si)
 		if grew {
 			p.readyNear(b)
 		}

@@ -156,21 +156,23 @@ const (
 // makeRoom releases empty spans, oldest first, this pool's and then others'
 // (TryLocked), before size bytes are taken from the device, so that the
 // device is asked for memory only when nothing reclaimable is held, and the
-// limit is not hit while empty memory is held.
-func (p *pool) makeRoom(size uint64) {
+// limit is not hit while empty memory is held. asker is the requesting
+// stream's slot in p (stalls); other pools' spans are released only where
+// no stream of theirs would stall.
+func (p *pool) makeRoom(size uint64, asker slot) {
 	// Preallocated spans yield only when the limit would refuse the request.
 	for _, prealloc := range []bool{false, true} {
 		if prealloc && p.a.reserved.Load()+size <= p.a.limit.Load() {
 			return
 		}
-		if p.releaseOldest(size, prealloc) {
+		if p.releaseOldest(size, prealloc, asker) {
 			return
 		}
 		for _, q := range p.a.allPools() {
 			if q == p || !q.mu.TryLock() {
 				continue
 			}
-			done := q.releaseOldest(size, prealloc)
+			done := q.releaseOldest(size, prealloc, -1) // slots are per pool: none of q asks
 			q.mu.Unlock()
 			if done {
 				return
@@ -182,11 +184,11 @@ func (p *pool) makeRoom(size uint64) {
 // releaseOldest releases this pool's empty spans, oldest first (the
 // preallocated ones too if prealloc is set), until `want` bytes were
 // released or none is left; it reports whether it got there.
-func (p *pool) releaseOldest(want uint64, prealloc bool) bool {
+func (p *pool) releaseOldest(want uint64, prealloc bool, asker slot) bool {
 	var got uint64
 	for i := p.empty.head; i >= 0 && got < want; {
 		next := p.spans[i].next
-		if (prealloc || !p.spans[i].prealloc) && !p.stalls(i) {
+		if (prealloc || !p.spans[i].prealloc) && !p.stalls(i, asker) {
 			n := uint64(p.spans[i].n) * p.a.gran
 			if p.releaseSpan(i) != nil {
 				return false

@@ -319,3 +319,56 @@ func TestStreamsPollJustRecordedEpoch(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamsMoveOnlyTheirOwnEmptySpans: a span emptied by a stream whose
+// work is not yet known done moves for that stream's own requests (its
+// later work is ordered after its earlier work), and not for another
+// stream's, which takes new memory rather than wait for it (pool.stalls,
+// with the asking stream passed down from placement).
+func TestStreamsMoveOnlyTheirOwnEmptySpans(t *testing.T) {
+	for _, own := range []bool{true, false} {
+		dev := newSim(8 << 30)
+		a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual, SpanSize: 16 * miB})
+		sa, _ := dev.NewStream()
+		sb, _ := dev.NewStream()
+		if _, err := a.Alloc(64*miB, sa); err != nil { // a live neighbour
+			t.Fatal(err)
+		}
+		x, err := a.Alloc(16*miB, sa) // one span of its own
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Alloc(64*miB, sa); err != nil { // keeps x's range from the frontier
+			t.Fatal(err)
+		}
+		if _, err := a.Alloc(miB, sb); err != nil { // a second stream
+			t.Fatal(err)
+		}
+		dev.Hold(sa)
+		if err := dev.Touch(sa, x.Ptr(), x.Size()); err != nil { // a's work on x still pending
+			t.Fatal(err)
+		}
+		if err := a.Free(x); err != nil { // x's span empties; a's work not done
+			t.Fatal(err)
+		}
+		asker := sb
+		if own {
+			asker = sa
+		}
+		before := a.Stats()
+		if _, err := a.Alloc(18*miB, asker); err != nil { // 9 chunks at the frontier: spans of 8 and 1
+			t.Fatal(err)
+		}
+		after := a.Stats()
+		creates := after.Creates - before.Creates
+		want := uint64(2) // another stream's request: x's span stays, two new
+		if own {
+			want = 1 // x's span moved over the first 8 chunks
+		}
+		if creates != want {
+			t.Errorf("own stream %v: %d creates, want %d", own, creates, want)
+		}
+		mustCheck(t, a, "after the request")
+		dev.Drain(sa)
+	}
+}

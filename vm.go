@@ -213,10 +213,10 @@ func (p *pool) occupyBy(i int32, d int32) {
 
 // back occupies b's chunks and gives every run of unmapped chunks under it
 // a span (the growth step of ModeVirtual), and access to any span that
-// lacks it. On failure nothing changes but what is already mapped. grew
+// lacks it, for a request of stream slot asker (stalls). On failure nothing changes but what is already mapped. grew
 // says whether it set out to map or grant anything: then chunks beside b
 // may have become ready, which the caller tells placement (readyNear).
-func (p *pool) back(b *block) (grew bool, err error) {
+func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 	a := p.a
 	seg := b.seg
 	c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
@@ -246,7 +246,7 @@ func (p *pool) back(b *block) (grew bool, err error) {
 			i = int(s.c0 + s.n)
 		default:
 			r1 := p.runEnd(seg, i, c1)
-			err = p.newSpan(seg, i, r1, c1)
+			err = p.newSpan(seg, i, r1, c1, asker)
 			i = r1
 		}
 	}
@@ -412,13 +412,14 @@ func (p *pool) markReady(i int32) {
 // those after, ahead of it at the frontier, are free): an empty span of
 // exactly that size moved here (remap), else a larger empty span stretched
 // over the unmapped chunks after r1, else new memory from the device after
-// releasing what empty spans hold.
-func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
+// releasing what empty spans hold. asker is the requesting stream's slot
+// (stalls).
+func (p *pool) newSpan(seg *segment, r0, r1, c1 int, asker slot) error {
 	a := p.a
 	k := int32(r1 - r0)
 	size := uint64(k) * a.gran
 	if a.compact {
-		if i := p.revivableAt(seg, r0, k); i >= 0 {
+		if i := p.revivableAt(seg, r0, k, asker); i >= 0 {
 			return p.moveSpan(i, p, seg, r0, c1)
 		}
 	}
@@ -436,22 +437,22 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int) error {
 		}
 		p.churn.refused++
 	}
-	if q, i := p.findEmpty(k); q != nil {
+	if q, i := p.findEmpty(k, asker); q != nil {
 		err := q.moveSpan(i, p, seg, r0, c1)
 		if q != p {
 			q.mu.Unlock()
 		}
 		return err
 	}
-	if i := p.emptyToStretch(seg, r0, k); i >= 0 {
+	if i := p.emptyToStretch(seg, r0, k, asker); i >= 0 {
 		return p.moveSpan(i, p, seg, r0, c1)
 	}
 	if a.defrag && p.churn.level == 0 { // not against the churn guard's slack (defrag.go)
-		if err := p.defrag(size); err != nil {
+		if err := p.defrag(size, asker); err != nil {
 			return err
 		}
 	}
-	p.makeRoom(size)
+	p.makeRoom(size, asker)
 	return p.createSpan(seg, r0, r1, c1, size)
 }
 
@@ -531,12 +532,12 @@ func (p *pool) attach(i int32, seg *segment, r0, c1 int, access bool) error {
 // pass made 28 creates and 17 releases instead of 3 and 2
 // (docs/EXPERIMENTS.md, "Growth at the frontier"). Other pools' spans are
 // left to findEmpty's exact matches: moving them costs their stream a fence.
-func (p *pool) emptyToStretch(seg *segment, r0 int, k int32) int32 {
+func (p *pool) emptyToStretch(seg *segment, r0 int, k int32, asker slot) int32 {
 	room := p.roomAt(seg, r0)
 	best := int32(-1)
 	for i := p.empty.head; i >= 0; i = p.spans[i].next {
 		s := &p.spans[i]
-		if s.n > k && s.n <= room && !s.prealloc && (best < 0 || s.n < p.spans[best].n) && !p.stalls(i) {
+		if s.n > k && s.n <= room && !s.prealloc && (best < 0 || s.n < p.spans[best].n) && !p.stalls(i, asker) {
 			best = i
 		}
 	}
@@ -556,16 +557,16 @@ func (p *pool) roomAt(seg *segment, r0 int) int32 {
 
 // stalls reports whether moving or releasing empty span i of a pool that
 // serves several streams would make the host wait for the work of a stream
-// other than the one asking (pool.asker) that is not known done: the span
+// other than the one asking (slot asker; -1: a request of another pool,
+// whose streams are all others) that is not known done: the span
 // emptied after the last fence, and fence would wait for that stream.
 // Such spans are left where they are (the stream that emptied them reuses
 // them in place), as a block that stream freed is, and new memory is taken
 // instead: a host wait on another stream would stall this one behind all
 // of that stream's work (a prefetch copy, say). The simulated device
-// completes work at once, so there the rule never applies. (Reading
-// pool.asker is one of the two places mapping reaches up: doc.go,
-// "Layers".)
-func (p *pool) stalls(i int32) bool {
+// completes work at once, so there the rule never applies. The asking
+// slot comes down from placement with the request (back's argument).
+func (p *pool) stalls(i int32, asker slot) bool {
 	if p.spans[i].seq <= p.fencedSeq {
 		return false
 	}
@@ -576,7 +577,7 @@ func (p *pool) stalls(i int32) bool {
 		return false
 	}
 	for j := range p.streams {
-		if st := &p.streams[j]; st.live && slot(j) != p.asker && st.last > st.fenced && st.last > st.safe {
+		if st := &p.streams[j]; st.live && slot(j) != asker && st.last > st.fenced && st.last > st.safe {
 			return true
 		}
 	}
@@ -584,16 +585,17 @@ func (p *pool) stalls(i int32) bool {
 }
 
 // findEmpty finds an empty span of exactly k chunks, in this pool or
-// another (which it returns locked), not preallocated.
-func (p *pool) findEmpty(k int32) (*pool, int32) {
-	if i := p.emptyOfSize(k); i >= 0 {
+// another (which it returns locked), not preallocated, for a request of
+// this pool's slot asker.
+func (p *pool) findEmpty(k int32, asker slot) (*pool, int32) {
+	if i := p.emptyOfSize(k, asker); i >= 0 {
 		return p, i
 	}
 	for _, q := range p.a.allPools() {
 		if q == p || !q.mu.TryLock() {
 			continue
 		}
-		if i := q.emptyOfSize(k); i >= 0 {
+		if i := q.emptyOfSize(k, -1); i >= 0 { // slots are per pool: none of q asks
 			return q, i
 		}
 		q.mu.Unlock()
@@ -601,9 +603,9 @@ func (p *pool) findEmpty(k int32) (*pool, int32) {
 	return nil, -1
 }
 
-func (p *pool) emptyOfSize(k int32) int32 {
+func (p *pool) emptyOfSize(k int32, asker slot) int32 {
 	for i := p.empty.head; i >= 0; i = p.spans[i].next {
-		if s := &p.spans[i]; s.n == k && !s.prealloc && !p.stalls(i) {
+		if s := &p.spans[i]; s.n == k && !s.prealloc && !p.stalls(i, asker) {
 			return i
 		}
 	}
