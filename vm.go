@@ -213,9 +213,10 @@ func (p *pool) occupyBy(i int32, d int32) {
 
 // back occupies b's chunks and gives every run of unmapped chunks under it
 // a span (the growth step of ModeVirtual), and access to any span that
-// lacks it, for a request of stream slot asker (stalls). On failure nothing changes but what is already mapped. grew
-// says whether it set out to map or grant anything: then chunks beside b
-// may have become ready, which the caller tells placement (readyNear).
+// lacks it, for a request of stream slot asker (stalls). On failure
+// nothing changes but what is already mapped. grew says whether it set
+// out to map or grant anything: then chunks beside b may have become
+// ready, which the caller tells placement (readyNear).
 func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 	a := p.a
 	seg := b.seg
