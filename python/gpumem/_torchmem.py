@@ -145,6 +145,37 @@ def _accumulated(key):
     return key.endswith((".allocated", ".freed")) or key.startswith("num_")
 
 
+_POOLS = ("small_pool", "large_pool")
+
+
+def _pool_key_error(key):
+    """The KeyError for a key of PyTorch's small/large pool split, which
+    gpumem does not have: one line saying so and what to read instead."""
+    return KeyError(f"gpumem: no {key!r}: gpumem keeps no small_pool/large_pool split "
+                    "(one pool for every size); read the .all. keys, such as "
+                    "'allocated_bytes.all.current'")
+
+
+class Stats(dict):
+    """memory_stats()'s dict: a missing key of PyTorch's small_pool /
+    large_pool split raises gpumem's one-line KeyError instead of a bare one."""
+
+    def __missing__(self, key):
+        if isinstance(key, str) and any(f".{p}." in key for p in _POOLS):
+            raise _pool_key_error(key)
+        raise KeyError(key)
+
+
+class NestedStats(dict):
+    """A level of memory_stats_as_nested_dict(): "small_pool" and
+    "large_pool" raise gpumem's one-line KeyError."""
+
+    def __missing__(self, key):
+        if key in _POOLS:
+            raise _pool_key_error(key)
+        raise KeyError(key)
+
+
 def memory_stats(s, base=None):
     """gpumem's numbers (a _lib.Stats) under torch.cuda.memory_stats()'s
     keys, sorted as PyTorch sorts them; base is the figures at the last
@@ -179,7 +210,7 @@ def memory_stats(s, base=None):
     for k, v in (base or {}).items():
         if _accumulated(k) and k in out:
             out[k] -= v
-    return dict(sorted(out.items()))
+    return Stats(sorted(out.items()))
 
 
 def _fmt_bytes(n):

@@ -350,7 +350,7 @@ def _nested(flat):
         *path, last = key.split(".")
         d = out
         for part in path:
-            d = d.setdefault(part, {})
+            d = d.setdefault(part, _torchmem.NestedStats())
         d[last] = value
     return out
 

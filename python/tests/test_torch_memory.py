@@ -38,9 +38,24 @@ def test_memory_stats_keys_and_summary():
     assert st["requested_bytes.all.allocated"] - st["requested_bytes.all.freed"] == st["requested_bytes.all.current"]
     assert st["reserved_bytes.all.current"] == 4 << 20 and st["allocation.all.current"] == 3
     assert st["num_ooms"] == 1 and st["num_alloc_retries"] == 1 and st["segment.all.current"] == 2
-    # No figure gpumem does not keep is made up.
+    # No figure gpumem does not keep is made up: PyTorch's small/large pool
+    # keys are missing, and asking for one is gpumem's one-line KeyError.
     assert not any(".small_pool." in k or ".large_pool." in k for k in st)
     assert list(st) == sorted(st)
+    for key in ("allocated_bytes.large_pool.current", "segment.small_pool.current"):
+        try:
+            st[key]
+        except KeyError as e:
+            assert str(e.args[0]).startswith(f"gpumem: no {key!r}: gpumem keeps no small_pool/large_pool split"), e
+        else:
+            raise AssertionError(f"{key} answered")
+    assert st.get("allocated_bytes.large_pool.current") is None and "segment.small_pool.current" not in st
+    try:
+        st["no_such_key"]
+    except KeyError as e:
+        assert e.args == ("no_such_key",), e  # any other key: the plain KeyError
+    else:
+        raise AssertionError("no_such_key answered")
     # memory_stats_as_nested_dict / torch._C._cuda_memoryStats: the same
     # figures nested by the keys' dots, as PyTorch's.
     from gpumem.torch import _nested
@@ -52,6 +67,12 @@ def test_memory_stats_keys_and_summary():
             walk(prefix + k + ".", v) if isinstance(v, dict) else flat.__setitem__(prefix + k, v)
     walk("", nested)
     assert flat == st
+    try:
+        nested["allocated_bytes"]["large_pool"]
+    except KeyError as e:
+        assert "gpumem keeps no small_pool/large_pool split" in str(e), e
+    else:
+        raise AssertionError("nested large_pool answered")
     table = _torchmem.memory_summary(s, 0)
     lines = table.splitlines()
     assert lines[0].startswith("|====") and "CUDA OOMs: 1" in table
