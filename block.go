@@ -91,8 +91,11 @@ type blockExtra struct {
 	// reused (capture.go, "Reuse within a capture")
 	markers []device.Node
 	markID  uint64
-	site    []uintptr // allocation call stack, when recorded
-	created int64     // allocation time, UnixNano, when sites are recorded
+	// pending, freed during a capture: its events are still to be
+	// recorded (processPending, once the capture is over)
+	unrecorded bool
+	site       []uintptr // allocation call stack, when recorded
+	created    int64     // allocation time, UnixNano, when sites are recorded
 }
 
 func (b *block) extra() *blockExtra {

@@ -139,6 +139,14 @@ func (p *pool) markFree(b *block) {
 // freeJoined frees the pending blocks of stream slot si whose markers the
 // stream's captured work now follows (under p.mu; p.nmarked > 0).
 func (p *pool) freeJoined(si slot) {
+	if !p.a.capturing() {
+		// The captures are over: the markers are of no more use (the next
+		// processPending records these blocks' events).
+		for b := p.pending; b != nil; b = b.fnext {
+			p.dropMarkers(b)
+		}
+		return
+	}
 	r := p.a.reuse
 	s := p.streams[si].s
 	r.mu.Lock()

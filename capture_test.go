@@ -577,7 +577,22 @@ func TestCaptureReuseAfterJoin(t *testing.T) {
 			if st := dev.Stats(); st.CaptureViolations != 0 || st.Records != 0 {
 				t.Errorf("during the capture: %d forbidden calls, %d events recorded, want none", st.CaptureViolations, st.Records)
 			}
-			for _, b := range append(bufs, sink1, sink3, data2, data3) {
+			// After the capture, a free it kept pending goes back once its
+			// streams' work is done (events recorded at the next slow
+			// path), with no device synchronize.
+			syncs := dev.Stats().Synchronizes
+			big, err := p.Alloc(4*miB, s1) // nothing cached fits: the slow path
+			if err != nil {
+				t.Fatal(err)
+			}
+			data4 := alloc(s1)
+			if !tc.wantReuse && data4.Ptr() != addr1 {
+				t.Errorf("after the capture data4 at %#x, want data1's %#x back", uint64(data4.Ptr()), uint64(addr1))
+			}
+			if d := dev.Stats().Synchronizes - syncs; d != 0 {
+				t.Errorf("%d device synchronizes to give back a capture's pending free, want 0 (its events)", d)
+			}
+			for _, b := range append(bufs, sink1, sink3, data2, data3, data4, big) {
 				if err := p.Free(b); err != nil {
 					t.Fatal(err)
 				}

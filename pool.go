@@ -42,6 +42,9 @@ type pool struct {
 	pending  *block // freed blocks waiting for events, linked through fnext
 	npending int
 	nmarked  int // pending blocks with capture markers (capture.go)
+	// pending blocks freed during a capture, whose events are still to be
+	// recorded (deferFree)
+	nunrecorded int
 
 	// spans back this pool's virtual segments (vm.go); empty lists those
 	// with no live chunk, oldest first. They still count as reserved; a
@@ -570,32 +573,57 @@ func (p *pool) absorb(b, n *block) {
 
 // deferFree parks b on the pending list until the work of the other
 // streams that used it has completed: it records an event on each of them.
-// Without events, or if recording fails, the block waits with no events for
-// the next processPending, which synchronizes the whole device first.
+// During a capture no event may be recorded: the block waits for the
+// capture's end (or, with SetCaptureReuse, for its streams' work to be
+// joined: markFree), and the first processPending after the capture
+// records its events then. Without events (none on the device, or
+// recording failed), the block waits for a processPending that
+// synchronizes the whole device first.
 func (p *pool) deferFree(b *block) {
-	x := b.x
 	if p.a.capturing() {
+		b.x.unrecorded = true
+		p.nunrecorded++
 		p.markFree(b)
-	} else if ev := p.a.ev; ev != nil {
-		for _, s := range x.uses {
-			e, err := p.event()
-			if err != nil {
-				p.dropEvents(b)
-				break
-			}
-			if err := ev.Record(e, s); err != nil {
-				p.spareEvents = append(p.spareEvents, e)
-				p.dropEvents(b)
-				break
-			}
-			x.events = append(x.events, e)
-		}
+	} else {
+		p.recordUses(b)
 	}
 	b.state = blockPending
 	b.req = 0
 	b.fnext = p.pending
 	p.pending = b
 	p.npending++
+}
+
+// dropMarkers forgets pending block b's capture markers, if it has any.
+func (p *pool) dropMarkers(b *block) {
+	if x := b.x; len(x.markers) > 0 {
+		p.nmarked--
+		x.markers = x.markers[:0]
+	}
+}
+
+// recordUses records an event on each stream that used b (its uses), after
+// the work enqueued there so far; on any failure b keeps none (it waits
+// for a device synchronize). Not during a capture.
+func (p *pool) recordUses(b *block) {
+	ev := p.a.ev
+	if ev == nil {
+		return
+	}
+	x := b.x
+	for _, s := range x.uses {
+		e, err := p.event()
+		if err != nil {
+			p.dropEvents(b)
+			return
+		}
+		if err := ev.Record(e, s); err != nil {
+			p.spareEvents = append(p.spareEvents, e)
+			p.dropEvents(b)
+			return
+		}
+		x.events = append(x.events, e)
+	}
 }
 
 // dropEvents gives up on b's events: b will wait for a device synchronize.
@@ -611,6 +639,19 @@ func (p *pool) dropEvents(b *block) {
 func (p *pool) processPending(wait, sync bool) error {
 	if p.a.capturing() {
 		return nil // no event is queried while a capture is underway
+	}
+	if p.nunrecorded > 0 {
+		// Frees of a capture now over: their events, after all the work
+		// enqueued so far (PyTorch's allocator does the same at the
+		// capture's end).
+		for b := p.pending; b != nil; b = b.fnext {
+			if x := b.x; x.unrecorded {
+				x.unrecorded = false
+				p.dropMarkers(b)
+				p.recordUses(b)
+			}
+		}
+		p.nunrecorded = 0
 	}
 	ev := p.a.ev
 	var errs []error
@@ -662,9 +703,10 @@ func (p *pool) processPending(wait, sync bool) error {
 func (p *pool) unpend(b *block) {
 	p.npending--
 	x := b.x
-	if len(x.markers) > 0 {
-		p.nmarked--
-		x.markers = x.markers[:0]
+	p.dropMarkers(b)
+	if x.unrecorded {
+		x.unrecorded = false
+		p.nunrecorded--
 	}
 	p.spareEvents = append(p.spareEvents, x.events...)
 	x.events, x.uses = x.events[:0], x.uses[:0]
