@@ -296,7 +296,10 @@ def _follow_settings(conf, lib):
         setter = _FOLLOWED_SETTINGS.get(key.strip())
         value = value.strip().lower()
         if setter and value in ("true", "false"):
-            getattr(lib, setter)(value == "true")
+            try:
+                getattr(lib, setter)(value == "true")
+            except _lib.GpumemError as e:  # the program goes on without it
+                warnings.warn(f"{e} ({key.strip()})", RuntimeWarning, stacklevel=3)
 
 
 def _patch_allocator_settings(torch, lib):

@@ -774,6 +774,35 @@ def test_allocator_settings_said_to_have_no_effect():
     assert lines[4] == "reuse [True, False, True]", lines
 
 
+def test_capture_reuse_refused_is_a_warning():
+    """A library that cannot follow graph_capture_record_stream_reuse (a
+    driver that cannot show capture graphs) leaves the program running: a
+    warning with gpumem's reason, after PyTorch's own setter ran."""
+    p = run("""
+        import types, warnings
+        import gpumem.torch as gt
+        from gpumem import _lib
+        passed = []
+        memory = types.ModuleType("faketorch.cuda.memory")
+        memory._set_allocator_settings = passed.append
+        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory))
+        def refuse(on):
+            raise _lib.GpumemError(_lib.ERROR_DEVICE, "gpumem: the driver cannot show a capture's graph")
+        lib = types.SimpleNamespace(set_caching=lambda on: None, set_capture_reuse=refuse)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            gt._patch_allocator_settings(torch, lib)
+            memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
+        print("passed", passed)
+        for x in w:
+            print("warning", x.message)
+    """)
+    lines = p.stdout.splitlines()
+    assert lines[0] == "passed ['graph_capture_record_stream_reuse:True']", lines
+    assert len(lines) == 2 and lines[1].startswith("warning gpumem: the driver cannot show a capture's graph"), lines
+    assert "(graph_capture_record_stream_reuse)" in lines[1], lines
+
+
 @needs_library
 def test_capture_reuse_switch_on_the_simulated_device():
     """gpumem_set_capture_reuse through the library, on the simulated
