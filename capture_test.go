@@ -3,6 +3,7 @@ package gpumem_test
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -601,5 +602,156 @@ func TestCaptureReuseAfterJoin(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestCaptureReuseNeverEarly drives random captures over four streams
+// (allocations, uses on other streams named by RecordStream, joins, frees)
+// with reuse within a capture on, and checks every address handed out
+// again during the capture against the capture's graph, walked here on
+// its own: each node that used the earlier buffer (on a stream other than
+// the one allocating now, or on any stream for a buffer of another
+// stream) must come before the allocating stream's next work.
+func TestCaptureReuseNeverEarly(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		dev := newSim(1 << 30)
+		a := newAlloc(t, dev, gpumem.Config{CheckInvariants: true})
+		a.SetCaptureReuse(true)
+		p, err := a.NewPrivate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ss [4]device.Stream
+		for i := range ss {
+			ss[i], _ = dev.NewStream()
+		}
+		type live struct {
+			buf   gpumem.Buffer
+			owner device.Stream
+			uses  map[device.Node]device.Stream // the nodes that used it, by stream
+		}
+		type gone struct {
+			lo, hi uint64
+			owner  device.Stream
+			uses   map[device.Node]device.Stream
+		}
+		var lives []*live
+		var freed []gone
+		a.BeginCapture()
+		dev.BeginCapture(ss[0])
+		in := []bool{true, false, false, false}
+		terminal := func(s device.Stream) device.Node {
+			nodes, _, _, err := dev.CaptureTerminals(s, nil)
+			if err != nil || len(nodes) != 1 {
+				t.Fatalf("seed %d: terminals of %d after a touch: %v, %v", seed, s, nodes, err)
+			}
+			return nodes[0]
+		}
+		// follows reports whether every node of uses comes before s's
+		// next work: each an ancestor of (or one of) s's terminals.
+		follows := func(s device.Stream, uses map[device.Node]device.Stream, skip device.Stream) bool {
+			terms, _, _, _ := dev.CaptureTerminals(s, nil)
+			seen := map[device.Node]bool{}
+			stack := append([]device.Node(nil), terms...)
+			for len(stack) > 0 {
+				n := stack[len(stack)-1]
+				stack = stack[:len(stack)-1]
+				if seen[n] {
+					continue
+				}
+				seen[n] = true
+				stack, _ = dev.NodeParents(n, stack)
+			}
+			for n, us := range uses {
+				if us != skip && !seen[n] {
+					return false
+				}
+			}
+			return true
+		}
+		for step := 0; step < 300; step++ {
+			si := rng.IntN(4)
+			s := ss[si]
+			if !in[si] {
+				dev.JoinCapture(s, ss[0]) // a fork from the origin stream
+				in[si] = true
+			}
+			switch op := rng.IntN(10); {
+			case op < 4: // allocate on s
+				size := uint64(512 * (1 + rng.IntN(8)))
+				b, err := p.Alloc(size, s)
+				if err != nil {
+					t.Fatalf("seed %d step %d: %v", seed, step, err)
+				}
+				lo, hi := uint64(b.Ptr()), uint64(b.Ptr())+size
+				for _, g := range freed {
+					if lo < g.hi && g.lo < hi {
+						skip := g.owner
+						if s != g.owner {
+							skip = device.Stream(^uint64(0)) // another stream's buffer: every use counts
+						}
+						if !follows(s, g.uses, skip) {
+							t.Fatalf("seed %d step %d: [%#x, %#x) handed to stream %d before the work of the buffer freed there was joined into it", seed, step, lo, hi, s)
+						}
+					}
+				}
+				if err := dev.Touch(s, b.Ptr(), size); err != nil {
+					t.Fatal(err)
+				}
+				lives = append(lives, &live{buf: b, owner: s, uses: map[device.Node]device.Stream{terminal(s): s}})
+			case op < 7 && len(lives) > 0: // use a live buffer on s
+				l := lives[rng.IntN(len(lives))]
+				if s != l.owner {
+					dev.JoinCapture(s, l.owner) // its data is made on the owner
+					if err := p.RecordStream(l.buf, s); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := dev.Touch(s, l.buf.Ptr(), l.buf.Size()); err != nil {
+					t.Fatal(err)
+				}
+				l.uses[terminal(s)] = s
+			case op < 8: // join another capturing stream into s
+				o := rng.IntN(4)
+				if in[o] && o != si {
+					dev.JoinCapture(s, ss[o])
+				}
+			case len(lives) > 0: // free a buffer (on its own stream, as PyTorch does)
+				i := rng.IntN(len(lives))
+				l := lives[i]
+				lives = append(lives[:i], lives[i+1:]...)
+				lo := uint64(l.buf.Ptr())
+				// Any earlier record of this range is superseded: the
+				// range served this buffer since.
+				kept := freed[:0]
+				for _, g := range freed {
+					if !(lo < g.hi && g.lo < lo+l.buf.Size()) {
+						kept = append(kept, g)
+					}
+				}
+				freed = append(kept, gone{lo: lo, hi: lo + l.buf.Size(), owner: l.owner, uses: l.uses})
+				if err := p.Free(l.buf); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		mustCheck(t, p, fmt.Sprintf("seed %d", seed))
+		for i := 3; i >= 0; i-- {
+			if in[i] {
+				if err := dev.EndCapture(ss[i]); err != nil {
+					t.Fatalf("seed %d: the capture was broken: %v", seed, err)
+				}
+			}
+		}
+		a.EndCapture()
+		for _, l := range lives {
+			if err := p.Free(l.buf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
