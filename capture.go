@@ -72,7 +72,10 @@ import (
 // Invariant: a pending block has markers only if it was freed during the
 // capture markID; pool.nmarked counts them (checked). The walk's nodes are
 // kept per stream and capture id, so each node is visited once per
-// stream (a stream's terminals only ever follow its earlier ones).
+// stream: a stream's terminals only ever follow its earlier ones, as work
+// enqueued on a stream depends on the work before it. (A program that
+// replaces a stream's dependencies, cudaStreamUpdateCaptureDependencies,
+// breaks that; PyTorch's allocator assumes the same.)
 
 // captureReuse is the state of reuse within a capture, shared by a root
 // and its private pools.
@@ -195,7 +198,9 @@ func (r *captureReuse) walk(s device.Stream) (*visitSet, error) {
 		}
 		vs.nodes[n] = struct{}{}
 		if stack, err = r.g.NodeParents(n, stack); err != nil {
-			delete(vs.nodes, n) // its parents are not known: walk it again
+			// Nodes marked found may have parents not walked yet: start
+			// over next time.
+			delete(r.visited, s)
 			return nil, err
 		}
 	}
