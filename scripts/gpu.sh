@@ -55,6 +55,7 @@ build() {
 	# The C caller's pair (clib/cbench), for the pathcost part; it finds
 	# the library beside it at run time.
 	cc -O2 -I clib -o "$bin/pairs" clib/cbench/pairs.c -L build -lgpumem -Wl,-rpath,'$ORIGIN/../../python/gpumem'
+	cc -O2 -I clib -o "$bin/gaps" clib/cbench/gaps.c -L build -lgpumem -Wl,-rpath,'$ORIGIN/../../python/gpumem'
 	rm -f "$bin"/gpumem-*.whl
 	scripts/wheel.sh "$bin" # the wheel (libgpumem.so, the shim, the command) for the wheel part
 	git describe --always --dirty >"$bin/COMMIT" 2>/dev/null || true
@@ -287,7 +288,8 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 			;;
 		pathcost)
 			# What an allocation costs on the real device: the C caller's
-			# pair on the driver (clib/cbench, no PyTorch), then
+			# pair on the driver (clib/cbench, no PyTorch), alone and
+			# after gaps with the caches evicted (gaps.c), then
 			# torch.empty+del inside PyTorch under PyTorch's allocator,
 			# a near-empty pluggable allocator and gpumem, interleaved,
 			# three rounds (bench/torchalloc/alloc_bench.py).
@@ -296,6 +298,8 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 				machine
 				echo "== clib/cbench/pairs on the driver"
 				"$bin/pairs" || echo "FAIL: pairs"
+				echo "== clib/cbench/gaps on the driver (gaps between pairs, caches evicted)"
+				"$bin/gaps" || echo "FAIL: gaps"
 			} >"$out/pathcost.log" 2>&1
 			local round a
 			for round in 1 2 3; do
