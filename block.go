@@ -91,9 +91,6 @@ type blockExtra struct {
 	// reused (capture.go, "Reuse within a capture")
 	markers []device.Node
 	markID  uint64
-	// pending, freed during a capture: its events are still to be
-	// recorded (processPending, once the capture is over)
-	unrecorded bool
 	site       []uintptr // allocation call stack, when recorded
 	created    int64     // allocation time, UnixNano, when sites are recorded
 }

@@ -413,14 +413,5 @@ func (p *pool) check() error {
 	if nm != p.nmarked {
 		bad("pending: %d blocks with capture markers, count %d", nm, p.nmarked)
 	}
-	nu := 0
-	for b := p.pending; b != nil; b = b.fnext {
-		if b.x.unrecorded {
-			nu++
-		}
-	}
-	if nu != p.nunrecorded {
-		bad("pending: %d blocks freed during a capture without events, count %d", nu, p.nunrecorded)
-	}
 	return errors.Join(errs...)
 }

@@ -42,9 +42,6 @@ type pool struct {
 	pending  *block // freed blocks waiting for events, linked through fnext
 	npending int
 	nmarked  int // pending blocks with capture markers (capture.go)
-	// pending blocks freed during a capture, whose events are still to be
-	// recorded (deferFree)
-	nunrecorded int
 
 	// spans back this pool's virtual segments (vm.go); empty lists those
 	// with no live chunk, oldest first. They still count as reserved; a
@@ -576,13 +573,11 @@ func (p *pool) absorb(b, n *block) {
 // During a capture no event may be recorded: the block waits for the
 // capture's end (or, with SetCaptureReuse, for its streams' work to be
 // joined: markFree), and the first processPending after the capture
-// records its events then. Without events (none on the device, or
-// recording failed), the block waits for a processPending that
+// records its events then, as it does for a block whose recording failed.
+// On a device without events the block waits for a processPending that
 // synchronizes the whole device first.
 func (p *pool) deferFree(b *block) {
 	if p.a.capturing() {
-		b.x.unrecorded = true
-		p.nunrecorded++
 		p.markFree(b)
 	} else {
 		p.recordUses(b)
@@ -633,27 +628,27 @@ func (p *pool) dropEvents(b *block) {
 }
 
 // processPending frees the pending blocks whose events have completed (all
-// of them, waiting, when wait is set). Blocks without events (no event
-// support, or recording failed) need the whole device synchronized: done
-// only when sync is set; otherwise they stay pending.
+// of them, waiting, when wait is set). A block without events gets them
+// first; where it still has none (no event support, or recording failed
+// again) it needs the whole device synchronized: done only when sync is
+// set; otherwise it stays pending.
 func (p *pool) processPending(wait, sync bool) error {
 	if p.a.capturing() {
 		return nil // no event is queried while a capture is underway
 	}
-	if p.nunrecorded > 0 {
-		// Frees of a capture now over: their events, after all the work
-		// enqueued so far (PyTorch's allocator does the same at the
-		// capture's end).
+	ev := p.a.ev
+	if ev != nil {
+		// Blocks without events (freed during a capture, now over, or
+		// whose recording failed) get them now, after all the work
+		// enqueued so far (PyTorch's allocator records a capture's at its
+		// end), rather than wait for a device synchronize.
 		for b := p.pending; b != nil; b = b.fnext {
-			if x := b.x; x.unrecorded {
-				x.unrecorded = false
+			if len(b.x.events) == 0 {
 				p.dropMarkers(b)
 				p.recordUses(b)
 			}
 		}
-		p.nunrecorded = 0
 	}
-	ev := p.a.ev
 	var errs []error
 	synced := false
 	for b := p.pending; b != nil && sync; b = b.fnext {
@@ -704,10 +699,6 @@ func (p *pool) unpend(b *block) {
 	p.npending--
 	x := b.x
 	p.dropMarkers(b)
-	if x.unrecorded {
-		x.unrecorded = false
-		p.nunrecorded--
-	}
 	p.spareEvents = append(p.spareEvents, x.events...)
 	x.events, x.uses = x.events[:0], x.uses[:0]
 	b.fnext = nil
