@@ -91,8 +91,8 @@ type blockExtra struct {
 	// reused (capture.go, "Reuse within a capture")
 	markers []device.Node
 	markID  uint64
-	site       []uintptr // allocation call stack, when recorded
-	created    int64     // allocation time, UnixNano, when sites are recorded
+	site    []uintptr // allocation call stack, when recorded
+	created int64     // allocation time, UnixNano, when sites are recorded
 }
 
 func (b *block) extra() *blockExtra {
