@@ -57,12 +57,17 @@ static void cache_info(void *self, int8_t device, size_t *largest) {
 	*largest = (size_t)free_bytes;
 }
 
-static gpumem_status refuse(const char *why) {
+/* refuse records, as the calling thread's GPUMEM_ERROR_CONFIG, that the
+ * vtable slots of what were not written, why, and what follows. */
+static gpumem_status refuse(const char *what, const char *why, const char *follows) {
 	char msg[512];
-	int n = snprintf(msg, sizeof msg, "gpumem: PyTorch's CUDAPluggableAllocator::cacheInfo left as it is (%s): "
-	                 "torch.backends.cudnn.benchmark fails under gpumem", why);
+	int n = snprintf(msg, sizeof msg, "gpumem: PyTorch's CUDAPluggableAllocator::%s not replaced (%s): %s", what, why, follows);
 	gpumem_set_error(GPUMEM_ERROR_CONFIG, msg, n > 0 && (size_t)n < sizeof msg ? (size_t)n : strlen(msg), NULL);
 	return GPUMEM_ERROR_CONFIG;
+}
+
+static gpumem_status refuse_cache_info(const char *why) {
+	return refuse("cacheInfo", why, "torch.backends.cudnn.benchmark fails under gpumem");
 }
 
 /* find_vtable finds CUDAPluggableAllocator's vtable in lib and the number
@@ -107,14 +112,14 @@ static int put(void **vt, size_t i, void *fn) {
 }
 
 EXPORT gpumem_status gpumem_torch_cache_info(const char *libtorch_cuda) {
-	if (!libtorch_cuda) return refuse("no library given");
+	if (!libtorch_cuda) return refuse_cache_info("no library given");
 	void *lib = dlopen(libtorch_cuda, RTLD_NOW | RTLD_NOLOAD);
-	if (!lib) return refuse("libtorch_cuda.so is not loaded");
+	if (!lib) return refuse_cache_info("libtorch_cuda.so is not loaded");
 	void *fn = dlsym(lib, cache_info_name);
-	if (!fn) return refuse("CUDAPluggableAllocator::cacheInfo was not found in libtorch_cuda.so");
+	if (!fn) return refuse_cache_info("CUDAPluggableAllocator::cacheInfo was not found in libtorch_cuda.so");
 	size_t slots = 0;
 	void **vt = find_vtable(lib, fn, &slots);
-	if (!vt) return refuse("neither the vtable nor the current allocator was found");
+	if (!vt) return refuse_cache_info("neither the vtable nor the current allocator was found");
 	size_t slot = 0;
 	/* Slots 0 and 1: offset to top and typeinfo; the functions follow. */
 	for (size_t i = 2; i < slots; i++) {
@@ -123,8 +128,8 @@ EXPORT gpumem_status gpumem_torch_cache_info(const char *libtorch_cuda) {
 			break;
 		}
 	}
-	if (!slot) return refuse("no vtable slot holds cacheInfo");
-	if (!put(vt, slot, (void *)cache_info)) return refuse("its page could not be made writable");
+	if (!slot) return refuse_cache_info("no vtable slot holds cacheInfo");
+	if (!put(vt, slot, (void *)cache_info)) return refuse_cache_info("its page could not be made writable");
 	return GPUMEM_SUCCESS;
 }
 
@@ -151,11 +156,7 @@ static void snapshot(void *ret, void *self) {
 }
 
 static gpumem_status refuse_history(const char *why) {
-	char msg[512];
-	int n = snprintf(msg, sizeof msg, "gpumem: PyTorch's CUDAPluggableAllocator::recordHistory and snapshot left as they are (%s): "
-	                 "from C++ they fail with PyTorch's words, not gpumem's", why);
-	gpumem_set_error(GPUMEM_ERROR_CONFIG, msg, n > 0 && (size_t)n < sizeof msg ? (size_t)n : strlen(msg), NULL);
-	return GPUMEM_ERROR_CONFIG;
+	return refuse("recordHistory and snapshot", why, "from C++ they fail with PyTorch's words, not gpumem's");
 }
 
 EXPORT gpumem_status gpumem_torch_cpp_history(const char *libtorch_cuda) {
