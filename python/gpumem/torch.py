@@ -271,12 +271,19 @@ _FOLLOWED_SETTINGS = {"graph_capture_record_stream_reuse": "set_capture_reuse"}
 _said_settings = set()
 
 
+def _settings(conf):
+    """The (key, value) pairs of a settings string ("key:value,..."),
+    stripped."""
+    for item in str(conf or "").split(","):
+        key, _, value = item.partition(":")
+        yield key.strip(), value.strip()
+
+
 def _settings_ignored(conf, where):
     """Warns once per setting of conf ("key:value,...") that tunes PyTorch's
     own CUDA allocator, saying it has no effect under gpumem."""
     keys = []
-    for item in str(conf or "").split(","):
-        key = item.split(":", 1)[0].strip()
+    for key, _ in _settings(conf):
         if key in _DEVICE_SETTINGS and (where, key) not in _said_settings:
             _said_settings.add((where, key))
             keys.append(key)
@@ -291,15 +298,14 @@ def _follow_settings(conf, lib):
     """Applies the settings of conf ("key:value,...") that gpumem follows
     (graph_capture_record_stream_reuse: reuse within a capture). A value
     other than True or False is PyTorch's to refuse; gpumem leaves it."""
-    for item in str(conf or "").split(","):
-        key, _, value = item.partition(":")
-        setter = _FOLLOWED_SETTINGS.get(key.strip())
-        value = value.strip().lower()
+    for key, value in _settings(conf):
+        setter = _FOLLOWED_SETTINGS.get(key)
+        value = value.lower()
         if setter and value in ("true", "false"):
             try:
                 getattr(lib, setter)(value == "true")
             except _lib.GpumemError as e:  # the program goes on without it
-                warnings.warn(f"{e} ({key.strip()})", RuntimeWarning, stacklevel=3)
+                warnings.warn(f"{e} ({key})", RuntimeWarning, stacklevel=3)
 
 
 def _patch_allocator_settings(torch, lib):
