@@ -90,6 +90,7 @@ type pool struct {
 	sites map[string]*SiteTotal
 
 	nallocs, nfrees uint64
+	nreused         uint64 // of nallocs: reuses of parked buffers (Allocator.Reused)
 	// gauges: exact for this pool; see noteAlloc.
 	allocated, active         uint64
 	peakAllocated, peakActive uint64
