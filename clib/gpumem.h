@@ -167,6 +167,10 @@ typedef struct gpumem_stats {
 	uint64_t alloc_bytes, free_bytes, alloc_requested, free_requested;
 	uint64_t segments, retries, device_allocs, device_frees;
 	uint64_t pool_reserved;
+	/* Of allocs: the requests gpumem_alloc served from buffers just freed
+	 * by gpumem_free without entering the allocator (the front cache;
+	 * GPUMEM_FRONT=0 turns it off). */
+	uint64_t reused;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------

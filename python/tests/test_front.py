@@ -1,0 +1,179 @@
+"""The front cache (clib/front.c): requests gpumem_alloc serves from buffers
+gpumem_free just parked, without entering Go. Every figure must stay the
+program's: the same run with the front off (GPUMEM_FRONT=0) must read the
+same numbers at every point, and no buffer may ever be handed out twice.
+Runs on the simulated device; no GPU needed."""
+import json
+
+from conftest import needs_library, run
+
+SIM = "device=sim,capacity=4GiB,check=true"
+
+# Gauges and counters that depend only on the program's requests (not on
+# where the allocator placed them): equal with the front on and off.
+FIGURES = ("allocated", "peak_allocated", "active", "peak_active", "live_buffers", "allocs", "frees",
+           "alloc_bytes", "free_bytes", "alloc_requested", "free_requested")
+
+# A random program over gpumem_alloc/gpumem_free: sizes that repeat (the
+# front's hits), some over its 1 MiB bound, two streams in part of it,
+# reads of the stats at random points, a peak reset, record_stream on some
+# buffers, and double and foreign frees. Prints the stats at every read and
+# the addresses live at the same time (each must be unique).
+PROGRAM = r"""
+import ctypes, json, os, random, sys
+import gpumem
+lib = gpumem.library()
+c = lib.c
+rng = random.Random(int(os.environ["SEED"]))
+two = os.environ.get("STREAMS") == "2"
+sizes = [512, 1000, 4096, 65536, 300000, 1 << 20, (1 << 20) + 1, 3 << 20]
+live = {}
+reads = []
+seen_live = set()
+def read():
+    reads.append({k: v for k, v in lib.stats(0).as_dict().items()})
+for step in range(6000):
+    r = rng.random()
+    if (r < 0.52 and len(live) < 150) or not live:
+        n = rng.choice(sizes)
+        s = rng.choice([0, 7]) if two and step > 2000 else 0
+        p = c.gpumem_alloc(n, 0, s)
+        assert p, lib.last_error() if hasattr(lib, "last_error") else "alloc failed"
+        assert p not in live, f"address {p:#x} handed out twice"
+        live[p] = (n, s)
+    elif r < 0.993:
+        p = rng.choice(list(live))
+        n, s = live.pop(p)
+        if rng.random() < 0.05:
+            lib.record_stream(p, 0, 9)
+        c.gpumem_free(p, n, 0, s)
+    elif r < 0.999:
+        read()
+    else:
+        lib.reset_peaks(0)
+for p, (n, s) in list(live.items()):
+    c.gpumem_free(p, n, 0, s)
+read()
+print(json.dumps(reads))
+"""
+
+
+def program(seed, streams, front, config=SIM):
+    env = {"SEED": str(seed), "STREAMS": str(streams), "GPUMEM_FRONT": front}
+    p = run(PROGRAM, config=config, env=env)
+    assert "invariant" not in p.stderr, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@needs_library
+def test_front_keeps_every_figure():
+    """Random programs, one stream and two, plain segments and virtual
+    memory: every read of the stats with the front on equals the same read
+    with it off, and the front served many of the requests."""
+    for config in (SIM, SIM + ",mode=plain"):
+        for seed, streams in ((1, 1), (2, 2), (3, 1)):
+            on, off = program(seed, streams, "check", config), program(seed, streams, "0", config)
+            assert len(on) == len(off) > 10
+            for i, (a, b) in enumerate(zip(on, off)):
+                for k in FIGURES:
+                    assert a[k] == b[k], f"{config} seed {seed}, read {i}: {k} {a[k]} with the front, {b[k]} without"
+            assert off[-1]["reused"] == 0
+            # With two streams in plain mode the allocator has two pools
+            # (not Lone) from step 2000 on, and the front parks nothing.
+            share = 0.3 if streams == 1 else 0.1
+            assert on[-1]["reused"] > share * on[-1]["allocs"], (on[-1]["reused"], on[-1]["allocs"])
+
+
+@needs_library
+def test_front_double_and_foreign_frees():
+    """A double free of a parked buffer is reported (once, on stderr, as
+    without the front) and the buffer is not handed out twice; a foreign
+    address is reported; record_stream's buffer is never reused by the
+    front."""
+    code = r"""
+    import ctypes
+    import gpumem
+    lib = gpumem.library()
+    c = lib.c
+    p = c.gpumem_alloc(4096, 0, 0)
+    c.gpumem_free(p, 4096, 0, 0)
+    c.gpumem_free(p, 4096, 0, 0)          # double free: parked, so drained and reported by Go
+    a, b = c.gpumem_alloc(4096, 0, 0), c.gpumem_alloc(4096, 0, 0)
+    assert a != b, "one buffer handed out twice"
+    s = lib.stats(0)
+    assert s.live_buffers == 2 and s.allocs == 3 and s.frees == 1, s.as_dict()
+    c.gpumem_free(a, 4096, 0, 0)
+    c.gpumem_free(b, 4096, 0, 0)
+    before = lib.stats(0).reused
+    q = c.gpumem_alloc(8192, 0, 0)
+    lib.record_stream(q, 0, 5)
+    c.gpumem_free(q, 8192, 0, 0)
+    r = c.gpumem_alloc(8192, 0, 0)
+    assert lib.stats(0).reused == before, "record_stream's buffer was reused by the front"
+    c.gpumem_free(r, 8192, 0, 0)
+    print("ok")
+    """
+    p = run(code, config=SIM, env={"GPUMEM_FRONT": "check"})
+    assert p.stdout.strip() == "ok"
+    assert "freed already" in p.stderr, p.stderr
+    assert "invariant" not in p.stderr, p.stderr
+
+
+@needs_library
+def test_front_foreign_free_reported():
+    code = r"""
+    import gpumem
+    lib = gpumem.library()
+    c = lib.c
+    p = c.gpumem_alloc(4096, 0, 0)
+    c.gpumem_free(p, 4096, 0, 0)
+    c.gpumem_free(p + 512, 4096, 0, 0)  # never handed out
+    assert c.gpumem_alloc(4096, 0, 0) == p   # the parked buffer, once
+    print(lib.stats(0).reused)
+    """
+    p = run(code, config=SIM, env={"GPUMEM_FRONT": "check"})
+    assert p.stdout.strip() == "1"
+    assert "gpumem:" in p.stderr and "invariant" not in p.stderr, p.stderr
+
+
+@needs_library
+def test_front_stands_aside_while_recording(tmp_path):
+    """A recording sees every request: with one on, nothing is reused by the
+    front, and the trace has every allocation and free."""
+    trace = tmp_path / "t.trace"
+    code = rf"""
+    import gpumem
+    lib = gpumem.library()
+    c = lib.c
+    lib.record_start(0, {str(trace)!r})
+    for _ in range(100):
+        c.gpumem_free(c.gpumem_alloc(4096, 0, 0), 4096, 0, 0)
+    lib.record_stop(0)
+    print(lib.stats(0).reused)
+    """
+    p = run(code, config=SIM, env={"GPUMEM_FRONT": "check"})
+    assert p.stdout.strip() == "0", p.stdout + p.stderr
+    lines = [l.split()[0] for l in trace.read_text().splitlines() if l and l[0] in "af"]
+    assert lines.count("a") == 100 and lines.count("f") == 100
+
+
+@needs_library
+def test_front_drains_before_the_server_reads():
+    """The HTTP server (serve=, or gpumem.serve) reads Go's figures with no
+    entry point of the library: it drains the front first, so a buffer the
+    program freed is not served as live."""
+    code = r"""
+    import json, urllib.request, gpumem
+    lib = gpumem.library()
+    c = lib.c
+    keep = c.gpumem_alloc(3 << 20, 0, 0)
+    for _ in range(10):
+        c.gpumem_free(c.gpumem_alloc(4096, 0, 0), 4096, 0, 0)   # the last one stays parked
+    addr = gpumem.serve("127.0.0.1:0")
+    stats = json.load(urllib.request.urlopen(f"http://{addr}/debug/gpumem/stats"))["0"]["stats"]
+    print(stats["Allocated"], stats["Allocs"], stats["Frees"], stats["Reused"])
+    """
+    p = run(code, config=SIM, env={"GPUMEM_FRONT": "check"})
+    allocated, allocs, frees, reused = map(int, p.stdout.split())
+    assert allocated == 3 << 20 and allocs == 11 and frees == 10, p.stdout
+    assert reused == 9, p.stdout
