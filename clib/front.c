@@ -110,6 +110,24 @@ static struct {
 
 static atomic_int stops;   /* reasons to stand aside (gpumem_front_stop) */
 static int checking;       /* GPUMEM_FRONT=check: front_check after every change */
+
+/* What the front did, counted under the lock and printed at exit with
+ * GPUMEM_FRONT=stats or check: why requests went to Go. */
+static struct {
+	uint64_t hits, misses, large, unknown, over_peaks, drains, parks, evictions, unparkable;
+	atomic_ullong aside_frees; /* counted without the lock */
+} C;
+
+static void print_counts(void) {
+	fprintf(stderr,
+	        "gpumem: front: %llu hits, %llu misses (%llu over %zu bytes, %llu with Go's gauges unknown, %llu where a parked "
+	        "buffer would pass the peaks); %llu drains for Go's slow path; %llu buffers parked, %llu evicted; frees to Go: "
+	        "%llu not parkable, %llu while standing aside\n",
+	        (unsigned long long)C.hits, (unsigned long long)C.misses, (unsigned long long)C.large, FRONT_MAX_REQUEST,
+	        (unsigned long long)C.unknown, (unsigned long long)C.over_peaks, (unsigned long long)C.drains,
+	        (unsigned long long)C.parks, (unsigned long long)C.evictions, (unsigned long long)C.unparkable,
+	        (unsigned long long)atomic_load(&C.aside_frees));
+}
 static atomic_int pending; /* something parked or counted: drain has work */
 /* lone: Go's last answer to a miss said the device's allocator has one
  * pool (gpumem.Allocator.Lone), and no other entry point ran since (one may
@@ -123,6 +141,7 @@ static void read_env(void) {
 	const char *v = getenv("GPUMEM_FRONT");
 	if (v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "false"))) atomic_fetch_add(&stops, 1);
 	checking = v && !strcmp(v, "check");
+	if (v && (checking || !strcmp(v, "stats"))) atexit(print_counts);
 }
 
 /* A fork (DataLoader workers) while another thread holds the lock would
@@ -343,9 +362,18 @@ int gpumem_front_alloc(uintptr_t *out, size_t size, int device, uintptr_t stream
 	}
 	/* Every request goes through here while the front may park, the large
 	 * ones too: Go must know what is parked whenever it may set a peak. */
+	C.misses++; /* taken back on a hit */
+	if (size > FRONT_MAX_REQUEST) C.large++;
+	else if (!known(device)) C.unknown++;
 	for (int i = F.n - 1; i >= 0 && size <= FRONT_MAX_REQUEST && known(device); i--) {
 		front_buf *s = &F.slot[i];
-		if (s->req == size && s->stream == stream && s->device == device && under_peaks(s)) {
+		if (s->req == size && s->stream == stream && s->device == device && !under_peaks(s)) {
+			C.over_peaks++;
+			break;
+		}
+		if (s->req == size && s->stream == stream && s->device == device) {
+			C.misses--;
+			C.hits++;
 			front_buf b = unpark(i);
 			live_put(b); /* it was in live before it was parked: room is there */
 			F.reused[device].n++;
@@ -365,6 +393,7 @@ int gpumem_front_alloc(uintptr_t *out, size_t size, int device, uintptr_t stream
 	unsigned g = atomic_load(&gen);
 	*st = gpumemGo_front_alloc(&p, &block, &parkable, gauges, size, device, stream, 0, active, allocated);
 	if (*st == GPUMEM_FRONT_DRAIN) {
+		C.drains++;
 		drain_device(device);
 		set_pending();
 		*st = gpumemGo_front_alloc(&p, &block, &parkable, gauges, size, device, stream, 0, 0, 0);
@@ -399,6 +428,7 @@ int gpumem_front_free(void *ptr, int device, gpumem_status *st) {
 	uintptr_t p = (uintptr_t)ptr;
 	if (standing_aside()) {
 		gpumem_front_forget(ptr);
+		atomic_fetch_add_explicit(&C.aside_frees, 1, memory_order_relaxed);
 		return 0;
 	}
 	pthread_mutex_lock(&F.mu);
@@ -412,11 +442,14 @@ int gpumem_front_free(void *ptr, int device, gpumem_status *st) {
 	front_buf b = *e;
 	live_drop(e);
 	if (b.recorded || standing_aside() || !known(b.device)) {
+		C.unparkable++;
 		*st = free_in_go(p, b.device); /* with events where record_stream named it */
 		unlock();
 		return 1;
 	}
+	C.parks++;
 	while (F.n == FRONT_SLOTS || (F.n > 0 && F.bytes + b.block > FRONT_BYTES)) {
+		C.evictions++;
 		front_buf old = unpark(0);
 		gone(old);
 		say(gpumemGo_free(old.ptr, old.device));
