@@ -245,9 +245,9 @@ var ErrParked = errors.New("gpumem: buffers parked by the caller must be freed b
 
 // AllocParked is Alloc for a caller that parks buffers (Parked). It
 // returns ErrParked, allocating nothing, where the parked buffers must
-// come back first: where the request needs the slow path (growth, or an
-// out-of-memory: the parked buffers may be what it needs, and the pool
-// grows only as it would without them), and where the peaks could not be
+// come back first: where the pool would grow (the parked buffers may be
+// what the request needs: the pool then grows, retries or fails only as
+// it would without them), and where the peaks could not be
 // kept exact: those are exact only in a lone pool, under its lock, so with
 // more than one pool (several streams in ModePlain), or where this
 // request's stream would add the second.
@@ -342,10 +342,18 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope, parked Parked
 	}
 	b := p.allocFast(rounded, si)
 	if b == nil && parked != (Parked{}) {
-		// The slow path may grow the pool, or fail: the parked buffers
-		// first, for they may be what it needs.
-		p.mu.Unlock()
-		return Buffer{}, ErrParked
+		// The slow path without growth: pending frees, another stream's
+		// free range. Where the pool would grow (or meet a shortage) the
+		// parked buffers come back first, for they may be what it needs:
+		// the pool grows, retries or fails only as it would without them.
+		var err error
+		if b, err = p.allocateGrowing(rounded, si, false); err != nil {
+			p.mu.Unlock()
+			if errors.Is(err, errWouldGrow) {
+				return Buffer{}, ErrParked
+			}
+			return Buffer{}, err
+		}
 	}
 	if b == nil {
 		var err error

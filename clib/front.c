@@ -73,8 +73,12 @@ enum {
 	FRONT_SLOTS = 64,
 	FRONT_DEVICES = 64,
 };
+#ifndef FRONT_MAX_REQUEST
 #define FRONT_MAX_REQUEST ((size_t)1 << 20)
-#define FRONT_BYTES ((uint64_t)16 << 20)
+#endif
+#ifndef FRONT_BYTES
+#define FRONT_BYTES ((uint64_t)4 << 20)
+#endif
 
 typedef struct {
 	uintptr_t ptr, stream;
