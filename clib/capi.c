@@ -335,9 +335,8 @@ EXPORT gpumem_status gpumem_get_stats(int device, gpumem_stats *out, size_t size
 }
 
 EXPORT gpumem_status gpumem_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
-	gpumem_front_drain();
 	uint64_t f = 0, t = 0;
-	gpumem_status st = gpumemGo_mem_info(device, &f, &t);
+	gpumem_status st = gpumem_front_mem_info(device, &f, &t);
 	if (free_bytes) *free_bytes = f;
 	if (total_bytes) *total_bytes = t;
 	return st;

@@ -119,6 +119,7 @@ static int checking;       /* GPUMEM_FRONT=check: front_check after every change
  * GPUMEM_FRONT=stats or check: why requests went to Go. */
 static struct {
 	uint64_t hits, misses, large, unknown, over_peaks, drains, parks, evictions, unparkable;
+	uint64_t reads, stops; /* drains with buffers parked: by an entry point, by a stop */
 	atomic_ullong aside_frees; /* counted without the lock */
 } C;
 
@@ -126,11 +127,11 @@ static void print_counts(void) {
 	fprintf(stderr,
 	        "gpumem: front: %llu hits, %llu misses (%llu over %zu bytes, %llu with Go's gauges unknown, %llu where a parked "
 	        "buffer would pass the peaks); %llu drains for Go's slow path; %llu buffers parked, %llu evicted; frees to Go: "
-	        "%llu not parkable, %llu while standing aside\n",
+	        "%llu not parkable, %llu while standing aside; drains with buffers parked: %llu by an entry point, %llu by a stop\n",
 	        (unsigned long long)C.hits, (unsigned long long)C.misses, (unsigned long long)C.large, FRONT_MAX_REQUEST,
 	        (unsigned long long)C.unknown, (unsigned long long)C.over_peaks, (unsigned long long)C.drains,
 	        (unsigned long long)C.parks, (unsigned long long)C.evictions, (unsigned long long)C.unparkable,
-	        (unsigned long long)atomic_load(&C.aside_frees));
+	        (unsigned long long)atomic_load(&C.aside_frees), (unsigned long long)C.reads, (unsigned long long)C.stops);
 }
 static atomic_int pending; /* something parked or counted: drain has work */
 /* lone: Go's last answer to a miss said the device's allocator has one
@@ -319,13 +320,29 @@ static void drain_all(void) {
 void gpumem_front_drain(void) {
 	if (!atomic_load_explicit(&pending, memory_order_acquire)) return;
 	pthread_mutex_lock(&F.mu);
+	C.reads += F.n > 0;
 	drain_all();
 	unlock();
+}
+
+gpumem_status gpumem_front_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+	if (device < 0 || device >= FRONT_DEVICES) {
+		gpumem_front_drain();
+		return gpumemGo_mem_info(device, free_bytes, total_bytes);
+	}
+	/* No drain: Go counts the parked buffers live, so they are free memory
+	 * it does not count; the lock keeps the two consistent. */
+	pthread_mutex_lock(&F.mu);
+	gpumem_status st = gpumemGo_mem_info(device, free_bytes, total_bytes);
+	if (st == GPUMEM_SUCCESS) *free_bytes += F.parked[device].active;
+	unlock();
+	return st;
 }
 
 void gpumem_front_stop(void) {
 	atomic_fetch_add(&stops, 1);
 	pthread_mutex_lock(&F.mu); /* not by pending: every park before the stop goes back */
+	C.stops += F.n > 0;
 	drain_all();
 	unlock();
 }

@@ -42,6 +42,8 @@ void gpumem_torch_report(void *ptr, int64_t size, int device);
 int gpumem_front_alloc(uintptr_t *out, size_t size, int device, uintptr_t stream, gpumem_status *st);
 int gpumem_front_free(void *ptr, int device, gpumem_status *st);
 void gpumem_front_drain(void);
+/* gpumem_mem_info through the front: what it parks counted free, no drain. */
+gpumem_status gpumem_front_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 void gpumem_front_stop(void);
 void gpumem_front_go(void);
 void gpumem_front_moved(void);

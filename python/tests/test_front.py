@@ -177,3 +177,23 @@ def test_front_drains_before_the_server_reads():
     allocated, allocs, frees, reused = map(int, p.stdout.split())
     assert allocated == 3 << 20 and allocs == 11 and frees == 10, p.stdout
     assert reused == 9, p.stdout
+
+
+@needs_library
+def test_front_mem_info_counts_parked_as_free():
+    """gpumem_mem_info (torch.cuda.mem_get_info) does not drain the front:
+    it counts what the front parks as free. The same answer as with the
+    front off, buffers parked or not."""
+    code = r"""
+    import gpumem
+    lib = gpumem.library()
+    c = lib.c
+    keep = [c.gpumem_alloc(n, 0, 0) for n in (3 << 20, 4096, 70000)]
+    for n in (4096, 65536, 300000, 1000):
+        c.gpumem_free(c.gpumem_alloc(n, 0, 0), n, 0, 0)
+    print(*lib.mem_info(0), lib.stats(0).reused)
+    """
+    on = run(code, config=SIM, env={"GPUMEM_FRONT": "check"}).stdout.split()
+    off = run(code, config=SIM, env={"GPUMEM_FRONT": "0"}).stdout.split()
+    assert on[:2] == off[:2], (on, off)
+    assert off[2] == "0"
