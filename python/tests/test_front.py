@@ -197,3 +197,60 @@ def test_front_mem_info_counts_parked_as_free():
     off = run(code, config=SIM, env={"GPUMEM_FRONT": "0"}).stdout.split()
     assert on[:2] == off[:2], (on, off)
     assert off[2] == "0"
+
+
+@needs_library
+def test_front_threads():
+    """Four threads allocating and freeing through the front at once (ctypes
+    lets go of the GIL in each call), a fifth reading the stats: no address
+    is ever live twice, the invariants hold (GPUMEM_FRONT=check), and at the
+    end nothing is live and the counts add up."""
+    code = r"""
+    import random, threading
+    import gpumem
+    lib = gpumem.library()
+    c = lib.c
+    live, mu, errors = set(), threading.Lock(), []
+    def work(seed):
+        rng = random.Random(seed)
+        mine = []
+        for _ in range(20000):
+            if mine and (rng.random() < 0.5 or len(mine) > 40):
+                p, n = mine.pop(rng.randrange(len(mine)))
+                with mu:
+                    live.discard(p)
+                c.gpumem_free(p, n, 0, 0)
+            else:
+                n = rng.choice([512, 4096, 65536, 1 << 20, 3 << 20])
+                p = c.gpumem_alloc(n, 0, 0)
+                with mu:
+                    if not p or p in live:
+                        errors.append(p)
+                    live.add(p)
+                mine.append((p, n))
+        for p, n in mine:
+            with mu:
+                live.discard(p)
+            c.gpumem_free(p, n, 0, 0)
+    stop = False
+    def read():
+        while not stop:
+            s = lib.stats(0)
+            assert s.allocs - s.frees == s.live_buffers
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    r = threading.Thread(target=read)
+    r.start()
+    for t in ts: t.start()
+    for t in ts: t.join()
+    stop = True
+    r.join()
+    s = lib.stats(0)
+    assert not errors, f"{len(errors)} addresses handed out while live"
+    assert s.live_buffers == 0 and s.allocated == 0 and s.active == 0, s.as_dict()
+    assert s.alloc_bytes == s.free_bytes and s.allocs == s.frees
+    print(s.reused, s.allocs)
+    """
+    p = run(code, config=SIM, env={"GPUMEM_FRONT": "check"})
+    assert "invariant" not in p.stderr, p.stderr
+    reused, allocs = map(int, p.stdout.split())
+    assert reused > 0 and allocs > 40000
