@@ -372,7 +372,8 @@ static int under_peaks(const front_buf *s) {
 }
 
 int gpumem_front_alloc(uintptr_t *out, size_t size, int device, uintptr_t stream, gpumem_status *st) {
-	if (size == 0 || device < 0 || device >= FRONT_DEVICES || standing_aside()) {
+	if (size == 0) return -1; /* no buffer: Go answers NULL and changes nothing */
+	if (device < 0 || device >= FRONT_DEVICES || standing_aside()) {
 		gpumem_front_drain(); /* the profiler on since buffers were parked: Go must see none */
 		return -1;
 	}
