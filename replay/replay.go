@@ -51,6 +51,10 @@ type Options struct {
 	// event is replayed: the simulated device's clock for its
 	// Config.RunAhead (a host that runs ahead of the GPU).
 	AtTime func(us uint64)
+	// Front passes every request through a model of the C library's front
+	// cache (front.go, clib/front.c), as under gpumem.torch.use(): the
+	// replay of a PyTorch program as it runs with the library's defaults.
+	Front bool
 }
 
 // Result is one trace's replay. JSON keys are part of the CLI's contract.
@@ -97,6 +101,9 @@ type Result struct {
 	// FirstOOM is the first request of the first pass that ran out of
 	// memory, with the allocator's verdict; nil when none did.
 	FirstOOM *OOM `json:"first_oom,omitempty"`
+	// FrontReused counts the first pass's requests served by the front
+	// (Options.Front) without the allocator.
+	FrontReused uint64 `json:"front_reused,omitempty"`
 }
 
 // OOM is a request of a trace that ran out of memory in a replay.
@@ -256,9 +263,18 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	bufs := make([]gpumem.Buffer, tr.Requests)
 	before := a.Stats()
 	var first *OOM
-	elapsed, ooms, err := pass(tr, a, streams, bufs, opt, 1, &first)
+	var f *front
+	if opt.Front {
+		f = newFront(a)
+	}
+	elapsed, ooms, err := pass(tr, a, f, streams, bufs, opt, 1, &first)
 	if err != nil {
 		return Result{}, err
+	}
+	if f != nil {
+		if err := f.drain(); err != nil { // the figures read are the program's
+			return Result{}, err
+		}
 	}
 	st := a.Stats()
 	var driverFirst timed.Times
@@ -291,6 +307,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		CopiedBytes:       st.CopiedBytes - before.CopiedBytes,
 		PeakActiveBytes:   st.PeakActive,
 		EndReservedBytes:  st.Reserved,
+		FrontReused:       st.Reused - before.Reused,
 	}
 	r.Driver = driverFirst // the clock began with the allocator
 	if len(tr.Events) > 0 {
@@ -306,13 +323,17 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	for n := 2; n <= passes; n++ {
 		for i, b := range bufs {
 			if !b.IsZero() {
-				if err := a.Free(b); err != nil {
+				free := a.Free
+				if f != nil {
+					free = f.free
+				}
+				if err := free(b); err != nil {
 					return Result{}, fmt.Errorf("replay %s: freeing what pass %d left: %w", tr.Name, n-1, err)
 				}
 				bufs[i] = gpumem.Buffer{}
 			}
 		}
-		took, o, err := pass(tr, a, streams, bufs, opt, n, &firstLater)
+		took, o, err := pass(tr, a, f, streams, bufs, opt, n, &firstLater)
 		if err != nil {
 			return Result{}, fmt.Errorf("pass %d of %d: %w", n, passes, err)
 		}
@@ -324,6 +345,11 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	}
 	if r.PeakLiveBytes > 0 {
 		r.Ratio = float64(r.PeakReservedBytes) / float64(r.PeakLiveBytes)
+	}
+	if f != nil {
+		if err := f.drain(); err != nil {
+			return Result{}, err
+		}
 	}
 	if passes > 1 {
 		end := a.Stats()
@@ -346,7 +372,8 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 // pass replays every event of tr once (pass number n, from 1), timing the
 // loop, and leaves the requests the trace never frees in bufs. The first
 // request that runs out of memory is recorded in *first if that is nil.
-func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
+// With f, every request passes the front (Options.Front).
+func pass(tr *trace.Trace, a *gpumem.Allocator, f *front, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
 	ooms := 0
 	start := time.Now()
 	trims := 0 // tr.Trims done: the program's empty_cache calls, replayed as Trim
@@ -355,7 +382,11 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 			opt.AtTime(ev.TimeUS)
 		}
 		for trims < len(tr.Trims) && int(tr.Trims[trims]) == i {
-			if err := a.Trim(); err != nil {
+			trim := a.Trim
+			if f != nil {
+				trim = f.trim
+			}
+			if err := trim(); err != nil {
 				return 0, 0, fmt.Errorf("replay %s: the trim before event %d: %w", tr.Name, i, err)
 			}
 			trims++
@@ -363,7 +394,13 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 		slot := tr.Slot[i]
 		if ev.Kind == trace.Alloc {
 			s := streams[ev.Stream]
-			b, err := a.Alloc(ev.Size, s)
+			var b gpumem.Buffer
+			var err error
+			if f != nil {
+				b, err = f.alloc(ev.Size, s)
+			} else {
+				b, err = a.Alloc(ev.Size, s)
+			}
 			if err != nil {
 				if errors.Is(err, gpumem.ErrOutOfMemory) {
 					ooms++
@@ -387,13 +424,23 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 		if b.IsZero() {
 			continue // its allocation failed
 		}
-		if err := a.Free(b); err != nil {
+		var err error
+		if f != nil {
+			err = f.free(b)
+		} else {
+			err = a.Free(b)
+		}
+		if err != nil {
 			return 0, 0, fmt.Errorf("replay %s: event %d (f %d): %w", tr.Name, i, ev.ID, err)
 		}
 		bufs[slot] = gpumem.Buffer{}
 	}
 	if trims < len(tr.Trims) { // after the last event: the next pass begins trimmed
-		if err := a.Trim(); err != nil {
+		trim := a.Trim
+		if f != nil {
+			trim = f.trim
+		}
+		if err := trim(); err != nil {
 			return 0, 0, fmt.Errorf("replay %s: the trim after the last event: %w", tr.Name, err)
 		}
 	}

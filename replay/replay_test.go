@@ -402,3 +402,33 @@ func TestReplayRunAhead(t *testing.T) {
 		t.Errorf("peak reserved with the GPU keeping up %d, 1 ms behind %d; want under 128 MiB (the free reused) and at least 128 MiB (not yet)", keepUp, behind)
 	}
 }
+
+// TestReplayFront: with Options.Front a replay passes every request
+// through the model of the C library's front cache: the program's peaks
+// are those of the replay without it, on every shipped trace and over two
+// passes with a trim between; most requests of a generation program are
+// served by it; the invariants hold.
+func TestReplayFront(t *testing.T) {
+	for _, tr := range loadTraces(t) {
+		opt := replay.Options{Check: true, Passes: 2}
+		off, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt.Front = true
+		on, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if on.PeakActiveBytes != off.PeakActiveBytes || on.PeakLiveBytes != off.PeakLiveBytes || on.OOMs != off.OOMs {
+			t.Errorf("%s: peak active %d, live %d, OOMs %d with the front; %d, %d, %d without",
+				tr.Name, on.PeakActiveBytes, on.PeakLiveBytes, on.OOMs, off.PeakActiveBytes, off.PeakLiveBytes, off.OOMs)
+		}
+		if off.FrontReused != 0 || on.FrontReused == 0 {
+			t.Errorf("%s: front_reused %d with the front, %d without", tr.Name, on.FrontReused, off.FrontReused)
+		}
+		if tr.Name == "gpt2_generate" && on.FrontReused < uint64(tr.Requests)*3/4 {
+			t.Errorf("gpt2_generate: the front served %d of %d requests, want most", on.FrontReused, tr.Requests)
+		}
+	}
+}

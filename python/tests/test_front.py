@@ -254,3 +254,35 @@ def test_front_threads():
     assert "invariant" not in p.stderr, p.stderr
     reused, allocs = map(int, p.stdout.split())
     assert reused > 0 and allocs > 40000
+
+
+@needs_library
+def test_replay_front_models_the_library(tmp_path):
+    """`gpumem replay --front` models the library's front (replay/front.go):
+    on a single-stream trace, the trace replayed through the library's own
+    entry points (bench/torchalloc/front_replay.py) and through the model
+    hold the same peak reserved, and the front serves the same requests."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)
+    cli = os.path.join(root, "build", "gpumem")
+    if not os.path.exists(cli):
+        if shutil.which("go") is None:
+            import pytest
+            pytest.skip("no build/gpumem and no Go to build it")
+        cli = str(tmp_path / "gpumem")
+        subprocess.run(["go", "build", "-o", cli, "./cmd/gpumem"], cwd=root, check=True,
+                       env=dict(os.environ, CGO_ENABLED="0"))
+    trace = os.path.join(root, "testdata", "traces", "resnet50_train.trace.gz")
+    env = dict(os.environ, GPUMEM_CONFIG="device=sim,capacity=80GiB", PYTHONPATH=os.path.join(root, "python"))
+    lib = subprocess.run([sys.executable, os.path.join(root, "bench", "torchalloc", "front_replay.py"), "--one", trace],
+                         env=env, capture_output=True, text=True, check=True)
+    c = json.loads(lib.stdout)
+    go = subprocess.run([cli, "replay", "--json", "--front", "--device", "sim", "--capacity", "80GiB", trace],
+                        capture_output=True, text=True, check=True)
+    model = json.loads([l for l in go.stdout.splitlines() if l.startswith("{")][-1])
+    assert c["reused"] > 1000
+    assert (model["peak_reserved_bytes"], model["peak_active_bytes"], model["front_reused"]) == \
+        (c["peak_reserved"], c["peak_active"], c["reused"])

@@ -1,0 +1,165 @@
+package replay
+
+import (
+	"errors"
+
+	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+)
+
+// front models the C library's front cache (clib/front.c, whose overview
+// has the rules) in a replay (Options.Front): every request passes it, as
+// every request of a PyTorch program under gpumem.torch.use() does. Its
+// rules and bounds are the library's; python/tests/test_front.py's
+// test_replay_front_models_the_library checks that a replay with it and
+// the library itself hold the same on single-stream traces.
+//
+// What the library does at its other entry points, the replay does where
+// the program did them: a drain before a trim (empty_cache, which then
+// forgets Go's gauges, as the library's stop and go do) and before the
+// figures are read.
+type front struct {
+	a      *gpumem.Allocator
+	slots  []frontBuf // parked, oldest first
+	bytes  uint64     // their blocks
+	parked gpumem.Parked
+	live   map[device.Ptr]frontBuf // buffers the front may park when freed
+	g      gpumem.Gauges           // Go's gauges at the last miss, less the front's frees since
+	known  bool                    // g holds, and the allocator has one pool (the library's lone)
+
+	reused, reusedBytes, reusedReq uint64 // since the last drain
+	reusedOn                       device.Stream
+}
+
+type frontBuf struct {
+	buf        gpumem.Buffer
+	req, block uint64
+	s          device.Stream
+}
+
+// The library's bounds (front.c: FRONT_SLOTS, FRONT_BYTES,
+// FRONT_MAX_REQUEST).
+const (
+	frontSlots      = 64
+	frontBytes      = 4 << 20
+	frontMaxRequest = 1 << 20
+)
+
+func newFront(a *gpumem.Allocator) *front {
+	return &front{a: a, live: map[device.Ptr]frontBuf{}}
+}
+
+func (f *front) alloc(size uint64, s device.Stream) (gpumem.Buffer, error) {
+	if size <= frontMaxRequest && f.known {
+		for i := len(f.slots) - 1; i >= 0; i-- {
+			e := f.slots[i]
+			if e.req != size || e.s != s {
+				continue
+			}
+			if !f.underPeaks(e) {
+				break // a request for Go
+			}
+			f.unpark(i)
+			f.live[e.buf.Ptr()] = e
+			f.reused++
+			f.reusedBytes += e.block
+			f.reusedReq += e.req
+			f.reusedOn = s
+			return e.buf, nil
+		}
+	}
+	b, g, err := f.a.AllocParked(size, s, f.parked)
+	if errors.Is(err, gpumem.ErrParked) {
+		if err := f.drain(); err != nil {
+			return gpumem.Buffer{}, err
+		}
+		b, g, err = f.a.AllocParked(size, s, gpumem.Parked{})
+	}
+	if err != nil {
+		return gpumem.Buffer{}, err
+	}
+	f.g, f.known = g, f.a.Lone()
+	if f.known && size <= frontMaxRequest {
+		f.live[b.Ptr()] = frontBuf{buf: b, req: size, block: b.Block(), s: s}
+	}
+	return b, nil
+}
+
+// underPeaks is front.c's under_peaks: handing out e keeps the program
+// within Go's peaks.
+func (f *front) underPeaks(e frontBuf) bool {
+	return f.g.Active-(f.parked.Active-e.block) <= f.g.PeakActive &&
+		f.g.Allocated-(f.parked.Allocated-e.req) <= f.g.PeakAllocated
+}
+
+func (f *front) free(b gpumem.Buffer) error {
+	e, ok := f.live[b.Ptr()]
+	if !ok || !f.known {
+		delete(f.live, b.Ptr())
+		return f.freeInGo(b)
+	}
+	delete(f.live, b.Ptr())
+	for len(f.slots) == frontSlots || (len(f.slots) > 0 && f.bytes+e.block > frontBytes) {
+		old := f.unpark(0)
+		f.gone(old)
+		if err := f.a.Free(old.buf); err != nil {
+			return err
+		}
+	}
+	f.slots = append(f.slots, e)
+	f.bytes += e.block
+	f.parked.Active += e.block
+	f.parked.Allocated += e.req
+	return nil
+}
+
+func (f *front) freeInGo(b gpumem.Buffer) error {
+	block, req := b.Block(), b.Size()
+	if err := f.a.Free(b); err != nil {
+		return err
+	}
+	if f.known {
+		f.g.Active -= block
+		f.g.Allocated -= req
+	}
+	return nil
+}
+
+func (f *front) unpark(i int) frontBuf {
+	e := f.slots[i]
+	f.slots = append(f.slots[:i], f.slots[i+1:]...)
+	f.bytes -= e.block
+	f.parked.Active -= e.block
+	f.parked.Allocated -= e.req
+	return e
+}
+
+func (f *front) gone(e frontBuf) {
+	f.g.Active -= e.block
+	f.g.Allocated -= e.req
+}
+
+// drain frees what is parked, oldest first, and counts the reuses, as
+// gpumemGo_front_drain.
+func (f *front) drain() error {
+	for len(f.slots) > 0 {
+		e := f.unpark(0)
+		f.gone(e)
+		if err := f.a.Free(e.buf); err != nil {
+			return err
+		}
+	}
+	f.a.Reused(f.reusedOn, f.reused, f.reusedBytes, f.reusedReq)
+	f.reused, f.reusedBytes, f.reusedReq = 0, 0, 0
+	return nil
+}
+
+// trim is an empty_cache: the library drains, stops and goes again,
+// which forgets Go's gauges until the next miss.
+func (f *front) trim() error {
+	if err := f.drain(); err != nil {
+		return err
+	}
+	f.known = false
+	return f.a.Trim()
+}
