@@ -712,6 +712,10 @@ func (a *Allocator) capLimit(n uint64) uint64 {
 // or the device's capacity).
 func (a *Allocator) Limit() uint64 { return a.limit.Load() }
 
+// Limited reports whether a limit below the device's capacity is set
+// (Config.Limit, SetLimit): the user's word that memory is what counts.
+func (a *Allocator) Limited() bool { return a.limit.Load() < a.total }
+
 // SetLimit changes the cap on the bytes held from the device (0: the
 // device's capacity), as torch.cuda.set_per_process_memory_fraction does.
 // Lowering it below what is held first returns cached memory to the device,

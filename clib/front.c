@@ -27,6 +27,11 @@
  *     than one pool, or the slow path: growth and out-of-memory see every
  *     free buffer, as without the front).
  *
+ * Go says when a buffer may be parked: not under a limit below the device
+ * (the user's word that memory counts: parking moves where later requests
+ * land, by up to 2% of the pool, and a program that fits a limit exactly
+ * could run out under it; internal/host's AllocParked).
+ *
  * Parking needs the device's allocator to have one pool (lone[device]), for only
  * then does Go keep its peaks under one lock: with more, a free's flush
  * may publish a peak counting what is parked. Every entry point that may

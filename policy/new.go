@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/internal/front"
 )
 
 // The policies by name, in the order tables list them: gpumem first.
@@ -28,6 +29,13 @@ var optional = []struct {
 	new  func(capacity uint64) (Allocator, error)
 }{
 	{"gpumem-gather", func(c uint64) (Allocator, error) { return newGpumem(c, gpumem.Config{Gather: true}) }},
+	{"gpumem-front", func(c uint64) (Allocator, error) {
+		g, err := newGpumem(c, gpumem.Config{})
+		if err == nil {
+			g.front = front.New(g.a)
+		}
+		return g, err
+	}},
 }
 
 // Names returns the names of the policies New knows, gpumem first.
@@ -51,5 +59,9 @@ func New(name string, capacity uint64) (Allocator, error) {
 			return p.new(capacity)
 		}
 	}
-	return nil, fmt.Errorf("policy: unknown policy %q (want one of %s, or %s)", name, strings.Join(Names(), ", "), optional[0].name)
+	var opt []string
+	for _, p := range optional {
+		opt = append(opt, p.name)
+	}
+	return nil, fmt.Errorf("policy: unknown policy %q (want one of %s, or %s)", name, strings.Join(Names(), ", "), strings.Join(opt, ", "))
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/timed"
+	"github.com/gpumem/gpumem/internal/front"
 	"github.com/gpumem/gpumem/trace"
 )
 
@@ -52,7 +53,7 @@ type Options struct {
 	// Config.RunAhead (a host that runs ahead of the GPU).
 	AtTime func(us uint64)
 	// Front passes every request through a model of the C library's front
-	// cache (front.go, clib/front.c), as under gpumem.torch.use(): the
+	// cache (internal/front, clib/front.c), as under gpumem.torch.use(): the
 	// replay of a PyTorch program as it runs with the library's defaults.
 	Front bool
 }
@@ -263,16 +264,16 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	bufs := make([]gpumem.Buffer, tr.Requests)
 	before := a.Stats()
 	var first *OOM
-	var f *front
+	var f *front.Cache
 	if opt.Front {
-		f = newFront(a)
+		f = front.New(a)
 	}
 	elapsed, ooms, err := pass(tr, a, f, streams, bufs, opt, 1, &first)
 	if err != nil {
 		return Result{}, err
 	}
 	if f != nil {
-		if err := f.drain(); err != nil { // the figures read are the program's
+		if err := f.Drain(); err != nil { // the figures read are the program's
 			return Result{}, err
 		}
 	}
@@ -325,7 +326,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 			if !b.IsZero() {
 				free := a.Free
 				if f != nil {
-					free = f.free
+					free = f.Free
 				}
 				if err := free(b); err != nil {
 					return Result{}, fmt.Errorf("replay %s: freeing what pass %d left: %w", tr.Name, n-1, err)
@@ -347,7 +348,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		r.Ratio = float64(r.PeakReservedBytes) / float64(r.PeakLiveBytes)
 	}
 	if f != nil {
-		if err := f.drain(); err != nil {
+		if err := f.Drain(); err != nil {
 			return Result{}, err
 		}
 	}
@@ -373,7 +374,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 // loop, and leaves the requests the trace never frees in bufs. The first
 // request that runs out of memory is recorded in *first if that is nil.
 // With f, every request passes the front (Options.Front).
-func pass(tr *trace.Trace, a *gpumem.Allocator, f *front, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
+func pass(tr *trace.Trace, a *gpumem.Allocator, f *front.Cache, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
 	ooms := 0
 	start := time.Now()
 	trims := 0 // tr.Trims done: the program's empty_cache calls, replayed as Trim
@@ -384,7 +385,7 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, f *front, streams map[uint64]dev
 		for trims < len(tr.Trims) && int(tr.Trims[trims]) == i {
 			trim := a.Trim
 			if f != nil {
-				trim = f.trim
+				trim = f.Trim
 			}
 			if err := trim(); err != nil {
 				return 0, 0, fmt.Errorf("replay %s: the trim before event %d: %w", tr.Name, i, err)
@@ -397,7 +398,7 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, f *front, streams map[uint64]dev
 			var b gpumem.Buffer
 			var err error
 			if f != nil {
-				b, err = f.alloc(ev.Size, s)
+				b, err = f.Alloc(ev.Size, s)
 			} else {
 				b, err = a.Alloc(ev.Size, s)
 			}
@@ -426,7 +427,7 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, f *front, streams map[uint64]dev
 		}
 		var err error
 		if f != nil {
-			err = f.free(b)
+			err = f.Free(b)
 		} else {
 			err = a.Free(b)
 		}
@@ -438,7 +439,7 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, f *front, streams map[uint64]dev
 	if trims < len(tr.Trims) { // after the last event: the next pass begins trimmed
 		trim := a.Trim
 		if f != nil {
-			trim = f.trim
+			trim = f.Trim
 		}
 		if err := trim(); err != nil {
 			return 0, 0, fmt.Errorf("replay %s: the trim after the last event: %w", tr.Name, err)

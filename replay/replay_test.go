@@ -430,5 +430,21 @@ func TestReplayFront(t *testing.T) {
 		if tr.Name == "gpt2_generate" && on.FrontReused < uint64(tr.Requests)*3/4 {
 			t.Errorf("gpt2_generate: the front served %d of %d requests, want most", on.FrontReused, tr.Requests)
 		}
+		// Under a limit below the device the front parks nothing: the
+		// replay is the one without it.
+		limit := gpumem.Config{Limit: 60 << 30}
+		lim, err := replay.Run(tr, sim.MustNew(sim.Config{}), limit, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt.Front = false
+		limOff, err := replay.Run(tr, sim.MustNew(sim.Config{}), limit, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lim.FrontReused != 0 || lim.PeakReservedBytes != limOff.PeakReservedBytes {
+			t.Errorf("%s under a limit: the front served %d, peak reserved %d against %d without it",
+				tr.Name, lim.FrontReused, lim.PeakReservedBytes, limOff.PeakReservedBytes)
+		}
 	}
 }

@@ -226,7 +226,10 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 // it: a buffer of the device's own allocator (not a private pool's nor the
 // driver's with the cache off) while that has one pool
 // (gpumem.Allocator.Lone: with more, a free's flush may publish a peak,
-// which must not count parked buffers). With buffers parked it answers
+// which must not count parked buffers) and no limit below the device
+// (gpumem.Allocator.Limited: parking moves where later requests land, by
+// up to 2% of the pool on generation programs, so a program that fits a
+// limit exactly could run out under it with buffers parked). With buffers parked it answers
 // gpumem.ErrParked, allocating nothing, where the request cannot be
 // served with them parked: a private pool's route, the cache off, a
 // recording or history on (those count every free), or what
@@ -314,7 +317,7 @@ func (h *Host) alloc(ordinal int, size, stream uint64, site uint32, thread uint6
 		return 0, 0, false, d.failed(err, size, stream, site)
 	}
 	ptr, err = d.enter(entry{buf: buf, pool: pool, site: site, stream: stream}, uint64(buf.Ptr()), buf.Size())
-	return ptr, buf.Block(), gauged && err == nil && d.Alloc.Lone(), err
+	return ptr, buf.Block(), gauged && err == nil && d.Alloc.Lone() && !d.Alloc.Limited(), err
 }
 
 // failed notes an allocation that failed with err in the history (an

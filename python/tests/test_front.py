@@ -286,3 +286,21 @@ def test_replay_front_models_the_library(tmp_path):
     assert c["reused"] > 1000
     assert (model["peak_reserved_bytes"], model["peak_active_bytes"], model["front_reused"]) == \
         (c["peak_reserved"], c["peak_active"], c["reused"])
+
+
+@needs_library
+def test_front_stands_aside_under_a_limit():
+    """Under a limit below the device (GPUMEM_CONFIG limit=, or
+    set_memory_fraction), nothing is parked: a program fitted to the limit
+    is placed as without the front."""
+    code = r"""
+    import gpumem
+    lib = gpumem.library()
+    c = lib.c
+    for _ in range(100):
+        c.gpumem_free(c.gpumem_alloc(4096, 0, 0), 4096, 0, 0)
+    print(lib.stats(0).reused)
+    lib.set_memory_fraction(0, 1.0)
+    """
+    assert run(code, config=SIM + ",limit=1GiB", env={"GPUMEM_FRONT": "check"}).stdout.strip() == "0"
+    assert int(run(code, config=SIM, env={"GPUMEM_FRONT": "check"}).stdout.strip()) >= 98

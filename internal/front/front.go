@@ -1,4 +1,16 @@
-package replay
+// Package front models the C library's front cache (clib/front.c, whose
+// overview has the rules) in Go, for replays (gpumem replay --front) and
+// for fitting (gpumem fit --policy gpumem-front): what a PyTorch program
+// under gpumem.torch.use() gets, where every request passes it. Its rules
+// and bounds are the library's; python/tests/test_front.py's
+// test_replay_front_models_the_library checks that a replay with it and
+// the library itself hold the same on single-stream traces.
+//
+// What the library does at its other entry points, the caller does where
+// the program did them: Drain before the figures are read, Trim for a
+// trim (empty_cache, which also forgets Go's gauges, as the library's stop
+// and go do).
+package front
 
 import (
 	"errors"
@@ -7,18 +19,9 @@ import (
 	"github.com/gpumem/gpumem/device"
 )
 
-// front models the C library's front cache (clib/front.c, whose overview
-// has the rules) in a replay (Options.Front): every request passes it, as
-// every request of a PyTorch program under gpumem.torch.use() does. Its
-// rules and bounds are the library's; python/tests/test_front.py's
-// test_replay_front_models_the_library checks that a replay with it and
-// the library itself hold the same on single-stream traces.
-//
-// What the library does at its other entry points, the replay does where
-// the program did them: a drain before a trim (empty_cache, which then
-// forgets Go's gauges, as the library's stop and go do) and before the
-// figures are read.
-type front struct {
+// Cache is the front of one allocator (one device). Not safe for
+// concurrent use.
+type Cache struct {
 	a      *gpumem.Allocator
 	slots  []frontBuf // parked, oldest first
 	bytes  uint64     // their blocks
@@ -45,11 +48,13 @@ const (
 	frontMaxRequest = 1 << 20
 )
 
-func newFront(a *gpumem.Allocator) *front {
-	return &front{a: a, live: map[device.Ptr]frontBuf{}}
+// New returns an empty front over a.
+func New(a *gpumem.Allocator) *Cache {
+	return &Cache{a: a, live: map[device.Ptr]frontBuf{}}
 }
 
-func (f *front) alloc(size uint64, s device.Stream) (gpumem.Buffer, error) {
+// Alloc serves a request, from what is parked or from the allocator.
+func (f *Cache) Alloc(size uint64, s device.Stream) (gpumem.Buffer, error) {
 	if size <= frontMaxRequest && f.known {
 		for i := len(f.slots) - 1; i >= 0; i-- {
 			e := f.slots[i]
@@ -70,7 +75,7 @@ func (f *front) alloc(size uint64, s device.Stream) (gpumem.Buffer, error) {
 	}
 	b, g, err := f.a.AllocParked(size, s, f.parked)
 	if errors.Is(err, gpumem.ErrParked) {
-		if err := f.drain(); err != nil {
+		if err := f.Drain(); err != nil {
 			return gpumem.Buffer{}, err
 		}
 		b, g, err = f.a.AllocParked(size, s, gpumem.Parked{})
@@ -78,7 +83,7 @@ func (f *front) alloc(size uint64, s device.Stream) (gpumem.Buffer, error) {
 	if err != nil {
 		return gpumem.Buffer{}, err
 	}
-	f.g, f.known = g, f.a.Lone()
+	f.g, f.known = g, f.a.Lone() && !f.a.Limited() // the host's parkable
 	if f.known && size <= frontMaxRequest {
 		f.live[b.Ptr()] = frontBuf{buf: b, req: size, block: b.Block(), s: s}
 	}
@@ -87,12 +92,14 @@ func (f *front) alloc(size uint64, s device.Stream) (gpumem.Buffer, error) {
 
 // underPeaks is front.c's under_peaks: handing out e keeps the program
 // within Go's peaks.
-func (f *front) underPeaks(e frontBuf) bool {
+func (f *Cache) underPeaks(e frontBuf) bool {
 	return f.g.Active-(f.parked.Active-e.block) <= f.g.PeakActive &&
 		f.g.Allocated-(f.parked.Allocated-e.req) <= f.g.PeakAllocated
 }
 
-func (f *front) free(b gpumem.Buffer) error {
+// Free takes back a buffer Alloc handed out: parked, or freed in the
+// allocator.
+func (f *Cache) Free(b gpumem.Buffer) error {
 	e, ok := f.live[b.Ptr()]
 	if !ok || !f.known {
 		delete(f.live, b.Ptr())
@@ -113,7 +120,7 @@ func (f *front) free(b gpumem.Buffer) error {
 	return nil
 }
 
-func (f *front) freeInGo(b gpumem.Buffer) error {
+func (f *Cache) freeInGo(b gpumem.Buffer) error {
 	block, req := b.Block(), b.Size()
 	if err := f.a.Free(b); err != nil {
 		return err
@@ -125,7 +132,7 @@ func (f *front) freeInGo(b gpumem.Buffer) error {
 	return nil
 }
 
-func (f *front) unpark(i int) frontBuf {
+func (f *Cache) unpark(i int) frontBuf {
 	e := f.slots[i]
 	f.slots = append(f.slots[:i], f.slots[i+1:]...)
 	f.bytes -= e.block
@@ -134,14 +141,14 @@ func (f *front) unpark(i int) frontBuf {
 	return e
 }
 
-func (f *front) gone(e frontBuf) {
+func (f *Cache) gone(e frontBuf) {
 	f.g.Active -= e.block
 	f.g.Allocated -= e.req
 }
 
-// drain frees what is parked, oldest first, and counts the reuses, as
+// Drain frees what is parked, oldest first, and counts the reuses, as
 // gpumemGo_front_drain.
-func (f *front) drain() error {
+func (f *Cache) Drain() error {
 	for len(f.slots) > 0 {
 		e := f.unpark(0)
 		f.gone(e)
@@ -154,10 +161,10 @@ func (f *front) drain() error {
 	return nil
 }
 
-// trim is an empty_cache: the library drains, stops and goes again,
+// Trim is an empty_cache: the library drains, stops and goes again,
 // which forgets Go's gauges until the next miss.
-func (f *front) trim() error {
-	if err := f.drain(); err != nil {
+func (f *Cache) Trim() error {
+	if err := f.Drain(); err != nil {
 		return err
 	}
 	f.known = false
