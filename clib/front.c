@@ -1,12 +1,13 @@
 /* front.c: the front cache. A request served here does not enter Go.
  *
  * Why: inside PyTorch every tensor's alloc and free is a call into the
- * library, and entering Go costs more than the allocation itself: 0.5-0.7
- * us a pair on the GPU machines, about 1.5 us inside a PyTorch process
- * whose own work has evicted the caches (docs/BENCHMARKS.md, "The path's
- * cost again"). Generation and serving programs make tens of thousands of
- * small requests a step, most of them for a size and stream just freed
- * (docs/EXPERIMENTS.md, "A front cache on the C side of the library").
+ * library, and entering Go costs more than the allocation itself: 0.5-0.8
+ * us a pair on the GPU machines, 5 us with the caches evicted by the
+ * program's own work (docs/BENCHMARKS.md, "The front cache": 0.07-0.1 and
+ * 0.5 us through the front). Generation and serving programs make tens of
+ * thousands of small requests a step, most of them for a size and stream
+ * just freed (docs/EXPERIMENTS.md, "A front cache on the C side of the
+ * library").
  *
  * What: gpumem_free parks a buffer here instead of freeing it in Go, up to
  * FRONT_SLOTS buffers and FRONT_BYTES of blocks, each at most
@@ -19,13 +20,15 @@
  * The figures stay the program's. Go counts parked buffers as live, so:
  *   - every other entry point of the library drains first (all parked
  *     buffers freed in Go, with the reuse counts: gpumemGo_front_drain),
- *     so whatever it reads or changes sees the program's state;
+ *     so whatever it reads or changes sees the program's state; but
+ *     gpumem_mem_info, which cuDNN's attention asks at every call through
+ *     cacheInfo, adds the parked bytes to Go's free figure instead;
  *   - the reuses (a free and an allocation Go never saw) are added to Go's
  *     cumulative counts at the drain (gpumem.Allocator.Reused);
  *   - a miss tells Go what is parked, and Go keeps its peaks net of it
  *     (gpumem.Parked), or answers GPUMEM_FRONT_DRAIN where it cannot (more
- *     than one pool, or the slow path: growth and out-of-memory see every
- *     free buffer, as without the front).
+ *     than one pool, or where the pool would grow: growth and
+ *     out-of-memory see every free buffer, as without the front).
  *
  * Go says when a buffer may be parked: not under a limit below the device
  * (the user's word that memory counts: parking moves where later requests
@@ -64,7 +67,11 @@
  * Invariants (front_check, under the lock): n <= FRONT_SLOTS; bytes is the
  * sum of the parked blocks and <= FRONT_BYTES, parked[d] the sums of
  * device d's; no parked address is in
- * live; pending is nonzero while anything is parked or counted. */
+ * live; pending is nonzero while anything is parked or counted.
+ *
+ * internal/front models all of this in Go for replays and fits (gpumem
+ * replay --front, gpumem fit --policy gpumem-front); a change here is a
+ * change there, which test_replay_front_models_the_library checks. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
