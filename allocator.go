@@ -557,6 +557,20 @@ func (a *Allocator) addPool(s device.Stream) (*pool, slot, error) {
 
 func (a *Allocator) allPools() []*pool { return a.pools.Load().all }
 
+// Held returns what the allocator holds from the device and what its live
+// buffers' blocks take of it (Stats' Reserved and Active, exact when no
+// operation runs concurrently), locking each pool once but walking no
+// heap: for questions asked often (Host.MemInfo, which PyTorch's cacheInfo
+// asks at every cuDNN attention call).
+func (a *Allocator) Held() (reserved, active uint64) {
+	for _, p := range a.allPools() {
+		p.mu.Lock()
+		active += p.active
+		p.mu.Unlock()
+	}
+	return a.reserved.Load(), active
+}
+
 // flushBytes is how far a pool's gauges may drift from the allocator's
 // shared figures before the pool publishes them: one shared atomic update
 // per operation would bounce a cache line between the goroutines of

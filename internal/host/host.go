@@ -692,15 +692,18 @@ func (h *Host) MemInfo(ordinal int) (free, total uint64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	st := d.Alloc.Stats()
-	all := st // the private pools' memory counts against the limit, and is not free to the program
-	d.poolStats(&all)
+	reserved, active := d.Alloc.Held()
+	var cached uint64
+	if reserved > active {
+		cached = reserved - active
+	}
+	all := reserved + d.poolsReserved() // the private pools' memory counts against the limit, and is not free to the program
 	total = d.Alloc.Limit()
 	var room uint64
-	if total > all.Reserved {
-		room = min(total-all.Reserved, devFree)
+	if total > all {
+		room = min(total-all, devFree)
 	}
-	return st.Cached + room, total, nil
+	return cached + room, total, nil
 }
 
 // Live counts the buffers the host knows by address on device ordinal.

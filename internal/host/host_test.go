@@ -659,3 +659,40 @@ func TestUncached(t *testing.T) {
 	}
 	h.SetCaching(true)
 }
+
+// BenchmarkMemInfo is gpumem_mem_info's Go side, which PyTorch's cacheInfo
+// asks at every cuDNN attention call: on a pool shaped by a generation
+// program (gpt2_generate's trace, its live requests left allocated at its
+// peak's size classes).
+func BenchmarkMemInfo(b *testing.B) {
+	h := New("device=sim,capacity=80GiB", nil)
+	defer h.Close()
+	tr, err := trace.Load("../../testdata/traces/gpt2_generate.trace.gz")
+	if err != nil {
+		b.Skip(err)
+	}
+	live := map[uint64]uint64{}
+	for i, ev := range tr.Events {
+		if i > len(tr.Events)/2 {
+			break
+		}
+		if ev.Kind == trace.Alloc {
+			p, err := h.Alloc(0, ev.Size, 0, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			live[ev.ID] = p
+		} else if p, ok := live[ev.ID]; ok {
+			if err := h.Free(0, p); err != nil {
+				b.Fatal(err)
+			}
+			delete(live, ev.ID)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := h.MemInfo(0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

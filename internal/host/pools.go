@@ -464,6 +464,19 @@ func (d *Device) freed(p *privatePool) { p.live.Add(-1) }
 // counters add up; the reserved peak is the whole family's, exact; the
 // allocated and active peaks add the pools' own, an upper bound of the
 // peak of the whole.
+// poolsReserved is what the device's private pools hold from the device
+// (their Stats' Reserved), without their Stats.
+func (d *Device) poolsReserved() uint64 {
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	var n uint64
+	for _, p := range d.pools.byID {
+		r, _ := p.alloc.Held()
+		n += r
+	}
+	return n
+}
+
 func (d *Device) poolStats(st *gpumem.Stats) {
 	d.pools.mu.Lock()
 	defer d.pools.mu.Unlock()

@@ -3,6 +3,7 @@ package host
 import (
 	"cmp"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -905,5 +906,61 @@ func TestReleasedPoolGivesUnusedBack(t *testing.T) {
 	}
 	if got := h.PoolReserved(0); got != 0 {
 		t.Errorf("once the output is freed, the pool holds %d bytes after Trim", got)
+	}
+}
+
+// TestMemInfoAgreesWithStats: MemInfo, which reads only the allocators'
+// held and active bytes (Allocator.Held), answers what the full Stats of
+// the device's allocator and its private pools say, in random states with
+// a private pool holding memory.
+func TestMemInfoAgreesWithStats(t *testing.T) {
+	h := newSimHost(t, "limit=3GiB") // the limit, not the device, bounds the room
+	d, err := h.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var live []uint64
+	pool := PoolID{0, 9}
+	for i := range 600 {
+		if i == 200 {
+			if err := h.BeginPool(0, pool, RouteThread, 0, 3); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(live) > 0 && rng.IntN(3) == 0 {
+			k := rng.IntN(len(live))
+			if err := h.Free(0, live[k]); err != nil {
+				t.Fatal(err)
+			}
+			live = slices.Delete(live, k, k+1)
+		} else {
+			p, err := h.AllocThread(0, uint64(1+rng.IntN(8<<20)), 0, 0, uint64(rng.IntN(4))) // thread 3: the pool's
+			if err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, p)
+		}
+		if i%50 != 49 {
+			continue
+		}
+		free, total, err := h.MemInfo(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := d.Alloc.Stats()
+		all := st
+		d.poolStats(&all)
+		devFree, _, _ := d.dev.MemInfo()
+		want := st.Cached
+		if lim := d.Alloc.Limit(); lim > all.Reserved {
+			want += min(lim-all.Reserved, devFree)
+		}
+		if free != want || total != d.Alloc.Limit() {
+			t.Fatalf("step %d: MemInfo free %d, total %d; from Stats %d, %d", i, free, total, want, d.Alloc.Limit())
+		}
+	}
+	if h.PoolReserved(0) == 0 {
+		t.Fatal("the private pool holds nothing: the test did not test it")
 	}
 }
