@@ -35,9 +35,11 @@ def replay(path):
     with gzip.open(path, "rt") as f:
         for n, line in enumerate(f, 1):
             p = line.split()
-            if not p or p[0] not in ("a", "f"):
+            if not p or p[0] not in ("a", "f", "t"):
                 continue
-            if p[0] == "a":
+            if p[0] == "t":  # the program's empty_cache
+                lib.trim(0)
+            elif p[0] == "a":
                 size, stream = int(p[2]), int(p[3])
                 ptr = c.gpumem_alloc(size, 0, stream)
                 if not ptr:

@@ -275,17 +275,41 @@ def test_replay_front_models_the_library(tmp_path):
         cli = str(tmp_path / "gpumem")
         subprocess.run(["go", "build", "-o", cli, "./cmd/gpumem"], cwd=root, check=True,
                        env=dict(os.environ, CGO_ENABLED="0"))
-    trace = os.path.join(root, "testdata", "traces", "resnet50_train.trace.gz")
+    import gzip
+    import random
+    traces = [os.path.join(root, "testdata", "traces", "resnet50_train.trace.gz")]
+    # Random single-stream programs: sizes that repeat (hits), large ones,
+    # a plateau of live buffers, and empty_cache calls ("t" lines).
+    for seed in range(3):
+        rng = random.Random(seed)
+        path = tmp_path / f"random{seed}.trace.gz"
+        live, n, t = [], 0, 0
+        with gzip.open(path, "wt") as f:
+            f.write("# gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US\n")
+            for _ in range(20000):
+                t += 1
+                r = rng.random()
+                if r < 0.001:
+                    f.write(f"t {t}\n")
+                elif (r < 0.5 and len(live) < 300) or not live:
+                    size = rng.choice([512, 3000, 4096, 65536, 300000, 1 << 20, 5 << 20, rng.randint(1, 64 << 20)])
+                    f.write(f"a {n} {size} 0 {t}\n")
+                    live.append(n)
+                    n += 1
+                else:
+                    f.write(f"f {live.pop(rng.randrange(len(live)))} {t}\n")
+        traces.append(str(path))
     env = dict(os.environ, GPUMEM_CONFIG="device=sim,capacity=80GiB", PYTHONPATH=os.path.join(root, "python"))
-    lib = subprocess.run([sys.executable, os.path.join(root, "bench", "torchalloc", "front_replay.py"), "--one", trace],
-                         env=env, capture_output=True, text=True, check=True)
-    c = json.loads(lib.stdout)
-    go = subprocess.run([cli, "replay", "--json", "--front", "--device", "sim", "--capacity", "80GiB", trace],
-                        capture_output=True, text=True, check=True)
-    model = json.loads([l for l in go.stdout.splitlines() if l.startswith("{")][-1])
-    assert c["reused"] > 1000
-    assert (model["peak_reserved_bytes"], model["peak_active_bytes"], model["front_reused"]) == \
-        (c["peak_reserved"], c["peak_active"], c["reused"])
+    for trace in traces:
+        lib = subprocess.run([sys.executable, os.path.join(root, "bench", "torchalloc", "front_replay.py"), "--one", trace],
+                             env=env, capture_output=True, text=True, check=True)
+        c = json.loads(lib.stdout)
+        go = subprocess.run([cli, "replay", "--json", "--front", "--device", "sim", "--capacity", "80GiB", trace],
+                            capture_output=True, text=True, check=True)
+        model = json.loads([l for l in go.stdout.splitlines() if l.startswith("{")][-1])
+        assert c["reused"] > 1000, (trace, c["reused"])
+        assert (model["peak_reserved_bytes"], model["peak_active_bytes"], model["front_reused"]) == \
+            (c["peak_reserved"], c["peak_active"], c["reused"]), trace
 
 
 @needs_library
