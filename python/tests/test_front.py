@@ -172,11 +172,17 @@ def test_front_drains_before_the_server_reads():
     addr = gpumem.serve("127.0.0.1:0")
     stats = json.load(urllib.request.urlopen(f"http://{addr}/debug/gpumem/stats"))["0"]["stats"]
     print(stats["Allocated"], stats["Allocs"], stats["Frees"], stats["Reused"])
+    for _ in range(2):   # the first is the allocator's (the server's read drained), the second the front's
+        c.gpumem_free(c.gpumem_alloc(4096, 0, 0), 4096, 0, 0)
+    metrics = urllib.request.urlopen(f"http://{addr}/metrics").read().decode()
+    print([l for l in metrics.splitlines() if l.startswith("gpumem_front_reuses_total")][0])
     """
     p = run(code, config=SIM, env={"GPUMEM_FRONT": "check"})
-    allocated, allocs, frees, reused = map(int, p.stdout.split())
+    first, metric = p.stdout.strip().splitlines()
+    allocated, allocs, frees, reused = map(int, first.split())
     assert allocated == 3 << 20 and allocs == 11 and frees == 10, p.stdout
     assert reused == 9, p.stdout
+    assert metric == 'gpumem_front_reuses_total{device="0",pool="gpumem"} 10', metric
 
 
 @needs_library
