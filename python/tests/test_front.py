@@ -334,3 +334,35 @@ def test_front_stands_aside_under_a_limit():
     """
     assert run(code, config=SIM + ",limit=1GiB", env={"GPUMEM_FRONT": "check"}).stdout.strip() == "0"
     assert int(run(code, config=SIM, env={"GPUMEM_FRONT": "check"}).stdout.strip()) >= 98
+
+
+@needs_library
+def test_front_fork():
+    """A fork (DataLoader workers) with buffers parked: the lock is taken
+    across it, the parent goes on with its front, and the child, which
+    never touches the GPU, exits cleanly."""
+    code = r"""
+    import os, threading
+    import gpumem
+    lib = gpumem.library()
+    c = lib.c
+    stop = False
+    def churn():   # another thread in the front while the fork happens
+        while not stop:
+            c.gpumem_free(c.gpumem_alloc(8192, 0, 0), 8192, 0, 0)
+    t = threading.Thread(target=churn)
+    t.start()
+    for _ in range(20):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+    stop = True
+    t.join()
+    for _ in range(10):
+        c.gpumem_free(c.gpumem_alloc(4096, 0, 0), 4096, 0, 0)
+    s = lib.stats(0)
+    print(s.live_buffers, s.reused > 0)
+    """
+    p = run(code, config=SIM, env={"GPUMEM_FRONT": "check"}, timeout=120)
+    assert p.stdout.split() == ["0", "True"], p.stdout + p.stderr
