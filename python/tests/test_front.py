@@ -264,7 +264,7 @@ def test_front_threads():
 
 @needs_library
 def test_replay_front_models_the_library(tmp_path):
-    """`gpumem replay --front` models the library's front (replay/front.go):
+    """`gpumem replay --front` models the library's front (internal/front):
     on a single-stream trace, the trace replayed through the library's own
     entry points (bench/torchalloc/front_replay.py) and through the model
     hold the same peak reserved, and the front serves the same requests."""
