@@ -198,11 +198,12 @@ EXPORT gpumem_status gpumem_pool_end(int device, uint64_t hi, uint64_t lo) {
 	return st;
 }
 
+/* The private pools' calls drain the front (what they read or free is then
+ * the program's state) but need no stop: they leave the device's own
+ * allocator, whose gauges the front follows, as it was. */
 EXPORT gpumem_status gpumem_pool_retain(int device, uint64_t hi, uint64_t lo) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_pool_retain(device, hi, lo);
-	gpumem_front_go();
-	return st;
+	gpumem_front_drain();
+	return gpumemGo_pool_retain(device, hi, lo);
 }
 
 EXPORT gpumem_status gpumem_pool_create(int device, uint64_t hi, uint64_t lo, const gpumem_pool_options *opts) {
@@ -215,11 +216,9 @@ EXPORT gpumem_status gpumem_pool_create(int device, uint64_t hi, uint64_t lo, co
 		gpumem_set_error(GPUMEM_ERROR_INVALID_VALUE, msg, sizeof msg - 1, NULL);
 		return GPUMEM_ERROR_INVALID_VALUE;
 	}
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_pool_create(device, hi, lo, (uintptr_t)opts->alloc, (uintptr_t)opts->free, opts->no_split != 0,
+	gpumem_front_drain();
+	return gpumemGo_pool_create(device, hi, lo, (uintptr_t)opts->alloc, (uintptr_t)opts->free, opts->no_split != 0,
 	                            opts->use_on_oom != 0);
-	gpumem_front_go();
-	return st;
 }
 
 /* The calls of a pool's own allocator (gpumem_pool_options), made from Go. */
@@ -238,17 +237,13 @@ EXPORT gpumem_status gpumem_pool_uses(int device, uint64_t hi, uint64_t lo, uint
 }
 
 EXPORT gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_pool_release(device, hi, lo);
-	gpumem_front_go();
-	return st;
+	gpumem_front_drain();
+	return gpumemGo_pool_release(device, hi, lo);
 }
 
 EXPORT gpumem_status gpumem_pool_drop(int device, uint64_t hi, uint64_t lo) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_pool_drop(device, hi, lo);
-	gpumem_front_go();
-	return st;
+	gpumem_front_drain();
+	return gpumemGo_pool_drop(device, hi, lo);
 }
 
 EXPORT gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint64_t *ptrs, size_t cap, size_t *n) {
@@ -272,18 +267,14 @@ EXPORT gpumem_status gpumem_capture_release(int device) {
 
 EXPORT gpumem_status gpumem_pool_checkpoint(int device, uint64_t hi, uint64_t lo, gpumem_pool_buffer *bufs, size_t cap, size_t *n) {
 	if (!n || (cap > 0 && !bufs)) return GPUMEM_ERROR_INVALID_VALUE;
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_pool_checkpoint(device, hi, lo, (uint64_t *)bufs, cap, n);
-	gpumem_front_go();
-	return st;
+	gpumem_front_drain();
+	return gpumemGo_pool_checkpoint(device, hi, lo, (uint64_t *)bufs, cap, n);
 }
 
 EXPORT gpumem_status gpumem_pool_restore(int device, uint64_t hi, uint64_t lo, const gpumem_pool_buffer *bufs, size_t n) {
 	if (n > 0 && !bufs) return GPUMEM_ERROR_INVALID_VALUE;
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_pool_restore(device, hi, lo, (uint64_t *)bufs, n);
-	gpumem_front_go();
-	return st;
+	gpumem_front_drain();
+	return gpumemGo_pool_restore(device, hi, lo, (uint64_t *)bufs, n);
 }
 
 EXPORT void gpumem_torch_delete(void *ctx) {
@@ -312,10 +303,8 @@ EXPORT gpumem_status gpumem_set_memory_fraction(int device, double fraction) {
 }
 
 EXPORT gpumem_status gpumem_trim(int device) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_trim(device);
-	gpumem_front_go();
-	return st;
+	gpumem_front_drain();
+	return gpumemGo_trim(device);
 }
 EXPORT gpumem_status gpumem_reset_peaks(int device) {
 	gpumem_front_stop();

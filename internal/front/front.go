@@ -8,8 +8,7 @@
 //
 // What the library does at its other entry points, the caller does where
 // the program did them: Drain before the figures are read, Trim for a
-// trim (empty_cache, which also forgets Go's gauges, as the library's stop
-// and go do).
+// trim (empty_cache).
 package front
 
 import (
@@ -161,12 +160,11 @@ func (f *Cache) Drain() error {
 	return nil
 }
 
-// Trim is an empty_cache: the library drains, stops and goes again,
-// which forgets Go's gauges until the next miss.
+// Trim is an empty_cache: the library drains first (a trim changes none
+// of the gauges the front follows).
 func (f *Cache) Trim() error {
 	if err := f.Drain(); err != nil {
 		return err
 	}
-	f.known = false
 	return f.a.Trim()
 }
