@@ -396,30 +396,29 @@ int gpumem_front_alloc(uintptr_t *out, size_t size, int device, uintptr_t stream
 	}
 	/* Every request goes through here while the front may park, the large
 	 * ones too: Go must know what is parked whenever it may set a peak. */
-	C.misses++; /* taken back on a hit */
-	if (size > FRONT_MAX_REQUEST) C.large++;
-	else if (!known(device)) C.unknown++;
-	for (int i = F.n - 1; i >= 0 && size <= FRONT_MAX_REQUEST && known(device); i--) {
+	int may_hit = size <= FRONT_MAX_REQUEST && known(device);
+	for (int i = F.n - 1; i >= 0 && may_hit; i--) {
 		front_buf *s = &F.slot[i];
-		if (s->req == size && s->stream == stream && s->device == device && !under_peaks(s)) {
+		if (s->req != size || s->stream != stream || s->device != device) continue;
+		if (!under_peaks(s)) {
 			C.over_peaks++;
 			break;
 		}
-		if (s->req == size && s->stream == stream && s->device == device) {
-			C.misses--;
-			C.hits++;
-			front_buf b = unpark(i);
-			live_put(b); /* it was in live before it was parked: room is there */
-			F.reused[device].n++;
-			F.reused[device].bytes += b.block;
-			F.reused[device].req += b.req;
-			F.reused[device].stream = stream;
-			unlock();
-			*out = b.ptr;
-			*st = GPUMEM_SUCCESS;
-			return 0;
-		}
+		C.hits++;
+		front_buf b = unpark(i);
+		live_put(b); /* it was in live before it was parked: room is there */
+		F.reused[device].n++;
+		F.reused[device].bytes += b.block;
+		F.reused[device].req += b.req;
+		F.reused[device].stream = stream;
+		unlock();
+		*out = b.ptr;
+		*st = GPUMEM_SUCCESS;
+		return 0;
 	}
+	C.misses++;
+	if (size > FRONT_MAX_REQUEST) C.large++;
+	else if (!known(device)) C.unknown++;
 	uint64_t active = F.parked[device].active, allocated = F.parked[device].allocated, block = 0;
 	uint64_t gauges[4] = {0};
 	int parkable = 0;
@@ -475,7 +474,7 @@ int gpumem_front_free(void *ptr, int device, gpumem_status *st) {
 	}
 	front_buf b = *e;
 	live_drop(e);
-	if (b.recorded || standing_aside() || !known(b.device)) {
+	if (b.recorded || atomic_load_explicit(&stops, memory_order_relaxed) > 0 || !known(b.device)) { /* stopped since the check above */
 		C.unparkable++;
 		*st = free_in_go(p, b.device); /* with events where record_stream named it */
 		unlock();
