@@ -116,9 +116,9 @@ func gpumemGo_alloc(out *C.uintptr_t, size C.size_t, device C.int, stream C.uint
 }
 
 //export gpumemGo_front_alloc
-func gpumemGo_front_alloc(out *C.uintptr_t, block *C.uint64_t, parkable *C.int, gauges *C.uint64_t, size C.size_t, device C.int, stream C.uintptr_t, thread C.uint64_t, parkedActive, parkedAllocated C.uint64_t) C.gpumem_status {
+func gpumemGo_front_alloc(out *C.uintptr_t, block *C.uint64_t, parkable *C.int, gauges *C.uint64_t, size C.size_t, device C.int, stream C.uintptr_t, parkedActive, parkedAllocated C.uint64_t) C.gpumem_status {
 	var g gpumem.Gauges
-	p, b, ok, err := theHost().AllocParked(int(device), uint64(size), uint64(stream), uint64(thread),
+	p, b, ok, err := theHost().AllocParked(int(device), uint64(size), uint64(stream),
 		gpumem.Parked{Active: uint64(parkedActive), Allocated: uint64(parkedAllocated)}, &g)
 	if errors.Is(err, gpumem.ErrParked) {
 		return C.GPUMEM_FRONT_DRAIN // not a failure: front.c frees what it parks and calls again

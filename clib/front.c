@@ -424,12 +424,12 @@ int gpumem_front_alloc(uintptr_t *out, size_t size, int device, uintptr_t stream
 	int parkable = 0;
 	uintptr_t p = 0;
 	unsigned g = atomic_load(&gen);
-	*st = gpumemGo_front_alloc(&p, &block, &parkable, gauges, size, device, stream, 0, active, allocated);
+	*st = gpumemGo_front_alloc(&p, &block, &parkable, gauges, size, device, stream, active, allocated);
 	if (*st == GPUMEM_FRONT_DRAIN) {
 		C.drains++;
 		drain_device(device);
 		set_pending();
-		*st = gpumemGo_front_alloc(&p, &block, &parkable, gauges, size, device, stream, 0, 0, 0);
+		*st = gpumemGo_front_alloc(&p, &block, &parkable, gauges, size, device, stream, 0, 0);
 	}
 	if (*st == GPUMEM_SUCCESS) {
 		lone_at[device] = parkable ? g + 1 : 0; /* in the front's path only Lone says no */

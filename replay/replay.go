@@ -378,15 +378,15 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, f *front.Cache, streams map[uint
 	ooms := 0
 	start := time.Now()
 	trims := 0 // tr.Trims done: the program's empty_cache calls, replayed as Trim
+	trim := a.Trim
+	if f != nil {
+		trim = f.Trim
+	}
 	for i, ev := range tr.Events {
 		if opt.AtTime != nil {
 			opt.AtTime(ev.TimeUS)
 		}
 		for trims < len(tr.Trims) && int(tr.Trims[trims]) == i {
-			trim := a.Trim
-			if f != nil {
-				trim = f.Trim
-			}
 			if err := trim(); err != nil {
 				return 0, 0, fmt.Errorf("replay %s: the trim before event %d: %w", tr.Name, i, err)
 			}
@@ -437,10 +437,6 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, f *front.Cache, streams map[uint
 		bufs[slot] = gpumem.Buffer{}
 	}
 	if trims < len(tr.Trims) { // after the last event: the next pass begins trimmed
-		trim := a.Trim
-		if f != nil {
-			trim = f.Trim
-		}
 		if err := trim(); err != nil {
 			return 0, 0, fmt.Errorf("replay %s: the trim after the last event: %w", tr.Name, err)
 		}

@@ -240,8 +240,8 @@ func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread
 // allocation (gpumem.Allocator.AllocParked), the parked buffers counted;
 // parkable is false where they could not be read (served after an
 // out-of-memory's retries).
-func (h *Host) AllocParked(ordinal int, size, stream, thread uint64, parked gpumem.Parked, g *gpumem.Gauges) (ptr, block uint64, parkable bool, err error) {
-	return h.alloc(ordinal, size, stream, 0, thread, parked, g)
+func (h *Host) AllocParked(ordinal int, size, stream uint64, parked gpumem.Parked, g *gpumem.Gauges) (ptr, block uint64, parkable bool, err error) {
+	return h.alloc(ordinal, size, stream, 0, 0, parked, g) // no thread: the front stands aside while routes are open
 }
 
 func (h *Host) alloc(ordinal int, size, stream uint64, site uint32, thread uint64, parked gpumem.Parked, g *gpumem.Gauges) (ptr, block uint64, parkable bool, err error) {
