@@ -353,7 +353,9 @@ func TestDefragLostScratch(t *testing.T) {
 // handles fit beside the spans (split makes them first); at 128 MiB
 // nothing is left beside them, and each span is given back before its live
 // chunk's handle is made (splitReleasing). Unlimited, nothing is short and
-// Gather moves nothing.
+// Gather moves nothing. The attempts between the splits keep the spans
+// they map (back): every handle released is a split span's, where giving
+// back what each failed attempt made cost 15 more creates and releases.
 func TestGatherBeforeOutOfMemory(t *testing.T) {
 	const mib = 1 << 20
 	for _, limit := range []uint64{140 * mib, 128 * mib, 0} {
@@ -365,6 +367,7 @@ func TestGatherBeforeOutOfMemory(t *testing.T) {
 					t.Fatal(err)
 				}
 				live := strand(t, dev, a, 8)
+				before := a.Stats()
 				b, err := a.Alloc(100*mib, 0)
 				st := a.Stats()
 				switch {
@@ -389,6 +392,8 @@ func TestGatherBeforeOutOfMemory(t *testing.T) {
 					}
 				case st.Splits < 6 || st.Copies != 2*st.Splits:
 					t.Errorf("%d splits, %d copies; want at least 6, each staged (two copies)", st.Splits, st.Copies)
+				case st.Releases-before.Releases != st.Splits:
+					t.Errorf("%d handles released during the request, %d splits: the attempts gave back what they mapped", st.Releases-before.Releases, st.Splits)
 				}
 				if limit != 0 && st.PeakReserved > limit {
 					t.Errorf("peak reserved %d MiB over the limit of %d MiB", st.PeakReserved/mib, limit/mib)

@@ -144,10 +144,12 @@
 //     with a place over ready chunks wins; a free block remembers the
 //     smallest request it had none for (block.nzFrom), so later searches
 //     pass it by. Give each run of missing chunks a span (back, newSpan).
-//  6. If the limit or the device refused (a shortage), unlock, return every
-//     pool's cache to the device (reclaim), lock and retry once.
+//  6. If the limit or the device refused (a shortage), unlock, wait for
+//     every pending free (with several pools, return every pool's cache to
+//     the device), lock and retry once (makeRoomFor in pressure.go).
 //  7. Still short, under Config.Gather: split sparse spans one at a time
-//     (the one that gives back the most first), retrying after each.
+//     (the one that gives back the most first), retrying after each; then
+//     every pool's cache back to the device and one last retry.
 //  8. Still short: fail with an *OutOfMemoryError, the verdict (oom.go):
 //     which of the limit, the device or fragmentation bit, with the
 //     numbers, and what would have fit: after a trim, with virtual-memory

@@ -30,18 +30,26 @@ import (
 //   - under Config.Defrag, growth past peak active + 1% splits sparse
 //     spans first (defrag.go).
 // When a request does not fit (a shortage, pool.allocSlow below):
-//  1. every pool's cache goes back to the device (Allocator.reclaim) and
-//     the request is tried again;
+//  1. pending frees are waited for and the streams fenced
+//     (Allocator.makeRoomFor; with several pools every pool's cache goes
+//     back to the device, Allocator.reclaim) and the request is tried
+//     again. The spans a failed attempt mapped stay, empty (back, vm.go):
+//     the retry reuses them, and releases empty spans only as far as it
+//     needs;
 //  2. under Config.Gather, sparse spans are split one at a time, the
 //     request tried again after each (gather, below; the split is in
 //     defrag.go);
-//  3. an *OutOfMemoryError with the verdict (oom.go).
+//  3. with one pool that holds empty spans, every pool's cache goes back
+//     to the device (Allocator.reclaim) and the request is tried once
+//     more;
+//  4. the empty spans go back to the device and the request fails with an
+//     *OutOfMemoryError and the verdict (oom.go).
 // Config.Compact is the policy that is tight all the time: best-fit
 // placement whatever is mapped, small spans, dormant mappings.
 
 // shortage is the internal error of a request that needs more memory than
 // the limit or the device allows; allocSlow turns it into an
-// OutOfMemoryError once the reclaim (and under Config.Gather the
+// OutOfMemoryError once the retry (and under Config.Gather the
 // gathering) did not help.
 type shortage struct {
 	cause Cause // CauseLimit or CauseDevice
@@ -56,9 +64,9 @@ func (s *shortage) Error() string {
 }
 
 // allocSlow is the rest of the ladder (see doc.go): pending frees whose
-// events are done, growth, and on a shortage one reclaim of every pool's
-// cache and a retry, then under Config.Gather a split and a retry at a
-// time.
+// events are done, growth, and on a shortage one wait for every pending
+// free and a retry (makeRoomFor), then under Config.Gather a split and a
+// retry at a time, then the whole cache given back and a last retry.
 func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 	b, err := p.allocate(rounded, si)
 	if err == nil {
@@ -71,7 +79,7 @@ func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 	a := p.a
 	a.c.retries.Add(1)
 	p.mu.Unlock()
-	a.reclaim()
+	a.makeRoomFor(p)
 	p.mu.Lock()
 	if b, err = p.allocate(rounded, si); err == nil {
 		return b, nil
@@ -94,6 +102,28 @@ func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 			return nil, err
 		}
 	}
+	if a.Lone() && !a.keep && p.empty.n > 0 {
+		// Last, where the retries kept empty spans: every pool's cache
+		// back to the device, then the request once more. A request the
+		// retries placed where nothing was mapped may now land where
+		// those spans were (infer_server: a ten-pass fit of 970 MiB
+		// rather than 980; docs/EXPERIMENTS.md, "A failed backing keeps
+		// its spans"). With nothing kept, makeRoomFor already gave back
+		// all a reclaim would: one retry, as before.
+		p.mu.Unlock()
+		a.reclaim()
+		p.mu.Lock()
+		if b, err = p.allocate(rounded, si); err == nil {
+			return b, nil
+		}
+		if !errors.As(err, &sh) {
+			return nil, err
+		}
+	}
+	// The attempts may have left spans mapped and empty (back keeps them
+	// for the retry): an out-of-memory leaves none behind, and its
+	// verdict counts what a trim would give back.
+	_ = p.releaseEmpty(0, false)
 	a.c.ooms.Add(1)
 	s := p.streams[si].s // under mu: addStream may grow the slice meanwhile
 	p.mu.Unlock()
@@ -103,8 +133,9 @@ func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 }
 
 // reclaim returns every pool's cache to the device (keeping preallocation),
-// after waiting for pending frees. Called with no pool lock held, before an
-// allocation's one retry.
+// after waiting for pending frees: after an idle time, and before the retry
+// of a request that found memory short where the allocator has several
+// pools (makeRoomFor). Called with no pool lock held.
 func (a *Allocator) reclaim() {
 	if a.keep {
 		// A private pool keeps its memory: its root gives back its own.
@@ -116,6 +147,34 @@ func (a *Allocator) reclaim() {
 		_ = p.trim(false)
 		p.mu.Unlock()
 	}
+}
+
+// makeRoomFor readies the allocator for the retry of a request of p that
+// found memory short: every pool's pending frees are waited for and, where
+// p is the allocator's one pool, its streams fenced, so that every empty
+// span may be moved or released; the empty spans themselves stay, for the
+// retry to reuse where they are and to release, oldest first, only as far
+// as it needs (newSpan, makeRoom). Giving them all back here (reclaim)
+// made the retry create them again, and under a tight limit made every
+// pass give back and remake its spans (docs/EXPERIMENTS.md, "A failed
+// backing keeps its spans"). With several pools, or in a private pool
+// (whose growth cannot take its root's empty spans), it reclaims as
+// before. Called with no pool lock held.
+func (a *Allocator) makeRoomFor(p *pool) {
+	if a.keep || !a.Lone() {
+		a.reclaim()
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.flush()
+	if p.npending > 0 {
+		_ = p.processPending(true, true)
+	}
+	if !a.capturing() {
+		_ = p.fence()
+	}
+	_ = p.releaseSegments(0, false)
 }
 
 // feasible refuses at once a block that needs more new memory than could
@@ -203,24 +262,45 @@ func (p *pool) releaseOldest(want uint64, prealloc bool, asker slot) bool {
 // gather splits one sparse span of p before an out-of-memory
 // (Config.Gather): the one that gives back the most among those whose live
 // chunks fit beside what is reserved, under the limit and in the device's
-// free memory. It reports whether it split one.
+// free memory, once p's empty spans are given back (the failed attempts
+// before it leave theirs, for the retries: back). Empty spans are released
+// only as far as the split needs the room. It reports whether it split
+// one.
 func (p *pool) gather() (bool, error) {
 	a := p.a
 	if a.capturing() {
 		return false, nil
 	}
 	room := a.headroom()
-	i := p.sparsest(room)
+	spare := int64(p.emptyBytes())
+	i := p.sparsest(room + spare)
 	if i < 0 {
 		return false, nil
 	}
-	if int64(p.spans[i].occupied)*int64(a.gran) > room {
+	need := int64(p.spans[i].occupied) * int64(a.gran)
+	if need > room && need <= room+spare {
+		p.releaseOldest(uint64(need-room), false, -1)
+		room = a.headroom()
+	}
+	if need > room {
 		// No span's live chunks fit beside it: the one that gives back
 		// the most, moved through free memory of the pool before its
 		// handle goes (splitReleasing) if the pool has that much.
 		i = p.sparsest(1 << 62)
 	}
 	return p.timedSplit(i)
+}
+
+// emptyBytes counts the bytes of p's empty spans that are not
+// preallocated: what releaseOldest could give back.
+func (p *pool) emptyBytes() uint64 {
+	var n uint64
+	for i := p.empty.head; i >= 0; i = p.spans[i].next {
+		if !p.spans[i].prealloc {
+			n += uint64(p.spans[i].n) * p.a.gran
+		}
+	}
+	return n
 }
 
 // headroom is what the allocator could still take from the device: the

@@ -79,6 +79,7 @@ type span struct {
 	h          device.Handle
 	occupied   int32 // chunks that are occupied (see the invariants above)
 	access     bool  // SetAccess done since it was mapped here
+	clean      bool  // empty and mapped here by a failed backing: no stream's work has touched it (back)
 	prealloc   bool  // Config.Preallocate: released only by Trim and Close
 	inUse      bool  // the slot holds a span
 	seq        uint64
@@ -204,6 +205,7 @@ func (p *pool) occupyBy(i int32, d int32) {
 	s := &p.spans[i]
 	if s.occupied == 0 {
 		p.removeEmpty(i)
+		s.clean = false
 	}
 	s.occupied += d
 	if s.occupied == 0 {
@@ -213,10 +215,17 @@ func (p *pool) occupyBy(i int32, d int32) {
 
 // back occupies b's chunks and gives every run of unmapped chunks under it
 // a span (the growth step of ModeVirtual), and access to any span that
-// lacks it, for a request of stream slot asker (stalls). On failure
-// nothing changes but what is already mapped. grew says whether it set
-// out to map or grant anything: then chunks beside b may have become
-// ready, which the caller tells placement (readyNear).
+// lacks it, for a request of stream slot asker (stalls). On failure b's
+// chunks are vacated and the spans this call made or moved stay where
+// they are, empty, on the empty list: the retry that follows a shortage
+// (pool.allocSlow) finds them mapped, where releasing them made it create
+// them again, and under a tight limit made every pass give back and remake
+// its spans (ckpt_grad_accum at its ten-pass fit: 32,021 creates in the
+// later passes against 2,594; docs/EXPERIMENTS.md, "A failed backing
+// keeps its spans"). What a request that ends in an out-of-memory leaves
+// is given back there. grew says whether it set out to map or grant
+// anything: then chunks beside b may have become ready, which the caller
+// tells placement (readyNear).
 func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 	a := p.a
 	seg := b.seg
@@ -252,13 +261,13 @@ func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 		}
 	}
 	if err != nil {
-		// Undo the counts, then give back what this call took: a failed
-		// request leaves nothing behind. (A span whose release fails stays,
-		// empty, for the next request.)
-		p.vacate(b)
+		p.vacate(b) // the spans made stay, empty (see above)
 		for _, si := range p.made {
-			if p.spans[si].inUse && p.spans[si].occupied == 0 {
-				_ = p.releaseSpan(si)
+			if s := &p.spans[si]; s.inUse && s.occupied == 0 {
+				// Made or moved (after a fence) for b, whose request
+				// has not returned: no stream's work is on it, so
+				// moving or releasing it waits for none (stalls).
+				s.clean = true
 			}
 		}
 		return true, fmt.Errorf("gpumem: backing %d bytes at 0x%x: %w", b.size, b.addr, err)
@@ -505,7 +514,7 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1, c1 int, prealloc boo
 func (p *pool) attach(i int32, seg *segment, r0, c1 int, access bool) error {
 	s := &p.spans[i]
 	r1 := r0 + int(s.n)
-	s.seg, s.c0, s.inUse, s.access, s.seq, s.prev, s.next = seg, int32(r0), true, false, 0, -1, -1
+	s.seg, s.c0, s.inUse, s.access, s.clean, s.seq, s.prev, s.next = seg, int32(r0), true, false, false, 0, -1, -1
 	p.made = append(p.made, i)
 	seg.hiSpan = max(seg.hiSpan, int32(r1-1))
 	for j := r0; j < r1; j++ {
@@ -568,7 +577,7 @@ func (p *pool) roomAt(seg *segment, r0 int) int32 {
 // completes work at once, so there the rule never applies. The asking
 // slot comes down from placement with the request (back's argument).
 func (p *pool) stalls(i int32, asker slot) bool {
-	if p.spans[i].seq <= p.fencedSeq {
+	if p.spans[i].seq <= p.fencedSeq || p.spans[i].clean {
 		return false
 	}
 	if p.a.capturing() {
@@ -681,7 +690,7 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 // fence: the work that used its memory must be done before the memory is
 // unmapped or changes hands.
 func (q *pool) fenceEmptied(i int32) error {
-	if q.spans[i].seq > q.fencedSeq {
+	if q.spans[i].seq > q.fencedSeq && !q.spans[i].clean {
 		return q.fence()
 	}
 	return nil
