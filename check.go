@@ -324,6 +324,8 @@ func (p *pool) check() error {
 		}
 		if s.occupied == 0 {
 			empties++
+		} else if s.clean {
+			bad("span %d: occupied (%d chunks) yet marked clean", i, s.occupied)
 		}
 	}
 	if mapped != p.mappedChunks {

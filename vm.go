@@ -55,6 +55,7 @@ import (
 //	an occupied chunk is ready
 //	span.occupied == number of its chunks that are occupied
 //	span is on its pool's empty list ⇔ span.occupied == 0
+//	span.clean ⇒ span.occupied == 0 (cleared when it is next occupied)
 //	Reserved == Σ plain segment sizes + Σ span sizes + Σ unreleased handles
 //
 // A chunk that a block covers whole is that block's alone, so occupying or
