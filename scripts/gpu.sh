@@ -28,6 +28,10 @@
 #                                   bench/train/replay_check.py) and
 #                                   pressure (each program unlimited and
 #                                   under a limit of its fit capacity),
+#                                   tight (issue 30: each program of
+#                                   FITS on the GPU, unlimited and under
+#                                   Gather at its ten-pass fit, driver
+#                                   calls timed),
 #                                   front (the C library's front cache on
 #                                   real programs, on and off: step times,
 #                                   its counters) and
@@ -131,6 +135,28 @@ run() {
 			OUT="$out" PEERS=${PEERS:-torch-native,torch-expandable,torch-async,torch-native-cxx,torch-expandable-cxx} \
 				bash bench/peers/run_all.sh --no-warm --passes "$n" --out "$out/passes_peers.jsonl" || true
 			rm -f "$out/peers_table.md"
+			;;
+		tight)
+			# Issue 30's time bar under a limit: each program of FITS (a
+			# file of `gpumem fit --passes 10` lines prefixed with the
+			# trace's path; default the Gather fits of
+			# bench/results/sim-keep-3704025) replayed on the GPU over ten
+			# passes, unlimited and under Config.Gather at its fit figure
+			# (rounded up to 2 MiB, as calls-at-fit.sh does), alternating,
+			# with every driver call timed. The table:
+			# bench/core/tight_table.py tight.jsonl.
+			local fits=${FITS:-bench/results/sim-keep-3704025/fit10-gather.txt} path pol cap unit rest mib
+			while read -r path pol cap unit rest; do
+				[ -f "$path" ] || { echo "missing $path" >>"$out/tight.log"; continue; }
+				mib=$(python3 -c "import math,sys; c=float(sys.argv[1]); print(int(math.ceil((c*1024+5.12 if sys.argv[2]=='GiB' else c)/2)*2))" "$cap" "$unit")
+				# One line a program, as calls-at-fit.sh writes them
+				# (bench/results/sim-keep-3704025/calls_table.py reads it).
+				local u g
+				u=$("$bin/gpumem" replay --device cuda --json --passes 10 --driver-times "$path" 2>>"$out/tight.log") || echo "FAIL: $path unlimited" >>"$out/tight.log"
+				g=$("$bin/gpumem" replay --device cuda --json --passes 10 --driver-times --gather --limit "${mib}MiB" "$path" 2>>"$out/tight.log") || echo "FAIL: $path at ${mib}MiB" >>"$out/tight.log"
+				[ -n "$u" ] && [ -n "$g" ] && echo "{\"path\":\"$path\",\"cap_mib\":$mib,\"unlimited\":$u,\"gather\":$g}" >>"$out/tight.jsonl"
+			done <"$fits"
+			tail -5 "$out/tight.log" >&2
 			;;
 		python)
 			use_wheel_library
