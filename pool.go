@@ -424,7 +424,10 @@ func (p *pool) advanceEpochs(si slot) {
 func (p *pool) pollEpochs() {
 	ev := p.a.ev
 	t0 := time.Now()
-	for k := 0; k < epochPolls && time.Since(t0) < epochPollTime; k++ {
+	for k := 0; k < epochPolls; k++ {
+		if k > 0 && time.Since(t0) >= epochPollTime {
+			break // the first round always runs: a thread descheduled after t0 still polls once
+		}
 		left := false
 		for i := range p.streams {
 			st := &p.streams[i]
