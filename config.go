@@ -122,7 +122,7 @@ type Config struct {
 	// Where memory is plentiful it changes nothing: no request that fits
 	// without it moves a byte. Measured on 40 real programs (simulated
 	// device), the least capacity on which ten passes run falls from up
-	// to 1.110 times peak live to at most 1.024 (39 of 40 within 1.02;
+	// to 1.110 times peak live to at most 1.027 (39 of 40 within 1.02;
 	// docs/EXPERIMENTS.md, "Gathering before an out-of-memory"). Same
 	// contract as Defrag: while an Alloc runs no other thread may enqueue
 	// work on this allocator's memory. Ignored under Compact.

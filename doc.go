@@ -94,7 +94,7 @@
 // Config.Gather makes the same moves only on the way to an out-of-memory,
 // when nothing else is left: where memory is plentiful it changes
 // nothing, and near a limit it turns a fragmentation failure into a
-// program that fits within 1.024 times its peak live bytes (measured on
+// program that fits within 1.027 times its peak live bytes (measured on
 // 40 real programs over ten passes, docs/EXPERIMENTS.md). The same
 // one-launching-thread contract applies.
 //
