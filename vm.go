@@ -221,10 +221,10 @@ func (p *pool) occupyBy(i int32, d int32) {
 // they are, empty, on the empty list: the retry that follows a shortage
 // (pool.allocSlow) finds them mapped, where releasing them made it create
 // them again, and under a tight limit made every pass give back and remake
-// its spans (ckpt_grad_accum at its ten-pass fit: 32,021 creates in the
-// later passes against 2,594; docs/EXPERIMENTS.md, "A failed backing
-// keeps its spans"). What a request that ends in an out-of-memory leaves
-// is given back there. grew says whether it set out to map or grant
+// its spans (ckpt_grad_accum under Gather at 12,130 MiB: 32,021 creates in
+// the later passes of ten, 1,736 now; docs/EXPERIMENTS.md, "A failed
+// backing keeps its spans"). What a request that ends in an out-of-memory
+// leaves is given back there (allocSlow). grew says whether it set out to map or grant
 // anything: then chunks beside b may have become ready, which the caller
 // tells placement (readyNear).
 func (p *pool) back(b *block, asker slot) (grew bool, err error) {
