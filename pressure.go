@@ -262,10 +262,9 @@ func (p *pool) releaseOldest(want uint64, prealloc bool, asker slot) bool {
 // gather splits one sparse span of p before an out-of-memory
 // (Config.Gather): the one that gives back the most among those whose live
 // chunks fit beside what is reserved, under the limit and in the device's
-// free memory, once p's empty spans are given back (the failed attempts
-// before it leave theirs, for the retries: back). Empty spans are released
-// only as far as the split needs the room. It reports whether it split
-// one.
+// free memory. p's empty spans (the failed attempts before it keep theirs:
+// back) count as room, and are released only as far as the split needs.
+// It reports whether it split one.
 func (p *pool) gather() (bool, error) {
 	a := p.a
 	if a.capturing() {
