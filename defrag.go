@@ -3,10 +3,8 @@ package gpumem
 // See doc.go for the overview.
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/gpumem/gpumem/device"
@@ -110,7 +108,8 @@ func (p *pool) defrag(size uint64, asker slot) error {
 		if i < 0 {
 			return nil
 		}
-		if ok, err := p.timedSplit(i); !ok {
+		runs, moves := p.splitPlan(i)
+		if ok, err := p.timedSplit(i, runs, moves); !ok {
 			return err
 		}
 	}
@@ -153,56 +152,16 @@ func (p *pool) placedNow(i int32) bool {
 	return false
 }
 
-// liveRuns returns the runs of occupied chunks of span i, as chunk offsets
-// [r0, r1) from its start: a chunk is occupied when a block that is not
-// free overlaps it (see the invariants in vm.go), or the block being
-// backed, which is not marked allocated yet. It walks the segment's blocks:
-// the one place mapping reaches up into placement (doc.go, "Layers"); the
-// chunk counts alone do not say which chunks a block covers whole.
-func (p *pool) liveRuns(i int32) [][2]int {
-	s := &p.spans[i]
-	seg, c0, n := s.seg, int(s.c0), int(s.n)
-	occ := make([]bool, n)
-	for b := seg.first; b != nil; b = b.next {
-		b0, b1 := seg.chunkSpan(b.addr, b.size, p.a.gran)
-		if b1 < c0 {
-			continue
-		}
-		if b0 >= c0+n {
-			break
-		}
-		if b.state != blockFree || b == p.backing {
-			for j := max(b0, c0); j <= min(b1, c0+n-1); j++ {
-				occ[j-c0] = true
-			}
-		}
-	}
-	var runs [][2]int
-	for j := 0; j < n; {
-		if !occ[j] {
-			j++
-			continue
-		}
-		k := j
-		for k < n && occ[k] {
-			k++
-		}
-		runs = append(runs, [2]int{j, k})
-		j = k
-	}
-	return runs
-}
-
 // split moves the live runs of sparse span i to handles of their own at the
 // same addresses and releases the span's handle (see the overview above).
-func (p *pool) split(i int32) error {
+// runs and moves are placement's plan for it (splitPlan, place.go): the
+// calls go down, and the split reads no block.
+func (p *pool) split(i int32, runs [][2]int, moves []stagedMove) error {
 	a := p.a
 	s := &p.spans[i]
-	runs := p.liveRuns(i)
 	if len(runs) == 0 {
 		return fmt.Errorf("gpumem: span at 0x%x counts %d live chunks but no live block overlaps it", s.seg.chunkAddr(int(s.c0), a.gran), s.occupied)
 	}
-	moves := p.staging(i, runs)
 	if moves != nil && p.a.gather && p.tooTight(runs) {
 		err := p.splitReleasing(i, runs, moves)
 		if err == nil {
@@ -261,103 +220,6 @@ type stagedMove struct {
 	at, stage, n uint64
 }
 
-// A freePiece is free memory of the pool, mapped with access, inside one
-// span: where staging may park live bytes.
-type freePiece struct {
-	p, n uint64
-}
-
-// staging plans where the live runs of span i wait while split remaps
-// them: in free blocks of the pool over chunks mapped with access, outside
-// span i, each piece inside one span (a copy's range lies in one mapping),
-// among the stageScan largest free blocks, the largest pieces first, at
-// most stageMaxPieces per run. The moves follow the runs in address order.
-// nil if the pool has not that much such memory in that few pieces (split
-// then goes through the scratch range). Nothing
-// else can take that memory meanwhile: the pool's mu is held, and the
-// device is synchronized before the first copy, so no kernel still uses a
-// block freed in stream order.
-func (p *pool) staging(i int32, runs [][2]int) []stagedMove {
-	a := p.a
-	s := &p.spans[i]
-	base := s.seg.chunkAddr(int(s.c0), a.gran)
-	var need uint64
-	for _, r := range runs {
-		need += uint64(r[1]-r[0]) * a.gran
-	}
-	pieces := p.stageBuf[:0]
-	var have uint64
-	scanned := 0
-scan:
-	for k := range p.heaps {
-		x := &p.heaps[k].free
-		for j := x.prevBin(numBins - 1); j >= 0; j = x.prevBin(j - 1) {
-			for b := x.heads[j]; b != nil; b = b.fnext {
-				if have >= need && len(pieces) <= stageMaxPieces*len(runs) || scanned == stageScan {
-					break scan
-				}
-				scanned++
-				seg := b.seg
-				if !seg.virtual || b == p.backing {
-					continue
-				}
-				// Ready chunks come in whole spans; each span's part of
-				// b is one piece. No chunk past hiSpan was ever mapped.
-				c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
-				c1 = min(c1, int(seg.hiSpan))
-				for c := c0; c <= c1; {
-					if c = seg.ready.nextReady(c, c1); c < 0 {
-						break
-					}
-					si := seg.chunks[c].span
-					sp := &p.spans[si]
-					e := min(int(sp.c0+sp.n)-1, c1)
-					if si != i {
-						lo := max(b.addr, seg.chunkAddr(c, a.gran))
-						hi := min(b.end(), seg.chunkAddr(e+1, a.gran))
-						pieces = append(pieces, freePiece{lo, hi - lo})
-						have += hi - lo
-					}
-					c = e + 1
-				}
-			}
-		}
-	}
-	p.stageBuf = pieces
-	slices.SortFunc(pieces, func(x, y freePiece) int { return cmp.Compare(y.n, x.n) })
-	var taken uint64 // in the largest pieces, at most stageMaxPieces a run
-	for k := 0; k < len(pieces) && k < stageMaxPieces*len(runs) && taken < need; k++ {
-		taken += pieces[k].n
-	}
-	if taken < need {
-		return nil
-	}
-	var moves []stagedMove
-	k, used := 0, uint64(0) // the piece, and its bytes already planned
-	for _, r := range runs {
-		at, end := base+uint64(r[0])*a.gran, base+uint64(r[1])*a.gran
-		for at < end {
-			n := min(end-at, pieces[k].n-used)
-			moves = append(moves, stagedMove{at, pieces[k].p + used, n})
-			at += n
-			if used += n; used == pieces[k].n {
-				k, used = k+1, 0
-			}
-		}
-	}
-	return moves
-}
-
-// stageMaxPieces bounds the pieces of free memory a run is staged in: each
-// costs two copies, a few microseconds each on an H100, against the map,
-// grant and unmap (about 100 us) that staging saves per run. stageScan
-// bounds the free blocks staging examines, largest first, so that its
-// search costs a few microseconds of CPU, not a walk of the whole pool.
-const (
-	stageMaxPieces = 8
-	stageScan      = 64
-)
-
 // splitStaged moves span i's live runs to the new handles hs through free
 // memory of the pool: their bytes are copied there, the span's addresses are
 // remapped to hs, and the bytes are copied back. Per run: a create, a map
@@ -400,13 +262,14 @@ func (p *pool) tooTight(runs [][2]int) bool {
 	return need > p.a.headroom()
 }
 
-// timedSplit splits span i, counting the time in Stats.SplitNanos. A
-// failed split changes nothing and reports false; only one that left a
-// live span without memory returns its error (the allocator is broken).
-func (p *pool) timedSplit(i int32) (bool, error) {
+// timedSplit splits span i as placement planned it (splitPlan), counting
+// the time in Stats.SplitNanos. A failed split changes nothing and reports
+// false; only one that left a live span without memory returns its error
+// (the allocator is broken).
+func (p *pool) timedSplit(i int32, runs [][2]int, moves []stagedMove) (bool, error) {
 	a := p.a
 	t0 := time.Now()
-	err := p.split(i)
+	err := p.split(i, runs, moves)
 	a.c.splitNanos.Add(uint64(time.Since(t0)))
 	if err != nil && a.broken.Load() {
 		return false, err

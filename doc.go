@@ -32,7 +32,8 @@
 //
 //	placement   which free block, and where in it: pool.go (allocate,
 //	            carve, release, coalescing), index.go (the free index),
-//	            block.go, place.go (where in a virtual arena).
+//	            block.go, place.go (where in a virtual arena, and a
+//	            split's plan).
 //	mapping     what backs the chosen range: vm.go (chunks, spans,
 //	            handles: back, newSpan, moveSpan, releaseSpan),
 //	            readymap.go, dormant.go, defrag.go (splitting a span).
@@ -45,8 +46,10 @@
 // pool.allocSlow, which decides; what backing made ready goes back up as
 // back's result, and pool.allocate voids placement's caches (readyNear).
 // The requesting stream comes down with the request (back's asker, for
-// stalls). One place still reaches up, noted where it is: a split reads
-// which of its chunks live blocks cover (liveRuns).
+// stalls). A split of a span (Defrag, Gather) is planned by placement
+// (splitPlan in place.go: the chunks live blocks cover, and the free
+// memory their bytes may wait in) and the plan handed down to mapping's
+// split by the policy that chose the span: no call goes up.
 //
 // # Modes
 //

@@ -287,7 +287,8 @@ func (p *pool) gather() (bool, error) {
 		// handle goes (splitReleasing) if the pool has that much.
 		i = p.sparsest(1 << 62)
 	}
-	return p.timedSplit(i)
+	runs, moves := p.splitPlan(i)
+	return p.timedSplit(i, runs, moves)
 }
 
 // emptyBytes counts the bytes of p's empty spans that are not
