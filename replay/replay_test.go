@@ -461,7 +461,7 @@ func TestReplayFront(t *testing.T) {
 func TestReplayTightCalls(t *testing.T) {
 	for _, c := range []struct {
 		name     string
-		capacity uint64 // 2 MiB above the fit figure, as bench/results/sim-gather/calls-at-fit.sh rounds
+		capacity uint64 // 2 MiB above the fit figure, as bench/core/calls_at_fit.sh rounds
 	}{
 		{"bert_mlm_varlen", 11634 << 20},
 		{"sweep_create_dispose", 10294 << 20},

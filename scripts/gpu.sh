@@ -142,15 +142,15 @@ run() {
 			# trace's path; default the Gather fits of
 			# bench/results/sim-keep-3704025) replayed on the GPU over ten
 			# passes, unlimited and under Config.Gather at its fit figure
-			# (rounded up to 2 MiB, as calls-at-fit.sh does), alternating,
+			# (rounded up to 2 MiB, as bench/core/calls_at_fit.sh does), alternating,
 			# with every driver call timed. The table:
 			# bench/core/tight_table.py tight.jsonl.
 			local fits=${FITS:-bench/results/sim-keep-3704025/fit10-gather.txt} path pol cap unit rest mib
 			while read -r path pol cap unit rest; do
 				[ -f "$path" ] || { echo "missing $path" >>"$out/tight.log"; continue; }
 				mib=$(python3 -c "import math,sys; c=float(sys.argv[1]); print(int(math.ceil((c*1024+5.12 if sys.argv[2]=='GiB' else c)/2)*2))" "$cap" "$unit")
-				# One line a program, as calls-at-fit.sh writes them
-				# (bench/results/sim-keep-3704025/calls_table.py reads it).
+				# One line a program, as bench/core/calls_at_fit.sh writes
+				# them (bench/core/calls_table.py reads them too).
 				local u g
 				u=$("$bin/gpumem" replay --device cuda --json --passes 10 --driver-times "$path" 2>>"$out/tight.log") || echo "FAIL: $path unlimited" >>"$out/tight.log"
 				g=$("$bin/gpumem" replay --device cuda --json --passes 10 --driver-times --gather --limit "${mib}MiB" "$path" 2>>"$out/tight.log") || echo "FAIL: $path at ${mib}MiB" >>"$out/tight.log"

@@ -1,7 +1,7 @@
 """Issue 30's time bar under a limit, from `scripts/gpu.sh run tight`
 (tight.jsonl: per program, ten passes unlimited and under Config.Gather
-at its fit figure, one line each as bench/results/sim-gather/calls-at-fit.sh
-writes them): the allocator's time over the ten passes, limited against
+at its fit figure, one line each as bench/core/calls_at_fit.sh writes
+them): the allocator's time over the ten passes, limited against
 unlimited (bar: at most twice), with the driver calls and splits.
 
     python3 bench/core/tight_table.py tight.jsonl
@@ -13,16 +13,12 @@ import json
 import statistics
 import sys
 
+from calls_table import calls  # bench/core, beside this file
+
 
 def total_ms(x):
     p = x["passes"]
     return (x["ns_per_op"] * x["events"] + p["ns_per_op_later"] * x["events"] * (p["n"] - 1)) / 1e6
-
-
-def calls(x):
-    p = x["passes"]
-    return (x["creates"] + x["maps"] + x["unmaps"] + x["releases"]
-            + p["creates_later"] + p["maps_later"] + p["releases_later"])
 
 
 def main(path):
