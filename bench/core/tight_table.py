@@ -1,8 +1,11 @@
 """Issue 30's time bar under a limit, from `scripts/gpu.sh run tight`
 (tight.jsonl: per program, ten passes unlimited and under Config.Gather
 at its fit figure, one line each as bench/core/calls_at_fit.sh writes
-them): the allocator's time over the ten passes, limited against
-unlimited (bar: at most twice), with the driver calls and splits.
+them; with ROUNDS=N, N lines a program): the allocator's time over the
+ten passes, limited against unlimited (bar: at most twice): the ratio of
+the medians over the rounds, each side's range beside it, with the first
+round's driver calls and splits (the allocator decides the same every
+round) and the OOMs of all rounds.
 
     python3 bench/core/tight_table.py tight.jsonl
 
@@ -22,21 +25,32 @@ def total_ms(x):
 
 
 def main(path):
-    ratios = []
-    print("| program | limit MiB | ms unlimited | ms at the limit (x) | calls unlimited / at the limit | splits | OOMs |")
-    print("|---|---:|---:|---|---|---:|---:|")
+    runs = {}  # program -> [(record, unlimited ms, limited ms)], in file order
     for line in open(path):
         r = json.loads(line)
+        name = r["path"].split("/")[-1].replace(".trace.gz", "")
+        runs.setdefault(name, []).append((r, total_ms(r["unlimited"]), total_ms(r["gather"])))
+    ratios = []
+    n = max(len(v) for v in runs.values()) if runs else 0
+    spread = " (median; min-max)" if n > 1 else ""
+    print(f"| program | limit MiB | ms unlimited{spread} | ms at the limit{spread} | ratio | calls unlimited / at the limit | splits | OOMs |")
+    print("|---|---:|---|---|---:|---|---:|---:|")
+    for name, v in runs.items():
+        r = v[0][0]
         u, g = r["unlimited"], r["gather"]
-        tu, tg = total_ms(u), total_ms(g)
+        tus, tgs = [x[1] for x in v], [x[2] for x in v]
+        tu, tg = statistics.median(tus), statistics.median(tgs)
         ratios.append(tg / tu)
         splits = g.get("splits", 0) + g["passes"].get("splits_later", 0)
-        ooms = g["ooms"] + g["passes"]["ooms_later"]
-        name = r["path"].split("/")[-1].replace(".trace.gz", "")
-        print(f"| {name} | {r['cap_mib']} | {tu:.1f} | {tg:.1f} ({tg / tu:.2f}) | {calls(u):,} / {calls(g):,} | {splits} | {ooms} |")
+        ooms = sum(x[0]["gather"]["ooms"] + x[0]["gather"]["passes"]["ooms_later"] for x in v)
+
+        def cell(t, ts):
+            return f"{t:.1f}" + (f" ({min(ts):.1f}-{max(ts):.1f})" if len(ts) > 1 else "")
+
+        print(f"| {name} | {r['cap_mib']} | {cell(tu, tus)} | {cell(tg, tgs)} | {tg / tu:.2f} | {calls(u):,} / {calls(g):,} | {splits} | {ooms} |")
     if ratios:
         print()
-        print(f"median {statistics.median(ratios):.2f}, at most {max(ratios):.2f}; "
+        print(f"{len(ratios)} programs, {n} round(s) each: median ratio {statistics.median(ratios):.2f}, at most {max(ratios):.2f}; "
               f"within twice on {sum(x <= 2 for x in ratios)} of {len(ratios)}")
 
 
