@@ -3,6 +3,7 @@ package gputest
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -264,6 +265,71 @@ func TestGPUDefragDataReadsBack(t *testing.T) {
 		if err := a.Free(w.b); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestGPUGatherDataReadsBack: under Config.Gather, on the real driver, a
+// request that fits only once sparse spans are split (eight 16 MiB spans
+// with one live 2 MiB buffer each, then 100 MiB under the limit) is served,
+// and every live buffer reads back what was written to it. Each split
+// stages its live bytes in free memory of the pool and copies them back
+// (two copies); at 128 MiB there is no room for the new handles beside the
+// span, so the span goes back before they are made (splitReleasing). Then
+// a random workload under the tight limit, read back every 100 steps (the
+// same as TestGatherBeforeOutOfMemory on the simulated device).
+func TestGPUGatherDataReadsBack(t *testing.T) {
+	for _, limit := range []uint64{140 * miB, 128 * miB} {
+		t.Run(fmt.Sprintf("limit %d MiB", limit/miB), func(t *testing.T) {
+			d, a := virtualAllocator(t, gpumem.Config{Gather: true, CheckInvariants: true, Limit: limit})
+			for _, b := range allocN(t, a, 8, 16*miB) {
+				if err := a.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var live []written
+			var small []gpumem.Buffer // all first, so that they fill the spans in order
+			for i := 0; i < 64; i++ {
+				b, err := allocWritten(d, a, 2*miB, byte(i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				small = append(small, b)
+			}
+			for i, b := range small {
+				if i%8 == 3 {
+					live = append(live, written{b, byte(i)})
+				} else if err := a.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := a.Stats()
+			b, err := allocWritten(d, a, 100*miB, 0x5a)
+			if err != nil {
+				t.Fatalf("100 MiB under a limit of %d MiB with 16 MiB live: %v", limit/miB, err)
+			}
+			live = append(live, written{b, 0x5a})
+			readBack(t, d, live, 0)
+			st := a.Stats()
+			if splits := st.Splits - before.Splits; splits < 6 {
+				t.Fatalf("%d splits; want at least 6: the test did not exercise Gather; stats %+v", splits, st)
+			}
+			if st.Copies-before.Copies != 2*(st.Splits-before.Splits) {
+				t.Errorf("%d copies for %d splits; want each split staged in free memory (two copies)",
+					st.Copies-before.Copies, st.Splits-before.Splits)
+			}
+			if st.PeakReserved > limit {
+				t.Errorf("peak reserved %d MiB over the limit of %d MiB", st.PeakReserved/miB, limit/miB)
+			}
+			live = randomWork(t, d, a, rand.New(rand.NewPCG(7, uint64(limit))), live, 1500, true)
+			st = a.Stats()
+			t.Logf("%d splits, %d copies of %d bytes, %d maps, %d unmaps, %d fences; peak reserved %d",
+				st.Splits, st.Copies, st.CopiedBytes, st.Maps, st.Unmaps, st.Fences, st.PeakReserved)
+			for _, w := range live {
+				if err := a.Free(w.b); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
