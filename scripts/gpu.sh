@@ -280,9 +280,12 @@ json.dump({"peak_reserved": st["PeakReserved"], "allocator": st}, open(sys.argv[
 			# gpumem, its figure rounded up), then run unlimited and
 			# under a limit of that capacity, twice each, interleaved, so
 			# that the step times come from the same machine start and
-			# show their noise.
+			# show their noise. FIT_POLICY=gpumem-gather fits under
+			# Config.Gather and runs at that figure with gather=true
+			# (GPUMEM_CONFIG=limit=L,gather=true).
 			use_wheel_library
-			local dir=$out/pressure prog cap
+			local dir=$out/pressure prog cap pol=${FIT_POLICY:-gpumem} extra=
+			[ "$pol" = gpumem-gather ] && extra=,gather=true
 			mkdir -p "$dir"
 			local all
 			all=$(cd bench/train && python3 -c 'import programs; print(",".join(programs.PROGRAMS))')
@@ -292,13 +295,13 @@ json.dump({"peak_reserved": st["PeakReserved"], "allocator": st}, open(sys.argv[
 					echo "FAIL: recording $prog" | tee -a "$out/pressure.log" >&2
 					continue
 				fi
-				"$bin/gpumem" fit --policy gpumem "$dir/$prog.gpumem.trace.gz" >"$dir/$prog.fit.txt" 2>&1 || true
-				cap=$(awk '$1 == "gpumem" { print $2 $3; exit }' "$dir/$prog.fit.txt")
+				"$bin/gpumem" fit --policy "$pol" "$dir/$prog.gpumem.trace.gz" >"$dir/$prog.fit.txt" 2>&1 || true
+				cap=$(awk -v pol="$pol" '$1 == pol { print $2 $3; exit }' "$dir/$prog.fit.txt")
 				echo "$prog: fit $cap" | tee -a "$out/pressure.log" >&2
 				[ -n "$cap" ] || continue
 				local round tag
 				for round in 1 2; do
-					for tag in unlimited "limit=$cap"; do
+					for tag in unlimited "limit=$cap$extra"; do
 						# A failed run leaves an "error" line, as suite.py's
 						# do (bench/train/pressure_table.py counts them).
 						local cfg=()

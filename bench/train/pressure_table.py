@@ -5,7 +5,8 @@ figure), whether any run at it ran out of memory, the peak reserved at
 the limit and unlimited, the median step of each run at the limit and
 unlimited in the order they ran, the last loss of each, and whether the
 device calls (creates, maps, unmaps, releases) at the limit equal the
-unlimited runs' (the limit had to act where they do not).
+unlimited runs' (the limit had to act where they do not), and the
+splits of each run at the limit (Config.Gather's moves; 0 without it).
 
 Runs tagged "record" (the recording run) are left out; a failed run (an
 "error" line, as suite.py and gpu.sh write them) counts as an
@@ -38,8 +39,8 @@ def table(rows):
         if r.get("program") not in progs and r.get("tag") != "record":
             progs.append(r["program"])
     out = ["| program | L | OOM at L | peak reserved GiB at L (unlimited) | median step ms at L (unlimited) "
-           "| last loss at L (unlimited) | device calls at L = unlimited |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "| last loss at L (unlimited) | device calls at L = unlimited | splits at L |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for prog in progs:
         runs = [r for r in rows if r.get("program") == prog and r.get("tag") != "record"]
         free = [r for r in runs if r.get("tag") == "unlimited" and "error" not in r]
@@ -62,8 +63,9 @@ def table(rows):
         if ok and free:
             same = "yes" if all(calls(r) == calls(free[0]) for r in ok + free) else "no"
         oom = f"{ooms} of {len(limited)}" + (f" ({failed} failed otherwise)" if failed else "")
+        splits = ", ".join(str(r["gpumem_stats"].get("Splits", 0)) for r in ok if r.get("gpumem_stats")) or "-"
         out.append(f"| {prog} | {', '.join(limit)} | {oom} | {gib(ok)} ({gib(free)}) | {steps(ok)} ({steps(free)}) "
-                   f"| {loss(ok)} ({loss(free)}) | {same} |")
+                   f"| {loss(ok)} ({loss(free)}) | {same} | {splits} |")
     return "\n".join(out)
 
 
