@@ -26,8 +26,9 @@ def total_ms(x):
 
 def main(path):
     runs = {}  # program -> [(record, unlimited ms, limited ms)], in file order
-    for line in open(path):
-        r = json.loads(line)
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    for r in lines:
         name = r["path"].split("/")[-1].replace(".trace.gz", "")
         runs.setdefault(name, []).append((r, total_ms(r["unlimited"]), total_ms(r["gather"])))
     ratios = []

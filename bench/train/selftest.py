@@ -60,14 +60,15 @@ class ReplayCheck(unittest.TestCase):
 class PressureTable(unittest.TestCase):
     """pressure_table.py: a row per program; the recording run left out;
     a failed run at the limit counted as an out-of-memory when it says
-    so; device calls compared with the unlimited runs'."""
+    so; device calls compared with the unlimited runs'; the splits of
+    each run at the limit."""
 
     def test_rows(self):
         sys.path.insert(0, HERE)
         import pressure_table
 
-        def run(prog, tag, creates, peak, step, loss):
-            st = {"Creates": creates, "Maps": 5, "Unmaps": 5, "Releases": 1, "PeakReserved": peak}
+        def run(prog, tag, creates, peak, step, loss, splits=0):
+            st = {"Creates": creates, "Maps": 5, "Unmaps": 5, "Releases": 1, "PeakReserved": peak, "Splits": splits}
             return {"program": prog, "allocator": "gpumem", "tag": tag, "gpumem_stats": st,
                     "median_step_ms": step, "losses": [9.0, loss]}
         rows = [run("a", "record", 99, 3 << 30, 50.0, 1.0),
@@ -76,11 +77,11 @@ class PressureTable(unittest.TestCase):
                 run("b", "unlimited", 10, 1 << 30, 10.0, 2.0),
                 {"program": "b", "allocator": "gpumem", "tag": "limit=1GiB",
                  "error": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB"},
-                run("b", "limit=1GiB", 12, 1 << 30, 11.0, 2.0)]
+                run("b", "limit=1GiB", 12, 1 << 30, 11.0, 2.0, splits=3)]
         lines = pressure_table.table(rows).splitlines()
         self.assertEqual(len(lines), 4, lines)
-        self.assertEqual(lines[2], "| a | 2GiB | 0 of 1 | 2.000 (2.000) | 41.0 (40.0) | 1.50000 (1.50000) | yes |")
-        self.assertEqual(lines[3], "| b | 1GiB | 1 of 2 | 1.000 (1.000) | 11.0 (10.0) | 2.00000 (2.00000) | no |")
+        self.assertEqual(lines[2], "| a | 2GiB | 0 of 1 | 2.000 (2.000) | 41.0 (40.0) | 1.50000 (1.50000) | yes | 0 |")
+        self.assertEqual(lines[3], "| b | 1GiB | 1 of 2 | 1.000 (1.000) | 11.0 (10.0) | 2.00000 (2.00000) | no | 3 |")
 
 
 class FrontTable(unittest.TestCase):

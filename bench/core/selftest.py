@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""selftest.py: checks of bench/core's tables, run anywhere (no GPU), from
+the repository root:
+
+    python3 bench/core/selftest.py
+
+- tight_table.py (issue 30's time bar at the fit): over rounds, the ratio
+  of the two medians, each side's range, the calls and splits of the first
+  round, the OOMs of all rounds, and the count within twice.
+"""
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import tight_table  # noqa: E402 (bench/core, beside this file)
+
+
+def replay(ns_first, ns_later, events=1000, creates=10, splits=0, ooms=0):
+    """A `gpumem replay --json --passes 10` object with the keys the table reads."""
+    return {"events": events, "ns_per_op": ns_first, "ooms": ooms, "splits": splits,
+            "creates": creates, "maps": creates, "unmaps": 0, "releases": 0,
+            "passes": {"n": 10, "ns_per_op_later": ns_later, "ooms_later": 0, "splits_later": 2 * splits,
+                       "creates_later": 0, "maps_later": 0, "releases_later": 0}}
+
+
+class TightTable(unittest.TestCase):
+    def table(self, lines):
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write("".join(json.dumps(x) + "\n" for x in lines))
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                tight_table.main(f.name)
+        finally:
+            os.unlink(f.name)
+        return out.getvalue().splitlines()
+
+    def test_rounds(self):
+        # Program a: unlimited 1 + 9 = 10 ms a round (1000 events, 1000 ns
+        # a pass); at the limit 15, 30 and 12 ms: median 15, ratio 1.50.
+        # Program b: 10 ms against 25, 25 and 25: ratio 2.50, over the bar.
+        lines = []
+        for rnd, lim in ((1, 1500), (2, 3000), (3, 1200)):
+            lines.append({"path": "x/a.trace.gz", "round": rnd, "cap_mib": 100,
+                          "unlimited": replay(1000, 1000), "gather": replay(lim, lim, creates=20, splits=3)})
+            lines.append({"path": "x/b.trace.gz", "round": rnd, "cap_mib": 50,
+                          "unlimited": replay(1000, 1000), "gather": replay(2500, 2500, ooms=1 if rnd == 2 else 0)})
+        rows = self.table(lines)
+        self.assertEqual(rows[2], "| a | 100 | 10.0 (10.0-10.0) | 15.0 (12.0-30.0) | 1.50 | 20 / 40 | 9 | 0 |")
+        self.assertEqual(rows[3], "| b | 50 | 10.0 (10.0-10.0) | 25.0 (25.0-25.0) | 2.50 | 20 / 20 | 0 | 1 |")
+        self.assertEqual(rows[-1], "2 programs, 3 round(s) each: median ratio 2.00, at most 2.50; within twice on 1 of 2")
+
+    def test_one_round(self):
+        rows = self.table([{"path": "a.trace.gz", "cap_mib": 100,
+                            "unlimited": replay(1000, 1000), "gather": replay(1000, 3000)}])
+        self.assertEqual(rows[2], "| a | 100 | 10.0 | 28.0 | 2.80 | 20 / 20 | 0 | 0 |")
+
+
+if __name__ == "__main__":
+    unittest.main()
