@@ -226,28 +226,7 @@ func TestGPUCompactGrownSpansReadBack(t *testing.T) {
 // limit.
 func TestGPUDefragDataReadsBack(t *testing.T) {
 	d, a := virtualAllocator(t, gpumem.Config{Defrag: true, CheckInvariants: true, Limit: 400 * miB})
-	var live []written
-	big := allocN(t, a, 8, 16*miB)
-	for _, b := range big {
-		if err := a.Free(b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var small []gpumem.Buffer // all first, so that they fill the spans in order
-	for i := 0; i < 64; i++ {
-		b, err := allocWritten(d, a, 2*miB, byte(i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		small = append(small, b)
-	}
-	for i, b := range small {
-		if i%8 == 3 {
-			live = append(live, written{b, byte(i)})
-		} else if err := a.Free(b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	live := strand(t, d, a)
 	b, err := allocWritten(d, a, 100*miB, 0x5a)
 	if err != nil {
 		t.Fatal(err)
@@ -281,27 +260,7 @@ func TestGPUGatherDataReadsBack(t *testing.T) {
 	for _, limit := range []uint64{140 * miB, 128 * miB} {
 		t.Run(fmt.Sprintf("limit %d MiB", limit/miB), func(t *testing.T) {
 			d, a := virtualAllocator(t, gpumem.Config{Gather: true, CheckInvariants: true, Limit: limit})
-			for _, b := range allocN(t, a, 8, 16*miB) {
-				if err := a.Free(b); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var live []written
-			var small []gpumem.Buffer // all first, so that they fill the spans in order
-			for i := 0; i < 64; i++ {
-				b, err := allocWritten(d, a, 2*miB, byte(i))
-				if err != nil {
-					t.Fatal(err)
-				}
-				small = append(small, b)
-			}
-			for i, b := range small {
-				if i%8 == 3 {
-					live = append(live, written{b, byte(i)})
-				} else if err := a.Free(b); err != nil {
-					t.Fatal(err)
-				}
-			}
+			live := strand(t, d, a)
 			before := a.Stats()
 			b, err := allocWritten(d, a, 100*miB, 0x5a)
 			if err != nil {
@@ -331,6 +290,35 @@ func TestGPUGatherDataReadsBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// strand leaves eight 16 MiB spans each with one live 2 MiB buffer (written,
+// and returned) and the rest free: eight empty spans first, then 64
+// buffers of 2 MiB that fill them in order, all but every eighth freed.
+func strand(t *testing.T, d *cuda.Device, a *gpumem.Allocator) []written {
+	t.Helper()
+	for _, b := range allocN(t, a, 8, 16*miB) {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var live []written
+	var small []gpumem.Buffer // all first, so that they fill the spans in order
+	for i := 0; i < 64; i++ {
+		b, err := allocWritten(d, a, 2*miB, byte(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		small = append(small, b)
+	}
+	for i, b := range small {
+		if i%8 == 3 {
+			live = append(live, written{b, byte(i)})
+		} else if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return live
 }
 
 // virtualAllocator opens the GPU and an allocator with cfg on it, closed
