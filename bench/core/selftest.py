@@ -7,16 +7,23 @@ the repository root:
 - tight_table.py (issue 30's time bar at the fit): over rounds, the ratio
   of the two medians, each side's range, the calls and splits of the first
   round, the OOMs of all rounds, and the count within twice.
+- sim_vs_gpu.py: runs replayed the same way here agree (exit 0), and a run
+  whose recorded calls differ is named (exit 1). Needs build/gpumem
+  (skipped, saying so, without it).
 """
 import contextlib
 import io
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+GPUMEM = os.path.join(ROOT, "build", "gpumem")
+TRACE = os.path.join(ROOT, "testdata", "traces", "resnet50_train.trace.gz")
 sys.path.insert(0, HERE)
 
 import tight_table  # noqa: E402 (bench/core, beside this file)
@@ -61,6 +68,34 @@ class TightTable(unittest.TestCase):
         rows = self.table([{"path": "a.trace.gz", "cap_mib": 100,
                             "unlimited": replay(1000, 1000), "gather": replay(1000, 3000)}])
         self.assertEqual(rows[2], "| a | 100 | 10.0 | 28.0 | 2.80 | 20 / 20 | 0 | 0 |")
+
+
+@unittest.skipUnless(os.path.exists(GPUMEM), "build/gpumem missing: CGO_ENABLED=0 go build -o build/gpumem ./cmd/gpumem")
+class SimVsGPU(unittest.TestCase):
+    def replay(self, *extra):
+        out = subprocess.run([GPUMEM, "replay", "--device", "sim", "--json", "--passes", "10", *extra, TRACE],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+
+    def check(self, line):
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.write(json.dumps(line) + "\n")
+        try:
+            return subprocess.run([sys.executable, os.path.join(HERE, "sim_vs_gpu.py"), f.name, GPUMEM],
+                                  capture_output=True, text=True)
+        finally:
+            os.unlink(f.name)
+
+    def test_same_and_different(self):
+        line = {"path": TRACE, "round": 1, "cap_mib": 3100,
+                "unlimited": self.replay(), "gather": self.replay("--gather", "--limit", "3100MiB")}
+        r = self.check(line)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("2 runs decided the same", r.stdout)
+        line["gather"]["maps"] += 1
+        r = self.check(line)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("resnet50_train.trace.gz gather: simulated", r.stdout)
 
 
 if __name__ == "__main__":
