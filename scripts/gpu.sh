@@ -142,24 +142,12 @@ run() {
 			# trace's path; default the Gather fits of
 			# bench/results/sim-keep-3704025) replayed on the GPU over ten
 			# passes, unlimited and under Config.Gather at its fit figure
-			# (rounded up to 2 MiB, as bench/core/calls_at_fit.sh does), alternating,
-			# with every driver call timed. The table:
+			# as a limit, with every driver call timed, ROUNDS times over
+			# (default 1) so that the table shows the noise
+			# (bench/core/calls_at_fit.sh). The table:
 			# bench/core/tight_table.py tight.jsonl.
-			# ROUNDS=N (default 1) replays every program N times over,
-			# round after round, so that the table shows the noise.
-			local fits=${FITS:-bench/results/sim-keep-3704025/fit10-gather.txt} path pol cap unit rest mib round
-			for round in $(seq "${ROUNDS:-1}"); do
-			while read -r path pol cap unit rest; do
-				[ -f "$path" ] || { echo "missing $path" >>"$out/tight.log"; continue; }
-				mib=$(python3 -c "import math,sys; c=float(sys.argv[1]); print(int(math.ceil((c*1024+5.12 if sys.argv[2]=='GiB' else c)/2)*2))" "$cap" "$unit")
-				# One line a program, as bench/core/calls_at_fit.sh writes
-				# them (bench/core/calls_table.py reads them too).
-				local u g
-				u=$("$bin/gpumem" replay --device cuda --json --passes 10 --driver-times "$path" 2>>"$out/tight.log") || echo "FAIL: $path unlimited" >>"$out/tight.log"
-				g=$("$bin/gpumem" replay --device cuda --json --passes 10 --driver-times --gather --limit "${mib}MiB" "$path" 2>>"$out/tight.log") || echo "FAIL: $path at ${mib}MiB" >>"$out/tight.log"
-				[ -n "$u" ] && [ -n "$g" ] && echo "{\"path\":\"$path\",\"round\":$round,\"cap_mib\":$mib,\"unlimited\":$u,\"gather\":$g}" >>"$out/tight.jsonl"
-			done <"$fits"
-			done
+			DEVICE=cuda GPUMEM="$bin/gpumem" bash bench/core/calls_at_fit.sh \
+				"${FITS:-bench/results/sim-keep-3704025/fit10-gather.txt}" >>"$out/tight.jsonl" 2>>"$out/tight.log"
 			tail -5 "$out/tight.log" >&2
 			;;
 		python)
