@@ -224,9 +224,9 @@ func (p *pool) occupyBy(i int32, d int32) {
 // its spans (ckpt_grad_accum under Gather at 12,130 MiB: 32,021 creates in
 // the later passes of ten, 1,736 now; docs/EXPERIMENTS.md, "A failed
 // backing keeps its spans"). What a request that ends in an out-of-memory
-// leaves is given back there (allocSlow). grew says whether it set out to map or grant
-// anything: then chunks beside b may have become ready, which the caller
-// tells placement (readyNear).
+// leaves is given back there (allocSlow). grew says whether it set out to
+// map or grant anything: then chunks beside b may have become ready, which
+// the caller tells placement (readyNear).
 func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 	a := p.a
 	seg := b.seg
