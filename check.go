@@ -327,6 +327,9 @@ func (p *pool) check() error {
 		} else if s.clean {
 			bad("span %d: occupied (%d chunks) yet marked clean", i, s.occupied)
 		}
+		if s.shares < 0 {
+			bad("span %d: %d shares", i, s.shares)
+		}
 	}
 	if mapped != p.mappedChunks {
 		bad("spans cover %d chunks, pool counts %d", mapped, p.mappedChunks)

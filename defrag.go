@@ -120,13 +120,13 @@ func (p *pool) defrag(size uint64, asker slot) error {
 // live, some empty) whose live chunks fit in room bytes, the one that gives
 // back the most net of what it copies; if none fits, the one that copies
 // least. -1 if no span is sparse. Spans the current back placed are left
-// alone (its undo list names them).
+// alone (its undo list names them), and so are shared ones (share.go).
 func (p *pool) sparsest(room int64) int32 {
 	best, bestScore := int32(-1), int64(-1<<62)
 	g := int64(p.a.gran)
 	for i := range p.spans {
 		s := &p.spans[i]
-		if !s.inUse || s.prealloc || s.occupied == 0 || s.occupied == s.n || !s.access || p.placedNow(int32(i)) {
+		if !s.inUse || s.prealloc || s.shares > 0 || s.occupied == 0 || s.occupied == s.n || !s.access || p.placedNow(int32(i)) {
 			continue
 		}
 		live, empty := int64(s.occupied), int64(s.n-s.occupied)

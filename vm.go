@@ -56,6 +56,7 @@ import (
 //	span.occupied == number of its chunks that are occupied
 //	span is on its pool's empty list ⇔ span.occupied == 0
 //	span.clean ⇒ span.occupied == 0 (cleared when it is next occupied)
+//	span.shares >= 0 (a span with shares is never split: share.go)
 //	Reserved == Σ plain segment sizes + Σ span sizes + Σ unreleased handles
 //
 // A chunk that a block covers whole is that block's alone, so occupying or
@@ -83,6 +84,7 @@ type span struct {
 	clean      bool  // empty and mapped here by a failed backing: no stream's work has touched it (back)
 	prealloc   bool  // Config.Preallocate: released only by Trim and Close
 	inUse      bool  // the slot holds a span
+	shares     int32 // Share calls not yet undone by Unshare: never split (share.go)
 	seq        uint64
 	prev, next int32 // pool.empty, oldest first; -1 for none
 }

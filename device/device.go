@@ -151,6 +151,25 @@ type Copier interface {
 	Copy(dst, src Ptr, n uint64) error
 }
 
+// Exporter is the optional capability of sharing physical chunks with
+// other processes (cuMemExportToShareableHandle, POSIX file descriptors):
+// another process imports the descriptor (cuMemImportFromShareableHandle)
+// and maps the chunk in its own address space. The chunk's memory then
+// lives until every process that holds it has released its handle, so a
+// chunk given back here stays allocated while an importer still maps it.
+type Exporter interface {
+	// Export returns a new file descriptor for chunk h, owned by the
+	// caller (close it once it is sent). It fails, matching
+	// ErrUnsupported, where the chunk was not created shareable.
+	Export(h Handle) (fd int, err error)
+}
+
+// AsExporter returns d's export capability, if it has one.
+func AsExporter(d Device) (Exporter, bool) {
+	e, ok := d.(Exporter)
+	return e, ok
+}
+
 // Capture is the optional capability of telling which streams are being
 // captured into a CUDA graph (cuStreamGetCaptureInfo). Work enqueued on a
 // capturing stream is recorded into the graph, not run: recording an event

@@ -29,6 +29,11 @@ type Device struct {
 
 	books vmBooks // reservations and mappings, see vmstate.go
 
+	// plainOnly: a shareable cuMemCreate failed as not supported (a
+	// driver or platform without POSIX file descriptor handles), so
+	// chunks are made plain from then on and Export refuses.
+	plainOnly atomic.Bool
+
 	modMu      sync.Mutex
 	module     uintptr // CUmodule of the kernels, 0 until first Spin or HoldUntil
 	kernels    kernels // its CUfunctions
@@ -41,6 +46,7 @@ var (
 	_ device.Events        = (*Device)(nil)
 	_ device.Streams       = (*Device)(nil)
 	_ device.Capture       = (*Device)(nil)
+	_ device.Exporter      = (*Device)(nil)
 )
 
 // Open loads the driver (once per process), initializes it, and retains the
@@ -84,7 +90,7 @@ func Open(ordinal int) (*Device, error) {
 
 	d.gran = 2 << 20
 	if d.vmm {
-		prop := devicePinnedProp(ordinal)
+		prop := devicePinnedProp(ordinal, false)
 		var g uint64
 		r := d.call(drv.cuMemGetAllocationGranularity, uintptr(unsafe.Pointer(&g)), uintptr(unsafe.Pointer(&prop)), cuMemAllocGranularityMinimum)
 		runtime.KeepAlive(&prop)
@@ -334,16 +340,54 @@ func (d *Device) ReleaseAddress(p device.Ptr, size uint64) error {
 }
 
 // Create creates a physical chunk of size bytes on this device (cuMemCreate,
-// pinned device memory, no shareable handle).
+// pinned device memory), shareable with other processes through a POSIX
+// file descriptor (Export). Where the driver refuses shareable chunks as
+// unsupported, it makes plain ones from then on, and Export says why.
 func (d *Device) Create(size uint64) (device.Handle, error) {
-	prop := devicePinnedProp(d.ordinal)
-	var h uint64
-	r := d.call(d.drv.cuMemCreate, uintptr(unsafe.Pointer(&h)), uintptr(size), uintptr(unsafe.Pointer(&prop)), 0)
-	runtime.KeepAlive(&prop)
+	if !d.plainOnly.Load() {
+		h, r := d.create(size, true)
+		switch r {
+		case cudaSuccess:
+			return h, nil
+		case cudaErrNotSupported, cudaErrNotPermitted:
+			// Not the memory: the handle type. Plain from now on.
+			d.plainOnly.Store(true)
+		default:
+			return 0, d.fail("cuMemCreate", r, "size=%d", size)
+		}
+	}
+	h, r := d.create(size, false)
 	if r != cudaSuccess {
 		return 0, d.fail("cuMemCreate", r, "size=%d", size)
 	}
-	return device.Handle(h), nil
+	return h, nil
+}
+
+func (d *Device) create(size uint64, shareable bool) (device.Handle, result) {
+	prop := devicePinnedProp(d.ordinal, shareable)
+	var h uint64
+	r := d.call(d.drv.cuMemCreate, uintptr(unsafe.Pointer(&h)), uintptr(size), uintptr(unsafe.Pointer(&prop)), 0)
+	runtime.KeepAlive(&prop)
+	return device.Handle(h), r
+}
+
+// Export returns a POSIX file descriptor for chunk h
+// (cuMemExportToShareableHandle), which another process imports with
+// cuMemImportFromShareableHandle. The caller owns the descriptor.
+func (d *Device) Export(h device.Handle) (int, error) {
+	if d.drv.cuMemExportToShareableHandle == 0 {
+		return -1, &device.OpError{Op: "cuMemExportToShareableHandle", Args: fmt.Sprintf("handle=%#x", uint64(h)),
+			Err: fmt.Errorf("%w: the driver has no cuMemExportToShareableHandle", device.ErrUnsupported)}
+	}
+	if d.plainOnly.Load() {
+		return -1, &device.OpError{Op: "cuMemExportToShareableHandle", Args: fmt.Sprintf("handle=%#x", uint64(h)),
+			Err: fmt.Errorf("%w: the driver refused shareable (POSIX file descriptor) chunks on this device, so gpumem makes plain ones", device.ErrUnsupported)}
+	}
+	var fd int32 = -1
+	if r := d.call(d.drv.cuMemExportToShareableHandle, uintptr(unsafe.Pointer(&fd)), uintptr(h), cuMemHandleTypePosixFD, 0); r != cudaSuccess {
+		return -1, d.fail("cuMemExportToShareableHandle", r, "handle=%#x", uint64(h))
+	}
+	return int(fd), nil
 }
 
 // Release gives back a physical chunk (cuMemRelease).

@@ -44,6 +44,10 @@ type driver struct {
 	cuMemsetD8, cuMemsetD8Async, cuMemcpyHtoD, cuMemcpyDtoH uintptr
 	cuMemcpyDtoD                                            uintptr
 
+	// Sharing chunks with other processes (Exporter); 0 if the driver has
+	// none.
+	cuMemExportToShareableHandle uintptr
+
 	cuModuleLoadDataEx, cuModuleGetFunction, cuModuleUnload, cuLaunchKernel uintptr
 }
 
@@ -90,6 +94,7 @@ func (d *driver) symbols() []dl.Symbol {
 		{Addr: &d.cuStreamGetCaptureInfo, Names: []string{"cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo"}},
 		{Addr: &d.cuStreamGetCaptureInfo2, Names: []string{"cuStreamGetCaptureInfo_v2"}, Optional: true},
 		{Addr: &d.cuGraphNodeGetDependencies, Names: []string{"cuGraphNodeGetDependencies"}, Optional: true},
+		{Addr: &d.cuMemExportToShareableHandle, Names: []string{"cuMemExportToShareableHandle"}, Optional: true},
 		{Addr: &d.cuMemsetD8, Names: []string{"cuMemsetD8_v2"}},
 		{Addr: &d.cuMemsetD8Async, Names: []string{"cuMemsetD8Async"}},
 		{Addr: &d.cuMemcpyHtoD, Names: []string{"cuMemcpyHtoD_v2"}},

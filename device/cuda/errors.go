@@ -17,6 +17,7 @@ const (
 	cudaErrOutOfMemory    result = 2
 	cudaErrNotInitialized result = 3
 	cudaErrNotReady       result = 600
+	cudaErrNotPermitted   result = 800
 	cudaErrNotSupported   result = 801
 )
 

@@ -48,10 +48,13 @@ func TestStructLayouts(t *testing.T) {
 }
 
 func TestPropValues(t *testing.T) {
-	p := devicePinnedProp(3)
+	p := devicePinnedProp(3, false)
 	if p.Type != 1 || p.RequestedHandleTypes != 0 || p.Location.Type != 1 || p.Location.ID != 3 ||
 		p.Win32HandleMetaData != 0 || p.AllocFlags != (memAllocFlags{}) {
-		t.Errorf("devicePinnedProp(3) = %+v", p)
+		t.Errorf("devicePinnedProp(3, false) = %+v", p)
+	}
+	if s := devicePinnedProp(3, true); s.RequestedHandleTypes != 1 || s.Type != 1 || s.Location.ID != 3 {
+		t.Errorf("devicePinnedProp(3, true) = %+v, want POSIX file descriptor handles (1)", s)
 	}
 	a := deviceReadWrite(2)
 	if a.Location.Type != 1 || a.Location.ID != 2 || a.Flags != 3 {

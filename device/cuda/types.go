@@ -68,6 +68,7 @@ type memAccessDesc struct {
 const (
 	cuMemAllocationTypePinned          = 0x1 // CU_MEM_ALLOCATION_TYPE_PINNED
 	cuMemHandleTypeNone                = 0x0 // CU_MEM_HANDLE_TYPE_NONE
+	cuMemHandleTypePosixFD             = 0x1 // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 	cuMemLocationTypeDevice            = 0x1 // CU_MEM_LOCATION_TYPE_DEVICE
 	cuMemAccessFlagsProtReadWrite      = 0x3 // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 	cuMemAllocGranularityMinimum       = 0x0 // CU_MEM_ALLOC_GRANULARITY_MINIMUM
@@ -80,12 +81,18 @@ const (
 	cuJitErrorLogBufferSizeBytes       = 6   // CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
 )
 
-// devicePinnedProp is the allocation property of a plain device chunk on
-// the device with the given ordinal.
-func devicePinnedProp(ordinal int) memAllocationProp {
+// devicePinnedProp is the allocation property of a device chunk on the
+// device with the given ordinal: shareable through a POSIX file descriptor
+// when shareable is set (as PyTorch's expandable segments make theirs),
+// plain otherwise.
+func devicePinnedProp(ordinal int, shareable bool) memAllocationProp {
+	ht := uint32(cuMemHandleTypeNone)
+	if shareable {
+		ht = cuMemHandleTypePosixFD
+	}
 	return memAllocationProp{
 		Type:                 cuMemAllocationTypePinned,
-		RequestedHandleTypes: cuMemHandleTypeNone,
+		RequestedHandleTypes: ht,
 		Location:             memLocation{Type: cuMemLocationTypeDevice, ID: int32(ordinal)},
 	}
 }
