@@ -176,6 +176,16 @@ EXPORT gpumem_status gpumem_record_stream(void *ptr, int device, void *stream) {
 	return gpumemGo_record_stream((uintptr_t)ptr, device, (uintptr_t)stream);
 }
 
+EXPORT gpumem_status gpumem_share(void *ptr, int device, uint64_t *base, int *fds, uint64_t *sizes, size_t cap, size_t *n) {
+	if (!base || !n || (cap > 0 && (!fds || !sizes))) return GPUMEM_ERROR_INVALID_VALUE;
+	gpumem_front_record(ptr); /* never parked: its free comes after the other processes' */
+	return gpumemGo_share((uintptr_t)ptr, device, base, fds, sizes, cap, n);
+}
+
+EXPORT gpumem_status gpumem_unshare(void *ptr, int device) {
+	return gpumemGo_unshare((uintptr_t)ptr, device);
+}
+
 /* The front stands aside while a route is open (one stop each). */
 EXPORT gpumem_status gpumem_pool_begin(int device, uint64_t hi, uint64_t lo, void *stream, int route) {
 	gpumem_front_stop();
@@ -427,6 +437,7 @@ EXPORT const char *gpumem_status_name(gpumem_status s) {
 		"GPUMEM_ERROR_INVALID_POINTER", "GPUMEM_ERROR_NO_DRIVER", "GPUMEM_ERROR_DEVICE",
 		"GPUMEM_ERROR_CONFIG", "GPUMEM_ERROR_CLOSED", "GPUMEM_ERROR_BUFFER_TOO_SMALL",
 		"GPUMEM_ERROR_INTERNAL", "GPUMEM_ERROR_IO", "GPUMEM_ERROR_FORMAT",
+		"GPUMEM_ERROR_NOT_SHAREABLE",
 	};
 	if (s < 0 || (size_t)s >= sizeof names / sizeof names[0]) return "GPUMEM_ERROR_UNKNOWN";
 	return names[s];

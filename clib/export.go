@@ -217,6 +217,40 @@ func gpumemGo_record_stream(ptr C.uintptr_t, device C.int, stream C.uintptr_t) C
 	return status(theHost().RecordStream(int(device), uint64(ptr), uint64(stream)), device)
 }
 
+// gpumemGo_share exports the buffer at ptr (gpumem_share): descriptors
+// and sizes go into C's arrays of capacity cap.
+//
+//export gpumemGo_share
+func gpumemGo_share(ptr C.uintptr_t, device C.int, base *C.uint64_t, fds *C.int, sizes *C.uint64_t, capacity C.size_t, n *C.size_t) C.gpumem_status {
+	sh, err := theHost().Share(int(device), uint64(ptr))
+	if err != nil {
+		return fail(err, device)
+	}
+	*n = C.size_t(len(sh.Spans))
+	if len(sh.Spans) > int(capacity) {
+		sh.Close()
+		// Undone, so that the caller's second call counts once.
+		if err := theHost().Unshare(int(device), uint64(ptr)); err != nil {
+			return fail(err, device)
+		}
+		return fail(fmt.Errorf("%w: share: %d chunks, room for %d", host.ErrTooSmall, len(sh.Spans), capacity), device)
+	}
+	*base = C.uint64_t(sh.Base)
+	if len(sh.Spans) > 0 {
+		fs := unsafe.Slice((*C.int)(unsafe.Pointer(fds)), len(sh.Spans))
+		ss := unsafe.Slice((*C.uint64_t)(unsafe.Pointer(sizes)), len(sh.Spans))
+		for i, s := range sh.Spans {
+			fs[i], ss[i] = C.int(s.FD), C.uint64_t(s.Size)
+		}
+	}
+	return 0
+}
+
+//export gpumemGo_unshare
+func gpumemGo_unshare(ptr C.uintptr_t, device C.int) C.gpumem_status {
+	return status(theHost().Unshare(int(device), uint64(ptr)), device)
+}
+
 //export gpumemGo_pool_begin
 func gpumemGo_pool_begin(device C.int, hi, lo C.uint64_t, stream C.uintptr_t, route C.int, thread C.uint64_t) C.gpumem_status {
 	id := host.PoolID{Hi: uint64(hi), Lo: uint64(lo)}

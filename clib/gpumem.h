@@ -65,7 +65,8 @@ enum {
 	GPUMEM_ERROR_BUFFER_TOO_SMALL = 8,
 	GPUMEM_ERROR_INTERNAL = 9,       /* a bug in gpumem: please report it with the message */
 	GPUMEM_ERROR_IO = 10,            /* a file could not be read or written */
-	GPUMEM_ERROR_FORMAT = 11         /* a file is not what it should be (a corrupt or foreign snapshot) */
+	GPUMEM_ERROR_FORMAT = 11,        /* a file is not what it should be (a corrupt or foreign snapshot) */
+	GPUMEM_ERROR_NOT_SHAREABLE = 12  /* the buffer cannot be shared with another process (gpumem_share) */
 };
 
 /* Why an allocation ran out of memory. */
@@ -234,6 +235,27 @@ gpumem_status gpumem_deallocate_on(void *ptr, int device, void *stream);
  * memory is reused only once that stream's work up to the free is done
  * (torch.Tensor.record_stream). */
 gpumem_status gpumem_record_stream(void *ptr, int device, void *stream);
+
+/* --- Sharing with other processes ------------------------------------------ */
+
+/* Shares the live buffer at ptr (the address gpumem gave, on device, or -1
+ * for any) with another process. The buffer lies in physical chunks, each
+ * mapped whole; the other process imports each descriptor
+ * (cuMemImportFromShareableHandle, POSIX file descriptor), maps them back to
+ * back over a range of its own in the order given, each over its size in
+ * bytes, and finds the buffer at offset ptr - *base into that range. Up to
+ * cap descriptors and sizes are written to fds and sizes, and how many there
+ * are to *n: GPUMEM_ERROR_BUFFER_TOO_SMALL when cap < *n, with nothing
+ * opened (call again with more room). The caller owns the descriptors
+ * (close them once sent). Until gpumem_unshare the chunks are never moved
+ * (Gather, Defrag), and the caller must keep the buffer allocated until no
+ * other process maps it: a free does not wait for them.
+ * GPUMEM_ERROR_NOT_SHAREABLE, saying why, where the device cannot export
+ * (the simulated device, a driver without shareable handles) or the buffer
+ * is not in mapped chunks (the cache off, a plain segment). */
+gpumem_status gpumem_share(void *ptr, int device, uint64_t *base, int *fds, uint64_t *sizes, size_t cap, size_t *n);
+/* Undoes one gpumem_share of ptr, once no other process maps its memory. */
+gpumem_status gpumem_unshare(void *ptr, int device);
 
 /* --- Control --------------------------------------------------------------- */
 

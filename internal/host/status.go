@@ -25,6 +25,7 @@ const (
 	StatusInternal       Status = 9  // GPUMEM_ERROR_INTERNAL: a bug in gpumem (its books disagree)
 	StatusIO             Status = 10 // GPUMEM_ERROR_IO: a file could not be read or written
 	StatusFormat         Status = 11 // GPUMEM_ERROR_FORMAT: a file is not what it should be (a corrupt or foreign snapshot)
+	StatusNotShareable   Status = 12 // GPUMEM_ERROR_NOT_SHAREABLE: the buffer cannot be shared with another process
 )
 
 // Code classifies an error as the status a C caller receives.
@@ -50,6 +51,8 @@ func Code(err error) Status {
 		return StatusIO
 	case errors.Is(err, ErrTooSmall):
 		return StatusTooSmall
+	case errors.Is(err, gpumem.ErrNotShareable):
+		return StatusNotShareable
 	case errors.Is(err, device.ErrInvalid), errors.Is(err, device.ErrUnsupported), errors.Is(err, device.ErrOutOfMemory):
 		return StatusDevice
 	}

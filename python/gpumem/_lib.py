@@ -21,6 +21,7 @@ ERROR_BUFFER_TOO_SMALL = 8
 ERROR_INTERNAL = 9
 ERROR_IO = 10
 ERROR_FORMAT = 11
+ERROR_NOT_SHAREABLE = 12
 
 OOM_CAUSES = {0: "none", 1: "device", 2: "limit", 3: "fragmentation"}
 ANSWERS = {0: "unknown", 1: "no", 2: "yes", 3: "n/a"}  # GPUMEM_ANSWER_*
@@ -155,6 +156,9 @@ _PROTOTYPES = {
 _PROTOTYPES["gpumem_serve"] = (ctypes.c_void_p, [ctypes.c_char_p])
 _PROTOTYPES["gpumem_import_snapshot"] = (_status, [ctypes.c_char_p, ctypes.c_char_p])
 _OPTIONAL = {  # functions of later versions, bound when present
+    "gpumem_share": (_status, [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_u64), ctypes.POINTER(ctypes.c_int),
+                               ctypes.POINTER(_u64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "gpumem_unshare": (_status, [ctypes.c_void_p, ctypes.c_int]),
     "gpumem_history": (_status, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t]),
     "gpumem_torch_snapshot_json": (ctypes.c_void_p, [ctypes.c_int]),
     "gpumem_pool_begin": (_status, [ctypes.c_int, _u64, _u64, ctypes.c_void_p, ctypes.c_int]),
@@ -266,6 +270,26 @@ class Library:
 
     def record_stream(self, ptr, device, stream):
         self.check(self._c.gpumem_record_stream(ptr, device, stream))
+
+    def share(self, ptr, device=-1):
+        """Exports the live buffer at ptr for another process (gpumem_share):
+        (base, [(fd, size), ...]), the chunks to map back to back from base's
+        place; the caller owns the descriptors and calls unshare once no
+        other process maps the memory. GpumemError (ERROR_NOT_SHAREABLE)
+        saying why where it cannot be shared."""
+        fn = self._optional("gpumem_share", "sharing CUDA memory between processes")
+        base, n, cap = _u64(), ctypes.c_size_t(), 16
+        while True:
+            fds, sizes = (ctypes.c_int * cap)(), (_u64 * cap)()
+            status = fn(ptr, device, ctypes.byref(base), fds, sizes, cap, ctypes.byref(n))
+            if status == ERROR_BUFFER_TOO_SMALL and n.value > cap:
+                cap = n.value
+                continue
+            self.check(status)
+            return base.value, [(fds[i], sizes[i]) for i in range(n.value)]
+
+    def unshare(self, ptr, device=-1):
+        self.check(self._optional("gpumem_unshare", "sharing CUDA memory between processes")(ptr, device))
 
     def set_limit(self, device, nbytes):
         self.check(self._c.gpumem_set_limit(device, nbytes))

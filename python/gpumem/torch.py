@@ -129,6 +129,10 @@ def use(limit=None, *, config=None):
     _state["allocator"] = allocator
     _state["installed"] = True
     _patch(torch, lib)
+    # CUDA tensors through torch.multiprocessing: gpumem's chunks as file
+    # descriptors, not PyTorch's IPC handles, which the plug-in cannot give.
+    from . import _sharing
+    _sharing.install(torch, lib)
 
 
 def _put(modules, name, fn):
