@@ -123,7 +123,8 @@ if __name__ == "__main__":
     b = torch.arange(N, device="cuda", dtype=torch.float32)
     c = torch.arange(4096, device="cuda", dtype=torch.float64).reshape(64, 64).t()[3:]  # a strided view
     w = torch.nn.Parameter(torch.full((256,), 2.0, device="cuda"))
-    xs = [a, b, c, w]
+    d = torch.ones(160 << 20, device="cuda")  # 640 MiB: more chunks than the first call has room for
+    xs = [a, b, c, w, d]
     want = [float(x.detach().double().sum()) for x in xs]
     q_in.put(xs)
     got, y = q_out.get(timeout=120)
@@ -132,14 +133,14 @@ if __name__ == "__main__":
          "shapes_ok": got["shapes"] == [list(x.shape) for x in xs],
          "strides_ok": got["strides"] == [list(x.stride()) for x in xs],
          "dtypes_ok": got["dtypes"] == [str(x.dtype) for x in xs],
-         "grad_ok": got["grad"] == [False, False, False, True],
+         "grad_ok": got["grad"] == [False, False, False, True, False],
          "child_write_seen": float(a.double().sum()) == want[0] + 1000,
          "y_ok": float(y.double().sum()) == 3.0 * (N - 1) * N / 2}
     del y
     gc.collect()
     q_in.put("ack")
     r["child_released"] = q_out.get(timeout=120) == "released"
-    del xs, a, b, c, w
+    del xs, a, b, c, w, d
     gc.collect()
     torch.cuda.synchronize()
     deadline = time.time() + 30
