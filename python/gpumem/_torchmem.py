@@ -3,11 +3,15 @@
 gpumem.torch.use() installs these in place of what PyTorch's pluggable
 allocator refuses or answers wrongly:
 
-- memory_stats(): PyTorch's keys wherever gpumem has the figure (the "all"
-  pool: gpumem does not split small and large requests into two pools, so
-  small_pool and large_pool keys are absent, as are keys of figures gpumem
-  does not keep), plus gpumem's own (fragmentation, limit, ...);
-- memory_summary(): PyTorch's table layout over those figures;
+- memory_stats(): PyTorch's keys wherever gpumem has the figure (keys of
+  figures gpumem does not keep are absent), plus gpumem's own
+  (fragmentation, limit, ...). gpumem has one pool for every size, where
+  PyTorch's allocator splits requests into a small and a large pool: each
+  "<name>.all.<figure>" comes with "<name>.large_pool.<figure>", the same
+  value, and "<name>.small_pool.<figure>", 0, so that code reading
+  PyTorch's per-pool keys gets the truth in PyTorch's shape;
+- memory_summary(): PyTorch's table layout over those figures, its "from
+  large pool" and "from small pool" rows filled the same way;
 - _record_memory_history(), _snapshot(), _dump_snapshot(): PyTorch's
   snapshot format (segments with their blocks, and device_traces of alloc,
   free_requested, free_completed and oom entries), from gpumem's segments
@@ -145,35 +149,20 @@ def _accumulated(key):
     return key.endswith((".allocated", ".freed")) or key.startswith("num_")
 
 
-_POOLS = ("small_pool", "large_pool")
+# NestedStats: the dict of each level of memory_stats_as_nested_dict()
+# (gpumem.torch._nested makes its levels with it); a plain dict, as PyTorch's.
+NestedStats = dict
 
 
-def _pool_key_error(key):
-    """The KeyError for a key of PyTorch's small/large pool split, which
-    gpumem does not have: one line saying so and what to read instead."""
-    return KeyError(f"gpumem: no {key!r}: gpumem keeps no small_pool/large_pool split "
-                    "(one pool for every size); read the .all. keys, such as "
-                    "'allocated_bytes.all.current'")
-
-
-class Stats(dict):
-    """memory_stats()'s dict: a missing key of PyTorch's small_pool /
-    large_pool split raises gpumem's one-line KeyError instead of a bare one."""
-
-    def __missing__(self, key):
-        if isinstance(key, str) and any(f".{p}." in key for p in _POOLS):
-            raise _pool_key_error(key)
-        raise KeyError(key)
-
-
-class NestedStats(dict):
-    """A level of memory_stats_as_nested_dict(): "small_pool" and
-    "large_pool" raise gpumem's one-line KeyError."""
-
-    def __missing__(self, key):
-        if key in _POOLS:
-            raise _pool_key_error(key)
-        raise KeyError(key)
+def _pools(out):
+    """PyTorch's small/large pool split of each "<name>.all.<figure>" in out,
+    added in place: gpumem has one pool, reported as the large pool (the
+    "all" figure) beside an empty small pool (0)."""
+    for key, v in list(out.items()):
+        parts = key.split(".")
+        if len(parts) == 3 and parts[1] == "all":
+            out[f"{parts[0]}.large_pool.{parts[2]}"] = v
+            out[f"{parts[0]}.small_pool.{parts[2]}"] = 0
 
 
 def memory_stats(s, base=None):
@@ -211,7 +200,8 @@ def memory_stats(s, base=None):
     for k, v in (base or {}).items():
         if _accumulated(k) and k in out:
             out[k] -= v
-    return Stats(sorted(out.items()))
+    _pools(out)  # from the "all" figures as counted from base: equal after a reset too
+    return dict(sorted(out.items()))
 
 
 def _fmt_bytes(n):
@@ -231,8 +221,10 @@ def _fmt_count(n):
 
 def memory_summary(s, device, abbreviated=False, base=None):
     """torch.cuda.memory_summary()'s table over gpumem's figures: the
-    rows PyTorch prints for all requests (gpumem keeps no small/large
-    split), a blank cell where gpumem keeps no such figure."""
+    rows PyTorch prints, each metric's "from large pool" and "from small
+    pool" rows under it unless abbreviated (memory_stats's pool keys: the
+    large pool all of it, the small pool empty), a blank cell where gpumem
+    keeps no such figure."""
     st = memory_stats(s, base)
     width = 75
     rule, thick = "|" + "-" * width + "|", "|" + "=" * width + "|"
@@ -243,12 +235,15 @@ def memory_summary(s, device, abbreviated=False, base=None):
             ("Requested memory", "requested_bytes", _fmt_bytes), ("GPU reserved memory", "reserved_bytes", _fmt_bytes),
             ("Non-releasable memory", "inactive_split_bytes", _fmt_bytes), ("Allocations", "allocation", _fmt_count),
             ("Active allocs", "active", _fmt_count), ("GPU reserved segments", "segment", _fmt_count)]
+    pools = [("all", None)] if abbreviated else [("all", None), ("large_pool", "      from large pool"),
+                                                 ("small_pool", "      from small pool")]
     for title, name, fmt in rows:
-        cells = []
-        for key in ("current", "peak", "allocated", "freed"):
-            v = st.get(f"{name}.all.{key}")
-            cells.append(" " * 10 if v is None else fmt(v))
-        lines.append("| {:<21} | {} |".format(title, " | ".join(cells)))
+        for pool, label in pools:
+            cells = []
+            for key in ("current", "peak", "allocated", "freed"):
+                v = st.get(f"{name}.{pool}.{key}")
+                cells.append(" " * 10 if v is None else fmt(v))
+            lines.append("| {:<21} | {} |".format(label or title, " | ".join(cells)))
         lines.append(rule)
     for text in (f" Fragmentation {100 * s.fragmentation:.1f}%; limit {s.limit} bytes; {s.device_calls} driver calls",
                  f" CUDA graphs' pools hold {s.pool_reserved} bytes (in the figures above)"):

@@ -38,18 +38,11 @@ def test_memory_stats_keys_and_summary():
     assert st["requested_bytes.all.allocated"] - st["requested_bytes.all.freed"] == st["requested_bytes.all.current"]
     assert st["reserved_bytes.all.current"] == 4 << 20 and st["allocation.all.current"] == 3
     assert st["num_ooms"] == 1 and st["num_alloc_retries"] == 1 and st["segment.all.current"] == 2
-    # No figure gpumem does not keep is made up: PyTorch's small/large pool
-    # keys are missing, and asking for one is gpumem's one-line KeyError.
-    assert not any(".small_pool." in k or ".large_pool." in k for k in st)
+    # No figure gpumem does not keep is made up; PyTorch's small/large
+    # pool keys are there (test_pool_keys_in_pytorchs_shape).
+    assert st["segment.small_pool.current"] == 0 and st["allocated_bytes.large_pool.current"] == 3 << 20
+    assert "segment.all.peak" not in st and "segment.large_pool.peak" not in st
     assert list(st) == sorted(st)
-    for key in ("allocated_bytes.large_pool.current", "segment.small_pool.current"):
-        try:
-            st[key]
-        except KeyError as e:
-            assert str(e.args[0]).startswith(f"gpumem: no {key!r}: gpumem keeps no small_pool/large_pool split"), e
-        else:
-            raise AssertionError(f"{key} answered")
-    assert st.get("allocated_bytes.large_pool.current") is None and "segment.small_pool.current" not in st
     try:
         st["no_such_key"]
     except KeyError as e:
@@ -67,18 +60,129 @@ def test_memory_stats_keys_and_summary():
             walk(prefix + k + ".", v) if isinstance(v, dict) else flat.__setitem__(prefix + k, v)
     walk("", nested)
     assert flat == st
-    try:
-        nested["allocated_bytes"]["large_pool"]
-    except KeyError as e:
-        assert "gpumem keeps no small_pool/large_pool split" in str(e), e
-    else:
-        raise AssertionError("nested large_pool answered")
+    assert nested["allocated_bytes"]["large_pool"]["current"] == 3 << 20
+    assert nested["segment"]["small_pool"] == {"current": 0, "allocated": 0, "freed": 0}
     table = _torchmem.memory_summary(s, 0)
     lines = table.splitlines()
     assert lines[0].startswith("|====") and "CUDA OOMs: 1" in table
     assert all(len(line) == 77 for line in lines), [len(line) for line in lines]
     row = next(line for line in lines if line.startswith("| Allocated memory"))
     assert row.split("|")[2].strip() == "3072 KiB" and row.split("|")[4].strip() == "9216 KiB", row
+
+
+# PyTorch's allocator splits these by pool ("all", "small_pool",
+# "large_pool"), each with current, peak, allocated and freed
+# (torch/csrc/cuda/Module.cpp, memoryStats).
+_PYTORCH_POOLED = ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
+                   "allocation", "segment", "active", "inactive_split")
+_FIGURES = ("current", "peak", "allocated", "freed")
+# The "all" figures gpumem keeps; the rest (peaks of counts, bytes
+# reserved and released over time, the count of split blocks, their
+# peaks and totals) it does not keep, under any pool.
+_KEPT = {"allocated_bytes": _FIGURES, "active_bytes": _FIGURES, "requested_bytes": _FIGURES,
+         "reserved_bytes": ("current", "peak"), "inactive_split_bytes": ("current",),
+         "allocation": ("current", "allocated", "freed"), "active": ("current", "allocated", "freed"),
+         "segment": ("current", "allocated", "freed")}
+
+
+def _made_up_stats():
+    """gpumem's figures, made up, none of them zero."""
+    return _Stats(active=3 << 20, peak_active=5 << 20, allocated=(3 << 20) - 100, peak_allocated=(5 << 20) - 100,
+                  alloc_bytes=9 << 20, free_bytes=6 << 20, alloc_requested=(9 << 20) - 300,
+                  free_requested=(6 << 20) - 200, reserved=8 << 20, peak_reserved=10 << 20, cached=5 << 20,
+                  releasable=2 << 20, live_buffers=3, allocs=10, frees=7, segments=4, device_allocs=6,
+                  device_frees=2, ooms=1, retries=2, device_calls=11, trims=1, limit=1 << 30)
+
+
+def test_pool_keys_in_pytorchs_shape():
+    """Issue 42: gpumem has one pool, reported in PyTorch's shape: every
+    "<name>.small_pool.<figure>" is 0 and every "<name>.large_pool.<figure>"
+    the "all" figure, for every figure gpumem keeps; reading any of
+    PyTorch's per-pool keys whose "all" figure gpumem keeps raises no
+    KeyError, flat and nested; a figure gpumem does not keep is absent
+    under all three pools alike."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from gpumem import _torchmem
+    from gpumem.torch import _nested
+    st = _torchmem.memory_stats(_made_up_stats())
+    nested = _nested(st)
+    for name in _PYTORCH_POOLED:
+        for figure in _FIGURES:
+            every = f"{name}.all.{figure}"
+            if figure not in _KEPT.get(name, ()):
+                assert not any(f"{name}.{pool}.{figure}" in st for pool in ("all", "large_pool", "small_pool")), every
+                continue
+            assert st[every] != 0, every  # the made-up figures: a copy of 0 would prove nothing
+            assert st[f"{name}.large_pool.{figure}"] == st[every], every
+            assert st[f"{name}.small_pool.{figure}"] == 0, every
+            assert nested[name]["large_pool"][figure] == st[every] and nested[name]["small_pool"][figure] == 0
+    # Each pool key has its "all" key, and nothing else gained pools.
+    pooled = [k for k in st if ".small_pool." in k or ".large_pool." in k]
+    assert len(pooled) == 2 * sum(len(v) for v in _KEPT.values()), pooled
+    assert sorted(k.split(".")[0] for k in st if ".all." in k) == sorted(
+        name for name, figures in _KEPT.items() for _ in figures)
+    # PyTorch's test_graph_memory_stats_and_use_result_after_destroy_graph
+    # reads these for both pools.
+    for pool in ("small_pool", "large_pool"):
+        for name in ("segment", "reserved_bytes", "active", "active_bytes"):
+            st[f"{name}.{pool}.current"]
+    assert list(st) == sorted(st)
+
+
+def test_pool_keys_after_resets():
+    """reset_accumulated_memory_stats (memory_stats over a base) counts the
+    pools' accumulated figures from the reset as it counts the "all" ones;
+    a base from before the pool keys (none in it) gives the same; peaks
+    follow the library's (reset_peak_memory_stats resets those)."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from gpumem import _torchmem
+    before = _made_up_stats()
+    base = _torchmem.memory_stats(before)
+    after = _made_up_stats()
+    after.alloc_bytes, after.free_bytes, after.allocs, after.frees = 20 << 20, 15 << 20, 30, 25
+    after.device_allocs, after.device_frees, after.peak_active, after.peak_reserved = 9, 4, 3 << 20, 8 << 20
+    old_base = {k: v for k, v in base.items() if ".small_pool." not in k and ".large_pool." not in k}
+    for b in (base, old_base):
+        st = _torchmem.memory_stats(after, b)
+        assert st["active_bytes.all.allocated"] == 11 << 20 and st["allocation.all.freed"] == 18
+        assert st["segment.all.allocated"] == 3 and st["num_device_alloc"] == 3
+        for key, v in st.items():
+            if ".all." in key:
+                assert st[key.replace(".all.", ".large_pool.")] == v, key
+                assert st[key.replace(".all.", ".small_pool.")] == 0, key
+        assert st["allocated_bytes.large_pool.peak"] == 3 << 20 and st["reserved_bytes.large_pool.peak"] == 8 << 20
+
+
+def test_summary_pool_rows():
+    """memory_summary prints PyTorch's "from large pool" and "from small
+    pool" rows under each metric (the large pool's the metric's figures,
+    the small pool's zeros, blank where gpumem keeps no figure), and not
+    when abbreviated."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from gpumem import _torchmem
+    s = _made_up_stats()
+    lines = _torchmem.memory_summary(s, 0).splitlines()
+    assert all(len(line) == 77 for line in lines), [len(line) for line in lines]
+    rows = [line for line in lines if line.count("|") == 6]  # the table's rows, its header first
+    metrics = ["Allocated memory", "Active memory", "Requested memory", "GPU reserved memory",
+               "Non-releasable memory", "Allocations", "Active allocs", "GPU reserved segments"]
+    titles = [row.split("|")[1].strip() for row in rows]
+    assert titles == ["Metric"] + [t for m in metrics for t in (m, "from large pool", "from small pool")], titles
+    for i, line in enumerate(lines):
+        if line.startswith("|       from large pool"):
+            assert line.split("|")[2:] == lines[i - 1].split("|")[2:], (lines[i - 1], line)
+        if line.startswith("|       from small pool"):
+            metric = lines[i - 2].split("|")[2:-1]
+            cells = [c.strip() for c in line.split("|")[2:-1]]
+            assert cells == ["" if not m.strip() else ("0 B" if m.strip().endswith("B") else "0")
+                             for m in metric], (lines[i - 2], line)
+    assert lines[lines.index(next(l for l in lines if l.startswith("| Allocations"))) + 3].startswith("|---")
+    short = _torchmem.memory_summary(s, 0, abbreviated=True)
+    assert "from large pool" not in short and "from small pool" not in short
+    assert [row.split("|")[1].strip() for row in short.splitlines() if row.count("|") == 6] == ["Metric"] + metrics
 
 
 @needs_library
