@@ -166,7 +166,7 @@ type OutOfMemoryError struct {
 
 	noVM     bool // the device has no virtual memory (WithVirtual is AnswerNo)
 	suggestC bool // fragmentation in ModeVirtual without Config.Compact: say it exists
-	suggestG bool // and idle memory in spans with live buffers, without Config.Gather
+	suggestG bool // and idle memory in spans with live buffers, without Config.Gather: name it and its risk
 }
 
 // Error is one paragraph: the cause with its numbers, then what would have
@@ -224,7 +224,13 @@ func (e *OutOfMemoryError) Error() string {
 				b.WriteString(" (Config.Compact, GPUMEM_CONFIG=compact=true, leaves less of both, at more driver calls: gpumem fit --policy gpumem-compact says whether a recorded trace would fit)")
 			}
 			if e.suggestG {
-				b.WriteString("; Config.Gather, GPUMEM_CONFIG=gather=true, moves live chunks out of the idle spans before failing, in programs that launch from one thread at a time (gpumem fit --policy gpumem-gather)")
+				// The risk in the same breath as the setting: a move while
+				// another host thread launches loses that work's writes
+				// with no error (config.go, Gather).
+				b.WriteString("; Config.Gather, GPUMEM_CONFIG=gather=true, moves live chunks out of the idle spans before failing (gpumem fit --policy gpumem-gather), " +
+					"but if another host thread launches work meanwhile, that work's writes to the moved memory are lost with no error (wrong results): " +
+					"turn it on only where all GPU work, libraries' included, is launched from one thread at a time " +
+					"(PyTorch's autograd engine, NCCL, DataLoader pin threads and serving frameworks launch from threads of their own)")
 			}
 		} else {
 			fmt.Fprintf(&b, "in use; blocked by %s", map[Cause]string{CauseLimit: "the limit", CauseDevice: "the device's free memory"}[e.Cause])

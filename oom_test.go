@@ -293,6 +293,71 @@ func TestOOMVerdictVirtualBlocked(t *testing.T) {
 	})
 }
 
+// TestOOMVerdictGatherRisk: a fragmentation out-of-memory in ModeVirtual
+// with idle chunks in spans that hold live buffers, Gather off: the
+// verdict names gather=true and, in the same clause, its risk: another
+// host thread's writes to moved memory are lost with no error, so only
+// programs whose GPU work (their libraries' too) is launched from one
+// thread at a time may turn it on. The JSON message says the same. Where
+// nothing idle lies in live spans (free space inside chunks only), a
+// gather would move nothing, and the verdict does not name it.
+func TestOOMVerdictGatherRisk(t *testing.T) {
+	t.Run("idle spans", func(t *testing.T) {
+		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 40 * miB})
+		x := mustAlloc(t, a, 16*miB)
+		mustAlloc(t, a, 16*miB)
+		if err := a.Free(x); err != nil {
+			t.Fatal(err)
+		}
+		mustAlloc(t, a, 2*miB) // 14 MiB idle in x's span
+		oom := mustOOM(t, a, 16*miB)
+		if oom.Cause != gpumem.CauseFragmentation || oom.Pinned <= oom.PinnedInChunks {
+			t.Fatalf("cause %v, pinned %d (in chunks %d): want fragmentation with idle chunks in live spans", oom.Cause, oom.Pinned, oom.PinnedInChunks)
+		}
+		risk := []string{
+			"GPUMEM_CONFIG=gather=true",
+			"gpumem fit --policy gpumem-gather",
+			"another host thread launches work meanwhile",
+			"writes to the moved memory are lost with no error (wrong results)",
+			"only where all GPU work, libraries' included, is launched from one thread at a time",
+			"PyTorch's autograd engine, NCCL, DataLoader pin threads and serving frameworks launch from threads of their own",
+		}
+		msg := oom.Error()
+		wantIn(t, msg, risk...)
+		if strings.Contains(msg, "\n") {
+			t.Errorf("the verdict is more than one line:\n%s", msg)
+		}
+		raw, err := json.Marshal(oom)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct{ Message string }
+		if err := json.Unmarshal(raw, &got); err != nil {
+			t.Fatal(err)
+		}
+		wantIn(t, got.Message, risk...)
+	})
+	t.Run("chunks only", func(t *testing.T) {
+		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 64 * miB})
+		var bufs []gpumem.Buffer
+		for range 64 {
+			bufs = append(bufs, mustAlloc(t, a, miB))
+		}
+		for i := 1; i < len(bufs); i += 2 {
+			if err := a.Free(bufs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		oom := mustOOM(t, a, 4*miB)
+		if oom.Cause != gpumem.CauseFragmentation || oom.Pinned != oom.PinnedInChunks {
+			t.Fatalf("cause %v, pinned %d (in chunks %d): want fragmentation inside chunks only", oom.Cause, oom.Pinned, oom.PinnedInChunks)
+		}
+		if strings.Contains(oom.Error(), "gather=true") {
+			t.Errorf("nothing idle in live spans, yet the verdict names gather=true: %s", oom.Error())
+		}
+	})
+}
+
 // TestOOMVerdictQuota: a scope's quota refuses before any memory is looked
 // at; the verdict says the scope, its use and what would have fit in it.
 func TestOOMVerdictQuota(t *testing.T) {

@@ -380,7 +380,8 @@ def test_defrag_counters():
 def test_gather_config():
     """gather=true in the configuration string: under a limit the stranded
     spans fill, the large request that fails without it (its message
-    naming gather) is served, the spans split on the way."""
+    naming gather and its risk: another thread's writes lost with no
+    error) is served, the spans split on the way."""
     script = """
         import json
         import gpumem
@@ -396,11 +397,12 @@ def test_gather_config():
             lib.allocate(100 << 20, 0, 0)
             print(json.dumps({"served": True, "splits": gpumem.stats(0)["splits"]}))
         except gpumem.GpumemError as e:
-            print(json.dumps({"served": False, "names_gather": "gather=true" in str(e)}))
+            print(json.dumps({"served": False, "names_gather": "gather=true" in str(e),
+                              "names_risk": "writes to the moved memory are lost with no error" in str(e)}))
     """
     without = json.loads(run(script, config=SIM + ",limit=128MiB").stdout.splitlines()[0])
     with_gather = json.loads(run(script, config=SIM + ",limit=128MiB,gather=true").stdout.splitlines()[0])
-    assert without == {"served": False, "names_gather": True}, without
+    assert without == {"served": False, "names_gather": True, "names_risk": True}, without
     assert with_gather["served"] and with_gather["splits"] >= 6, with_gather
 
 
