@@ -110,7 +110,7 @@ func (e *env) replay(args []string) int {
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
 	compact := fs.Bool("compact", false, "best-fit placement that holds the least memory, at more driver calls (gpumem.Config.Compact)")
 	defrag := fs.Bool("defrag", false, "move live chunks out of sparse spans rather than grow past peak active + 1% (gpumem.Config.Defrag; synchronizes the device at each move)")
-	gather := fs.Bool("gather", false, "before an out-of-memory, move live chunks out of sparse spans until the request fits (gpumem.Config.Gather; synchronizes the device at each move)")
+	gather := fs.Bool("gather", false, "before an out-of-memory, move live chunks out of sparse spans until the request fits (gpumem.Config.Gather; synchronizes the device at each move; in a program, only where all GPU work, libraries' included, is launched from one thread at a time: another host thread's writes to moved memory are lost with no error)")
 	driverTimes := fs.Bool("driver-times", false, "count and time every call to the device, by operation (JSON: driver, passes.driver_later; the table: a second table): where the time per event goes on the real driver")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replays (runtime/pprof) to `file`: where the time per event goes")
 	pol := fs.String("policy", "gpumem", "the allocation `policy`: gpumem, or another allocator's emulated on the simulated device ("+strings.Join(policy.Names()[1:], ", ")+"), or all")
