@@ -7,7 +7,8 @@ been issued; run.py times the steps and watches memory. Inputs come from a
 generator seeded per program, so every allocator sees the same sequence of
 shapes and, up to the GPU's own nondeterminism, computes the same losses.
 
-The programs (see testdata/traces/README.md for the recorded runs):
+The programs (see testdata/traces/README.md for the recorded runs;
+beam_search_decode and infer_server have no trace there):
 
     gpt2_train_varlen    GPT-2 small training, AdamW, bf16 autocast, batch 8,
                          sequence length random in 64..1024
@@ -18,6 +19,14 @@ The programs (see testdata/traces/README.md for the recorded runs):
     resnet50_train       ResNet-50 training, SGD, bf16, batch 64 at 224x224
     gpt2_generate        GPT-2 small sampling 96 new tokens for random batches
                          (1..16) and prompts (16..256)
+    beam_search_decode   T5-small-sized beam search (4, 6 or 8 beams), 64 new
+                         tokens for random batches (1..8) of prompts of random
+                         lengths (16..256, padded to the longest)
+    infer_server         a two-model inference server under inference_mode:
+                         each step 2..4 requests to a BERT-base classifier
+                         (batch 1..32, length 16..512) and 2..3 to a GPT-2
+                         small decoding greedily (batch 1..8, prompt 16..256,
+                         16..48 new tokens), bf16, in random order
     sweep_create_dispose an MLP of random width and depth built on the GPU,
                          trained 5 steps and dropped, over and over
     two_stream           a side stream makes each batch (random tokens,
@@ -133,6 +142,74 @@ def gpt2_generate(steps, log, seed=0):
     return model, None
 
 
+def beam_search_decode(steps, log, seed=0):
+    """Beam search with an encoder-decoder: every new token reorders each
+    layer's key/value cache across the beams, so a step makes many small,
+    short-lived requests of a few recurring sizes."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    torch.manual_seed(seed)
+    cfg = T5Config(d_model=512, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
+                   vocab_size=32128, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(cfg).to(DEVICE).eval()
+    rng = _rng("beam_search_decode")
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    for _ in range(steps):
+        b, beams = rng.randint(1, 8), rng.choice([4, 6, 8])
+        lens = [rng.randint(16, 256) for _ in range(b)]
+        x = torch.randint(2, 32000, (b, max(lens)), device=DEVICE, generator=g)
+        mask = (torch.arange(max(lens), device=DEVICE)[None, :] <
+                torch.tensor(lens, device=DEVICE)[:, None]).long()
+        x = x * mask  # right padding with pad_token_id 0
+        with torch.no_grad():
+            out = model.generate(input_ids=x, attention_mask=mask, num_beams=beams, do_sample=False,
+                                 max_new_tokens=64, min_new_tokens=64, decoder_start_token_id=0,
+                                 pad_token_id=0, eos_token_id=1)
+        # A checksum of the chosen sequences, as in gpt2_generate.
+        log(out.float().mean())
+    return model, None
+
+
+def infer_server(steps, log, seed=0):
+    """Two models served from one process: a stream of requests of random
+    batch and length, in random order, to a classifier (one forward) and a
+    generator (a key/value cache growing token by token).
+
+    cuDNN's attention is left out of scaled_dot_product_attention: in bf16
+    on Hopper PyTorch picks it first, and it builds a plan for every new
+    key length, once per generated token here. On an H200 (PyTorch 2.11)
+    that made a generation call 5 times slower (859 against 167 ms for 32
+    tokens) and the median step 10 times (4-5 s against 0.45 s), time
+    that has nothing to do with memory."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(seed)
+    bert = BertForSequenceClassification(BertConfig(num_labels=4)).to(DEVICE, BF16).eval()
+    gpt = GPT2LMHeadModel(GPT2Config()).to(DEVICE, BF16).eval()
+    rng = _rng("infer_server")
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with torch.inference_mode(), sdpa_kernel(backends):
+        for _ in range(steps):
+            requests = ["cls"] * rng.randint(2, 4) + ["gen"] * rng.randint(2, 3)
+            rng.shuffle(requests)
+            answers = []
+            for kind in requests:
+                if kind == "cls":
+                    b, n = rng.randint(1, 32), rng.randint(16, 512)
+                    x = torch.randint(1000, 30000, (b, n), device=DEVICE, generator=g)
+                    logits = bert(input_ids=x, attention_mask=torch.ones_like(x)).logits
+                    answers.append(logits.float().abs().mean())
+                else:
+                    b, n, new = rng.randint(1, 8), rng.randint(16, 256), rng.randint(16, 48)
+                    x = torch.randint(0, 50257, (b, n), device=DEVICE, generator=g)
+                    out = gpt.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new,
+                                       min_new_tokens=new, do_sample=False, pad_token_id=0)
+                    answers.append(out[:, n:].float().mean() / 50257)
+            # The "loss" of a round: each answer's checksum, of like scale, summed.
+            log(torch.stack(answers).sum())
+    return (bert, gpt), None
+
+
 def sweep_create_dispose(steps, log, seed=0):
     torch.manual_seed(seed)
     rng = _rng("sweep_create_dispose")
@@ -211,6 +288,8 @@ PROGRAMS = {
     "t5_train_varlen": (t5_train_varlen, 30),
     "resnet50_train": (resnet50_train, 20),
     "gpt2_generate": (gpt2_generate, 8),
+    "beam_search_decode": (beam_search_decode, 10),
+    "infer_server": (infer_server, 10),
     "sweep_create_dispose": (sweep_create_dispose, 12),
     "two_stream": (two_stream, 40),
 }

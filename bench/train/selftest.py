@@ -8,6 +8,9 @@ no torch), from the repository root:
   saying so, without it; on the simulated device) and compares its peak
   reserved bytes with the run's: within 1% agrees, more disagrees (exit
   1), a trace without its stats is skipped, nothing to check is exit 2.
+- programs.py, parsed (not imported: it needs torch): every PROGRAMS
+  entry names a function (steps, log, seed=0) of the module, with more
+  steps than run.py's warm-up, listed in the module's docstring.
 """
 import json
 import os
@@ -106,6 +109,39 @@ class FrontTable(unittest.TestCase):
         self.assertEqual(out[2], "| p | PyTorch | 700, 690 | 690 | 3 | 2 | 0.5 | - |")
         self.assertEqual(out[3], "| p | gpumem | 650, 660 | 650 | 3 | 2 | 0.5 | 75.0% |")
         self.assertEqual(out[4], "| p | gpumem, GPUMEM_FRONT=0 | 720 | 720 | 3 | 2 | 0.5 | 0.0% |")
+
+
+class Programs(unittest.TestCase):
+    """programs.py, read without importing it (it needs torch): PROGRAMS is
+    a literal dict of name -> (function, steps) that run.py, suite.py and
+    scripts/gpu.sh take as they find it, so every entry must name a
+    function of the module taking (steps, log, seed=0), give more steps
+    than run.py's warm-up (2 at least), and be listed in the module's
+    docstring."""
+
+    def test_entries(self):
+        import ast
+        with open(os.path.join(HERE, "programs.py")) as f:
+            mod = ast.parse(f.read())
+        doc = ast.get_docstring(mod)
+        funcs = {n.name: n for n in mod.body if isinstance(n, ast.FunctionDef)}
+        table = [n.value for n in mod.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "PROGRAMS" for t in n.targets)]
+        self.assertEqual(len(table), 1)
+        names = []
+        for key, val in zip(table[0].keys, table[0].values):
+            name = ast.literal_eval(key)
+            names.append(name)
+            fn, steps = val.elts
+            self.assertEqual(fn.id, name)
+            self.assertIn(name, funcs)
+            args = funcs[name].args
+            self.assertEqual([a.arg for a in args.args], ["steps", "log", "seed"], name)
+            self.assertEqual(ast.literal_eval(args.defaults[0]), 0, name)
+            self.assertGreater(ast.literal_eval(steps), 2, name)  # run.py's warm-up is 2 steps at least
+            self.assertRegex(doc, r"\n    %s " % name)
+        for name in ("gpt2_generate", "beam_search_decode", "infer_server"):
+            self.assertIn(name, names)
 
 
 if __name__ == "__main__":
