@@ -211,120 +211,17 @@ func (b Buffer) Size() uint64 { return b.size }
 // IsZero reports whether b is the zero Buffer.
 func (b Buffer) IsZero() bool { return b.b == nil }
 
-// Block is the size of the buffer's block: its request rounded as the
-// allocator keeps it, what Stats.Active counts while it is live. It does
-// not change while the buffer is live.
-func (b Buffer) Block() uint64 {
-	if b.b == nil {
-		return 0
-	}
-	return b.b.size
-}
-
 // Alloc returns size bytes of device memory, valid for work on stream s.
 // See doc.go for the stream contract.
 func (a *Allocator) Alloc(size uint64, s device.Stream) (Buffer, error) {
-	return a.alloc(size, s, nil, Parked{}, nil)
-}
-
-// Parked is what a caller keeps of the allocator's live buffers for reuse
-// of its own: buffers the program freed, which the caller hands out again
-// to requests of the same size and stream without calling the allocator
-// (the C library's front cache, clib/front.c), and frees here later. The
-// allocator counts them live in every gauge until then; only its peaks
-// must not, for the program never held them: a peak counts Active and
-// Allocated net of Parked.
-type Parked struct {
-	Active    uint64 // the parked buffers' blocks (Buffer.Size)
-	Allocated uint64 // their requests
-}
-
-// ErrParked is AllocParked's answer when it cannot take a request with
-// buffers parked: the caller frees them and calls again with none.
-var ErrParked = errors.New("gpumem: buffers parked by the caller must be freed before this allocation")
-
-// AllocParked is Alloc for a caller that parks buffers (Parked). It
-// returns ErrParked, allocating nothing, where the parked buffers must
-// come back first: where the pool would grow (the parked buffers may be
-// what the request needs: the pool then grows, retries or fails only as
-// it would without them), and where the peaks could not be
-// kept exact: those are exact only in a lone pool, under its lock, so with
-// more than one pool (several streams in ModePlain), or where this
-// request's stream would add the second.
-//
-// It also returns the gauges of the buffer's pool just after the
-// allocation, parked buffers included in Active and Allocated: with one
-// pool (Lone), the allocator's, exact. A caller that reuses a parked
-// buffer without the allocator must not take the program past these
-// peaks unseen: the reuse that would is a request for the allocator.
-func (a *Allocator) AllocParked(size uint64, s device.Stream, parked Parked) (Buffer, Gauges, error) {
-	if parked != (Parked{}) && !a.parkable(s) {
-		return Buffer{}, Gauges{}, ErrParked
-	}
-	var g Gauges
-	buf, err := a.alloc(size, s, nil, parked, &g)
-	return buf, g, err
-}
-
-// Gauges are a pool's gauges at one moment (AllocParked).
-type Gauges struct {
-	Active, Allocated, PeakActive, PeakAllocated uint64
-}
-
-// Reused counts n allocations and as many frees of parked buffers that
-// the caller handed out again, size bytes of blocks and req bytes of
-// requests in all, with those of stream s: the cumulative counts (Allocs,
-// Frees, AllocBytes, ...) stay the program's, as if each reuse had been a
-// Free and an Alloc here.
-func (a *Allocator) Reused(s device.Stream, n, size, req uint64) {
-	if n == 0 {
-		return
-	}
-	t := a.pools.Load()
-	if len(t.all) == 0 {
-		return // nothing was ever allocated: nothing to reuse
-	}
-	p := t.all[0]
-	for i, st := range t.streams {
-		if st == s {
-			p = t.pools[i]
-		}
-	}
-	p.mu.Lock()
-	p.nallocs += n
-	p.nfrees += n
-	p.nreused += n
-	p.allocBytes += size
-	p.freeBytes += size
-	p.allocReq += req
-	p.freeReq += req
-	p.mu.Unlock()
+	return a.alloc(size, s, nil)
 }
 
 // Lone reports whether the allocator has at most one pool (ModeVirtual,
-// or one stream so far): only then are its peaks exact under one lock,
-// which parking needs (AllocParked).
+// or one stream so far): only then are its peaks exact under one lock.
 func (a *Allocator) Lone() bool { return !a.multi.Load() }
 
-// parkable reports whether an allocation on s may have buffers parked: the
-// allocator has one pool, and serving s keeps it so.
-func (a *Allocator) parkable(s device.Stream) bool {
-	if a.multi.Load() {
-		return false
-	}
-	t := a.pools.Load()
-	if len(t.all) == 0 || a.mode == ModeVirtual {
-		return true
-	}
-	for _, st := range t.streams {
-		if st == s {
-			return true
-		}
-	}
-	return false
-}
-
-func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope, parked Parked, g *Gauges) (Buffer, error) {
+func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, error) {
 	if size == 0 || size > maxRequest {
 		return Buffer{}, fmt.Errorf("%w: Alloc(%d): want 1 to %d bytes", ErrInvalidSize, size, uint64(maxRequest))
 	}
@@ -341,20 +238,6 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope, parked Parked
 		p.freeJoined(si) // only while frees of a capture wait (capture.go)
 	}
 	b := p.allocFast(rounded, si)
-	if b == nil && parked != (Parked{}) {
-		// The slow path without growth: pending frees, another stream's
-		// free range. Where the pool would grow (or meet a shortage) the
-		// parked buffers come back first, for they may be what it needs:
-		// the pool grows, retries or fails only as it would without them.
-		var err error
-		if b, err = p.allocateGrowing(rounded, si, false); err != nil {
-			p.mu.Unlock()
-			if errors.Is(err, errWouldGrow) {
-				return Buffer{}, ErrParked
-			}
-			return Buffer{}, err
-		}
-	}
 	if b == nil {
 		var err error
 		if b, err = p.allocSlow(rounded, size, si); err != nil {
@@ -362,10 +245,7 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope, parked Parked
 			return Buffer{}, err
 		}
 	}
-	buf := p.hand(b, size, si, sc, parked)
-	if g != nil {
-		*g = Gauges{Active: p.active, Allocated: p.allocated, PeakActive: p.peakActive, PeakAllocated: p.peakAllocated}
-	}
+	buf := p.hand(b, size, si, sc)
 	p.mu.Unlock()
 	return buf, nil
 }
@@ -373,7 +253,7 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope, parked Parked
 // hand makes allocated block b of pool p the Buffer of a request of size
 // bytes on stream slot si (under p.mu): its books, the pool's gauges and
 // counters, and its call site when recorded.
-func (p *pool) hand(b *block, size uint64, si slot, sc *Scope, parked Parked) Buffer {
+func (p *pool) hand(b *block, size uint64, si slot, sc *Scope) Buffer {
 	a := p.a
 	b.si = si
 	b.req = size
@@ -381,7 +261,7 @@ func (p *pool) hand(b *block, size uint64, si slot, sc *Scope, parked Parked) Bu
 	b.gen++
 	p.nallocs++
 	b.id = p.nallocs
-	p.noteAlloc(b.size, size, parked)
+	p.noteAlloc(b.size, size)
 	if a.cfg.RecordSites {
 		x := b.extra()
 		x.site = callers()
@@ -581,16 +461,13 @@ const flushBytes = 4 << 20
 // peaks are exact, and with one stream they are the allocator's; the
 // allocator's shared peaks are taken at each flush, within flushBytes per
 // stream of the exact ones.
-func (p *pool) noteAlloc(size, req uint64, parked Parked) {
+func (p *pool) noteAlloc(size, req uint64) {
 	p.allocated += req
 	p.active += size
 	p.allocBytes += size
 	p.allocReq += req
-	// Parked buffers are in allocated and active but were freed by the
-	// program (AllocParked: a lone pool, so these peaks are the
-	// allocator's).
-	p.peakAllocated = max(p.peakAllocated, p.allocated-min(parked.Allocated, p.allocated))
-	p.peakActive = max(p.peakActive, p.active-min(parked.Active, p.active))
+	p.peakAllocated = max(p.peakAllocated, p.allocated)
+	p.peakActive = max(p.peakActive, p.active)
 	p.dAllocated += int64(req)
 	p.dActive += int64(size)
 	if p.dActive >= flushBytes {
@@ -725,10 +602,6 @@ func (a *Allocator) capLimit(n uint64) uint64 {
 // Limit reports the cap on the bytes held from the device (Config.Limit,
 // or the device's capacity).
 func (a *Allocator) Limit() uint64 { return a.limit.Load() }
-
-// Limited reports whether a limit below the device's capacity is set
-// (Config.Limit, SetLimit): the user's word that memory is what counts.
-func (a *Allocator) Limited() bool { return a.limit.Load() < a.total }
 
 // SetLimit changes the cap on the bytes held from the device (0: the
 // device's capacity), as torch.cuda.set_per_process_memory_fraction does.

@@ -368,7 +368,7 @@ func (a *Allocator) AllocAt(ptr device.Ptr, size uint64) (Buffer, error) {
 		}
 		b = p.carve(h, b, rounded, addr-b.addr)
 		b.state = blockAllocated
-		buf := p.hand(b, size, 0, nil, Parked{}) // slot 0: a plain pool serves one stream
+		buf := p.hand(b, size, 0, nil) // slot 0: a plain pool serves one stream
 		p.mu.Unlock()
 		return buf, nil
 	}

@@ -158,13 +158,6 @@
 //     numbers, and what would have fit: after a trim, with virtual-memory
 //     spans, a smaller request.
 //
-// AllocParked (a caller that keeps freed buffers for its own reuse: the C
-// library's front cache, clib/front.c) takes steps 1-2 as above, then 3-5
-// without growth (allocateGrowing); where the pool would grow, or with
-// more than one pool, it answers ErrParked and the caller frees what it
-// parks first, so the pool grows and fails only as it would without it.
-// Its peaks count Active and Allocated net of what is parked.
-//
 // # The free path
 //
 //  1. Check the Buffer against its block (generation, state, address):

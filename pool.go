@@ -90,7 +90,6 @@ type pool struct {
 	sites map[string]*SiteTotal
 
 	nallocs, nfrees uint64
-	nreused         uint64 // of nallocs: reuses of parked buffers (Allocator.Reused)
 	// gauges: exact for this pool; see noteAlloc.
 	allocated, active         uint64
 	peakAllocated, peakActive uint64
@@ -288,18 +287,6 @@ func (p *pool) allocFast(rounded uint64, si slot) *block {
 }
 
 func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
-	return p.allocateGrowing(rounded, si, true)
-}
-
-// errWouldGrow is allocateGrowing's answer, without growth, where the
-// request needs more memory mapped or allocated.
-var errWouldGrow = errors.New("gpumem: the request needs the pool to grow")
-
-// allocateGrowing is allocate; with grow false it takes only what is
-// already backed (pending frees processed, another stream's free range
-// handed over), and returns errWouldGrow where the request needs more
-// (AllocParked: the caller's parked buffers come back first).
-func (p *pool) allocateGrowing(rounded uint64, si slot, grow bool) (*block, error) {
 	h := p.heapFor(rounded)
 	// Frees whose other streams are done go back before anything grows. Not
 	// only when no free block fits: a virtual arena almost always has a
@@ -326,9 +313,6 @@ func (p *pool) allocateGrowing(rounded uint64, si slot, grow bool) (*block, erro
 		b = p.findPlain(h, rounded)
 	}
 	if b == nil {
-		if !grow {
-			return nil, errWouldGrow
-		}
 		if err := h.grow(rounded); err != nil {
 			return nil, err
 		}
@@ -347,9 +331,6 @@ func (p *pool) allocateGrowing(rounded uint64, si slot, grow bool) (*block, erro
 		if b, off, _, ok = p.findBacked(h, b, rounded, si); !ok {
 			// Every fitting free range is another stream's, its work not
 			// known done, with no unmapped room: more address space.
-			if !grow {
-				return nil, errWouldGrow
-			}
 			if err := h.grow(rounded); err != nil {
 				return nil, err
 			}
@@ -358,9 +339,6 @@ func (p *pool) allocateGrowing(rounded uint64, si slot, grow bool) (*block, erro
 	}
 	if b.si != si && b.si >= 0 {
 		p.a.c.handoffs.Add(1)
-	}
-	if !grow && b.seg.virtual && p.unmappedIn(b.seg, b.addr+off, rounded, 0) > 0 {
-		return nil, errWouldGrow
 	}
 	if p.a.noSplit {
 		rounded = b.size // taken whole (PrivateConfig.NoSplit; plain: off is 0)

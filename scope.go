@@ -79,7 +79,7 @@ func (s *Scope) Alloc(size uint64, st device.Stream) (Buffer, error) {
 	if err := s.charge(size); err != nil {
 		return Buffer{}, err
 	}
-	buf, err := s.a.alloc(size, st, s, Parked{}, nil)
+	buf, err := s.a.alloc(size, st, s)
 	if err != nil {
 		s.uncharge(size)
 		return Buffer{}, err

@@ -69,10 +69,6 @@ type Stats struct {
 	// AllocRequested - FreeRequested == Allocated (PyTorch's
 	// active_bytes and requested_bytes .allocated and .freed).
 	AllocBytes, FreeBytes, AllocRequested, FreeRequested uint64
-	// Reused counts the allocations (of Allocs) that a caller served with
-	// a parked buffer, without the allocator (Allocator.Reused: the C
-	// library's front cache).
-	Reused uint64
 	// Splits counts sparse spans whose live chunks moved to handles of
 	// their own (Config.Defrag); Copies and CopiedBytes, the copies that
 	// moved them (cuMemcpyDtoD): two per piece of a run staged in free
@@ -100,7 +96,6 @@ func (a *Allocator) Stats() Stats {
 		s.PeakActive = max(s.PeakActive, p.peakActive)
 		s.Allocs += p.nallocs
 		s.Frees += p.nfrees
-		s.Reused += p.nreused
 		s.AllocBytes += p.allocBytes
 		s.FreeBytes += p.freeBytes
 		s.AllocRequested += p.allocReq

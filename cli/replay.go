@@ -102,7 +102,6 @@ func (e *env) replay(args []string) int {
 	fs.Var(&release, "release-threshold", "return cached memory above `SIZE` to the device after each free (0: keep the cache)")
 	fs.Var(&small, "small-size", "plain mode: requests of at most `SIZE` bytes use the small pool (0: 1MiB)")
 	fs.Var(&span, "span", "virtual mode: the most memory taken from the device in one piece (`SIZE`; 0: 16MiB, 4MiB with --compact)")
-	front := fs.Bool("front", false, "pass every request through a model of the C library's front cache (clib/front.c), as a PyTorch program under gpumem.torch.use() runs (JSON: front_reused)")
 	touch := fs.Bool("touch", false, "write every allocation (an asynchronous memset on its stream) so it is truly backed (the time per event includes it); CUDA only")
 	check := fs.Bool("check", false, "run the allocator's invariant checker after each replay")
 	warm := fs.Bool("warm", false, "replay each trace a second time on the same allocator and report that pass's time too (ns_per_op_warm)")
@@ -211,7 +210,7 @@ func (e *env) replay(args []string) int {
 	if gpu != nil && (set["capacity"] || set["granularity"]) {
 		return e.usageError(fs, "--capacity and --granularity describe the simulated device; add --device sim to use it")
 	}
-	opt := replay.Options{Check: *check, Warm: *warm, Passes: *passes, Repeat: *repeat, DriverTimes: *driverTimes, Front: *front}
+	opt := replay.Options{Check: *check, Warm: *warm, Passes: *passes, Repeat: *repeat, DriverTimes: *driverTimes}
 	if gpu != nil && *touch {
 		opt.Touch = func(s device.Stream, b gpumem.Buffer) error {
 			return gpu.MemsetAsync(b.Ptr(), 0, b.Size(), s)
@@ -444,7 +443,7 @@ func writeFirstOOM(w io.Writer, r replay.Result) error {
 // gpumemOnly are the replay flags that configure gpumem's allocator or a
 // real GPU: under another policy they mean nothing.
 var gpumemOnly = []string{"device", "gpu", "granularity", "mode", "limit", "preallocate", "preallocate-fraction",
-	"release-threshold", "small-size", "span", "compact", "defrag", "touch", "warm", "repeat", "front"}
+	"release-threshold", "small-size", "span", "compact", "defrag", "touch", "warm", "repeat"}
 
 // replayPolicies is gpumem replay --policy NAME (or all) for a policy other
 // than gpumem alone: every trace under the policy, or under each, on the

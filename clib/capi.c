@@ -98,15 +98,12 @@ EXPORT gpumem_status gpumem_set_oom_callback(void (*fn)(int device, uint64_t siz
 
 EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 	uintptr_t p = 0;
-	gpumem_status st;
-	if (gpumem_front_alloc(&p, size, device, (uintptr_t)stream, &st) != 0) {
-		uint32_t site = 0;
-		if (atomic_load_explicit(&recordings, memory_order_relaxed) > 0) {
-			uint32_t (*fn)(int) = atomic_load(&site_fn);
-			if (fn) site = fn(device);
-		}
-		st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, site, route_thread());
+	uint32_t site = 0;
+	if (atomic_load_explicit(&recordings, memory_order_relaxed) > 0) {
+		uint32_t (*fn)(int) = atomic_load(&site_fn);
+		if (fn) site = fn(device);
 	}
+	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, site, route_thread());
 	if (st == GPUMEM_ERROR_OUT_OF_MEMORY) {
 		void (*fn)(int, uint64_t, uint64_t, uint64_t) = atomic_load(&oom_fn);
 		if (fn) {
@@ -130,15 +127,12 @@ EXPORT void *gpumem_alloc(size_t size, int device, void *stream) {
 EXPORT void gpumem_free(void *ptr, size_t size, int device, void *stream) {
 	(void)stream;
 	if (!ptr) return;
-	gpumem_status st;
-	if (!gpumem_front_free(ptr, device, &st)) {
-		uint32_t site = 0;
-		if (atomic_load_explicit(&free_sites, memory_order_relaxed)) {
-			uint32_t (*fn)(int) = atomic_load(&site_fn);
-			if (fn) site = fn(device);
-		}
-		st = site ? gpumemGo_free_site((uintptr_t)ptr, device, site) : gpumemGo_free((uintptr_t)ptr, device);
+	uint32_t site = 0;
+	if (atomic_load_explicit(&free_sites, memory_order_relaxed)) {
+		uint32_t (*fn)(int) = atomic_load(&site_fn);
+		if (fn) site = fn(device);
 	}
+	gpumem_status st = site ? gpumemGo_free_site((uintptr_t)ptr, device, site) : gpumemGo_free((uintptr_t)ptr, device);
 	if (st == GPUMEM_SUCCESS) gpumem_torch_report(ptr, -(int64_t)size, device);
 	if (st != GPUMEM_SUCCESS) {
 		/* PyTorch frees from destructors: nothing may be thrown here. */
@@ -151,34 +145,25 @@ EXPORT void gpumem_free(void *ptr, size_t size, int device, void *stream) {
 EXPORT gpumem_status gpumem_allocate(void **ptr, size_t size, int device, void *stream) {
 	if (!ptr) return GPUMEM_ERROR_INVALID_VALUE;
 	uintptr_t p = 0;
-	gpumem_front_drain(); /* the stream may be new to the allocator */
 	gpumem_status st = gpumemGo_alloc(&p, size, device, (uintptr_t)stream, 0, route_thread());
-	gpumem_front_moved();
 	*ptr = (void *)p;
 	return st;
 }
 
 EXPORT gpumem_status gpumem_deallocate(void *ptr, int device) {
-	gpumem_front_forget(ptr); /* gpumem_alloc's buffer freed here */
 	return gpumemGo_free((uintptr_t)ptr, device);
 }
 
 EXPORT gpumem_status gpumem_deallocate_on(void *ptr, int device, void *stream) {
-	gpumem_front_forget(ptr);
-	gpumem_front_drain(); /* the stream may be new to the allocator */
-	gpumem_status st = gpumemGo_free_on((uintptr_t)ptr, device, (uintptr_t)stream);
-	gpumem_front_moved();
-	return st;
+	return gpumemGo_free_on((uintptr_t)ptr, device, (uintptr_t)stream);
 }
 
 EXPORT gpumem_status gpumem_record_stream(void *ptr, int device, void *stream) {
-	gpumem_front_record(ptr); /* never parked: its free needs events */
 	return gpumemGo_record_stream((uintptr_t)ptr, device, (uintptr_t)stream);
 }
 
 EXPORT gpumem_status gpumem_share(void *ptr, int device, uint64_t *base, int *fds, uint64_t *sizes, size_t cap, size_t *n) {
 	if (!base || !n || (cap > 0 && (!fds || !sizes))) return GPUMEM_ERROR_INVALID_VALUE;
-	gpumem_front_record(ptr); /* never parked: its free comes after the other processes' */
 	return gpumemGo_share((uintptr_t)ptr, device, base, fds, sizes, cap, n);
 }
 
@@ -186,33 +171,19 @@ EXPORT gpumem_status gpumem_unshare(void *ptr, int device) {
 	return gpumemGo_unshare((uintptr_t)ptr, device);
 }
 
-/* The front stands aside while a route is open (one stop each). */
 EXPORT gpumem_status gpumem_pool_begin(int device, uint64_t hi, uint64_t lo, void *stream, int route) {
-	gpumem_front_stop();
 	gpumem_status st = gpumemGo_pool_begin(device, hi, lo, (uintptr_t)stream, route, (uint64_t)pthread_self());
-	if (st == GPUMEM_SUCCESS)
-		atomic_fetch_add(&pool_routes, 1);
-	else
-		gpumem_front_go();
+	if (st == GPUMEM_SUCCESS) atomic_fetch_add(&pool_routes, 1);
 	return st;
 }
 
 EXPORT gpumem_status gpumem_pool_end(int device, uint64_t hi, uint64_t lo) {
-	gpumem_front_stop();
 	gpumem_status st = gpumemGo_pool_end(device, hi, lo);
-	if (st == GPUMEM_SUCCESS) {
-		atomic_fetch_sub(&pool_routes, 1);
-		gpumem_front_go(); /* the route's */
-	}
-	gpumem_front_go();
+	if (st == GPUMEM_SUCCESS) atomic_fetch_sub(&pool_routes, 1);
 	return st;
 }
 
-/* The private pools' calls drain the front (what they read or free is then
- * the program's state) but need no stop: they leave the device's own
- * allocator, whose gauges the front follows, as it was. */
 EXPORT gpumem_status gpumem_pool_retain(int device, uint64_t hi, uint64_t lo) {
-	gpumem_front_drain();
 	return gpumemGo_pool_retain(device, hi, lo);
 }
 
@@ -226,7 +197,6 @@ EXPORT gpumem_status gpumem_pool_create(int device, uint64_t hi, uint64_t lo, co
 		gpumem_set_error(GPUMEM_ERROR_INVALID_VALUE, msg, sizeof msg - 1, NULL);
 		return GPUMEM_ERROR_INVALID_VALUE;
 	}
-	gpumem_front_drain();
 	return gpumemGo_pool_create(device, hi, lo, (uintptr_t)opts->alloc, (uintptr_t)opts->free, opts->no_split != 0,
 	                            opts->use_on_oom != 0);
 }
@@ -241,49 +211,34 @@ void gpumem_call_free(uintptr_t fn, uintptr_t ptr, size_t size, int device, uint
 }
 
 EXPORT gpumem_status gpumem_pool_uses(int device, uint64_t hi, uint64_t lo, uint64_t *uses) {
-	gpumem_front_drain();
 	if (!uses) return GPUMEM_ERROR_INVALID_VALUE;
 	return gpumemGo_pool_uses(device, hi, lo, uses);
 }
 
 EXPORT gpumem_status gpumem_pool_release(int device, uint64_t hi, uint64_t lo) {
-	gpumem_front_drain();
 	return gpumemGo_pool_release(device, hi, lo);
 }
 
 EXPORT gpumem_status gpumem_pool_drop(int device, uint64_t hi, uint64_t lo) {
-	gpumem_front_drain();
 	return gpumemGo_pool_drop(device, hi, lo);
 }
 
 EXPORT gpumem_status gpumem_pool_live(int device, uint64_t hi, uint64_t lo, uint64_t *ptrs, size_t cap, size_t *n) {
-	gpumem_front_drain();
 	if (!n || (cap > 0 && !ptrs)) return GPUMEM_ERROR_INVALID_VALUE;
 	return gpumemGo_pool_live(device, hi, lo, ptrs, cap, n);
 }
 
-EXPORT gpumem_status gpumem_capture_hold(int device) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_capture_hold(device);
-	if (st != GPUMEM_SUCCESS) gpumem_front_go();
-	return st;
-}
+EXPORT gpumem_status gpumem_capture_hold(int device) { return gpumemGo_capture_hold(device); }
 
-EXPORT gpumem_status gpumem_capture_release(int device) {
-	gpumem_status st = gpumemGo_capture_release(device);
-	if (st == GPUMEM_SUCCESS) gpumem_front_go();
-	return st;
-}
+EXPORT gpumem_status gpumem_capture_release(int device) { return gpumemGo_capture_release(device); }
 
 EXPORT gpumem_status gpumem_pool_checkpoint(int device, uint64_t hi, uint64_t lo, gpumem_pool_buffer *bufs, size_t cap, size_t *n) {
 	if (!n || (cap > 0 && !bufs)) return GPUMEM_ERROR_INVALID_VALUE;
-	gpumem_front_drain();
 	return gpumemGo_pool_checkpoint(device, hi, lo, (uint64_t *)bufs, cap, n);
 }
 
 EXPORT gpumem_status gpumem_pool_restore(int device, uint64_t hi, uint64_t lo, const gpumem_pool_buffer *bufs, size_t n) {
 	if (n > 0 && !bufs) return GPUMEM_ERROR_INVALID_VALUE;
-	gpumem_front_drain();
 	return gpumemGo_pool_restore(device, hi, lo, (uint64_t *)bufs, n);
 }
 
@@ -292,39 +247,21 @@ EXPORT void gpumem_torch_delete(void *ctx) {
 }
 
 EXPORT gpumem_status gpumem_configure(const char *config) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_configure((char *)config);
-	gpumem_front_go();
-	return st;
+	return gpumemGo_configure((char *)config);
 }
 
 EXPORT gpumem_status gpumem_set_limit(int device, uint64_t bytes) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_set_limit(device, bytes);
-	gpumem_front_go();
-	return st;
+	return gpumemGo_set_limit(device, bytes);
 }
 
 EXPORT gpumem_status gpumem_set_memory_fraction(int device, double fraction) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_set_memory_fraction(device, fraction);
-	gpumem_front_go();
-	return st;
+	return gpumemGo_set_memory_fraction(device, fraction);
 }
 
-EXPORT gpumem_status gpumem_trim(int device) {
-	gpumem_front_drain();
-	return gpumemGo_trim(device);
-}
-EXPORT gpumem_status gpumem_reset_peaks(int device) {
-	gpumem_front_stop();
-	gpumem_status st = gpumemGo_reset_peaks(device);
-	gpumem_front_go();
-	return st;
-}
+EXPORT gpumem_status gpumem_trim(int device) { return gpumemGo_trim(device); }
+EXPORT gpumem_status gpumem_reset_peaks(int device) { return gpumemGo_reset_peaks(device); }
 
 EXPORT gpumem_status gpumem_get_stats(int device, gpumem_stats *out, size_t size) {
-	gpumem_front_drain();
 	if (!out) return GPUMEM_ERROR_INVALID_VALUE;
 	gpumem_stats s;
 	memset(&s, 0, sizeof s);
@@ -335,48 +272,31 @@ EXPORT gpumem_status gpumem_get_stats(int device, gpumem_stats *out, size_t size
 
 EXPORT gpumem_status gpumem_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
 	uint64_t f = 0, t = 0;
-	gpumem_status st = gpumem_front_mem_info(device, &f, &t);
+	gpumem_status st = gpumemGo_mem_info(device, &f, &t);
 	if (free_bytes) *free_bytes = f;
 	if (total_bytes) *total_bytes = t;
 	return st;
 }
 
-EXPORT char *gpumem_snapshot_json(int device) {
-	gpumem_front_drain();
-	return gpumemGo_json(device, 0);
-}
-EXPORT char *gpumem_stats_json(int device) {
-	gpumem_front_drain();
-	return gpumemGo_json(device, 1);
-}
+EXPORT char *gpumem_snapshot_json(int device) { return gpumemGo_json(device, 0); }
+EXPORT char *gpumem_stats_json(int device) { return gpumemGo_json(device, 1); }
 EXPORT void gpumem_string_free(char *s) { free(s); }
 EXPORT char *gpumem_serve(const char *addr) { return gpumemGo_serve((char *)addr); }
 
-/* The front stands aside while a recording runs (one stop each): the
- * recording must see every request. */
 EXPORT gpumem_status gpumem_record_start(int device, const char *path) {
-	gpumem_front_stop();
 	gpumem_status st = gpumemGo_record_start(device, (char *)path);
-	if (st == GPUMEM_SUCCESS)
-		atomic_fetch_add(&recordings, 1);
-	else
-		gpumem_front_go();
+	if (st == GPUMEM_SUCCESS) atomic_fetch_add(&recordings, 1);
 	return st;
 }
 
 EXPORT gpumem_status gpumem_record_stop(int device) {
-	gpumem_front_drain();
 	gpumem_status st = gpumemGo_record_stop(device);
 	/* A recording that ended with a write error has still ended. */
-	if (st == GPUMEM_SUCCESS || st == GPUMEM_ERROR_IO) {
-		atomic_fetch_sub(&recordings, 1);
-		gpumem_front_go();
-	}
+	if (st == GPUMEM_SUCCESS || st == GPUMEM_ERROR_IO) atomic_fetch_sub(&recordings, 1);
 	return st;
 }
 
 EXPORT gpumem_status gpumem_record_site(int device, uint32_t id, const char *text) {
-	gpumem_front_drain();
 	return gpumemGo_record_site(device, id, (char *)text);
 }
 
@@ -389,45 +309,26 @@ EXPORT gpumem_status gpumem_import_snapshot(const char *snapshot, const char *tr
 static atomic_int history_on[64];
 
 EXPORT gpumem_status gpumem_history(int device, int enabled, size_t max_entries) {
-	gpumem_front_stop();
 	gpumem_status st = gpumemGo_history(device, enabled, max_entries);
-	if (st == GPUMEM_SUCCESS && device >= 0 && device < 64 && atomic_exchange(&history_on[device], enabled != 0) != (enabled != 0)) {
+	if (st != GPUMEM_SUCCESS || device < 0 || device >= 64) return st;
+	if (atomic_exchange(&history_on[device], enabled != 0) != (enabled != 0))
 		atomic_fetch_add(&recordings, enabled ? 1 : -1);
-		if (enabled) gpumem_front_stop(); /* while history is on: it must see every request */
-		else gpumem_front_go();
-	}
-	gpumem_front_go();
 	return st;
 }
 
-EXPORT char *gpumem_torch_snapshot_json(int device) {
-	gpumem_front_drain();
-	return gpumemGo_json(device, 2);
-}
+EXPORT char *gpumem_torch_snapshot_json(int device) { return gpumemGo_json(device, 2); }
 
 EXPORT gpumem_status gpumem_set_site_callback(uint32_t (*fn)(int device)) {
 	atomic_store(&site_fn, fn);
 	return GPUMEM_SUCCESS;
 }
 
-EXPORT gpumem_status gpumem_set_caching(int on) {
-	static atomic_int off;
-	int was = atomic_exchange(&off, !on);
-	if (!on && !was) gpumem_front_stop(); /* the front parks only cached buffers */
-	gpumem_status st = gpumemGo_set_caching(on);
-	if (on && was) gpumem_front_go();
-	return st;
-}
+EXPORT gpumem_status gpumem_set_caching(int on) { return gpumemGo_set_caching(on); }
 
-EXPORT gpumem_status gpumem_set_capture_reuse(int on) {
-	gpumem_front_drain();
-	return gpumemGo_set_capture_reuse(on);
-}
+EXPORT gpumem_status gpumem_set_capture_reuse(int on) { return gpumemGo_set_capture_reuse(on); }
 
 EXPORT gpumem_status gpumem_set_free_sites(int on) {
-	int was = atomic_exchange(&free_sites, on != 0);
-	if (on && !was) gpumem_front_stop(); /* frees must reach Go with their sites */
-	if (!on && was) gpumem_front_go();
+	atomic_store(&free_sites, on != 0);
 	return GPUMEM_SUCCESS;
 }
 

@@ -30,9 +30,7 @@ import (
 // theHost is the process's host, made at the first call: GPUMEM_CONFIG is
 // read then (as the environment was when the library was loaded).
 var theHost = sync.OnceValue(func() *host.Host {
-	h := host.New(os.Getenv("GPUMEM_CONFIG"), nil)
-	h.SetBeforeRead(func() { C.gpumem_front_drain() }) // what the server reads is the program's (front.c)
-	return h
+	return host.New(os.Getenv("GPUMEM_CONFIG"), nil)
 })
 
 // fail records err as the calling thread's last error and returns its
@@ -113,52 +111,6 @@ func gpumemGo_alloc(out *C.uintptr_t, size C.size_t, device C.int, stream C.uint
 	}
 	*out = C.uintptr_t(p)
 	return 0
-}
-
-//export gpumemGo_front_alloc
-func gpumemGo_front_alloc(out *C.uintptr_t, block *C.uint64_t, parkable *C.int, gauges *C.uint64_t, size C.size_t, device C.int, stream C.uintptr_t, parkedActive, parkedAllocated C.uint64_t) C.gpumem_status {
-	var g gpumem.Gauges
-	p, b, ok, err := theHost().AllocParked(int(device), uint64(size), uint64(stream),
-		gpumem.Parked{Active: uint64(parkedActive), Allocated: uint64(parkedAllocated)}, &g)
-	if errors.Is(err, gpumem.ErrParked) {
-		return C.GPUMEM_FRONT_DRAIN // not a failure: front.c frees what it parks and calls again
-	}
-	if err != nil {
-		return fail(err, device)
-	}
-	*out, *block = C.uintptr_t(p), C.uint64_t(b)
-	*parkable = 0
-	if ok {
-		*parkable = 1
-		gs := unsafe.Slice((*uint64)(unsafe.Pointer(gauges)), 4)
-		gs[0], gs[1], gs[2], gs[3] = g.Active, g.Allocated, g.PeakActive, g.PeakAllocated
-	}
-	return 0
-}
-
-//export gpumemGo_front_free
-func gpumemGo_front_free(ptr C.uintptr_t, device C.int, dev *C.int, block, req *C.uint64_t) C.gpumem_status {
-	d, b, r, err := theHost().FreeCounted(int(device), uint64(ptr))
-	if err != nil {
-		return fail(err, device)
-	}
-	*dev, *block, *req = C.int(d), C.uint64_t(b), C.uint64_t(r)
-	return 0
-}
-
-//export gpumemGo_front_drain
-func gpumemGo_front_drain(device C.int, ptrs *C.uint64_t, n C.size_t, stream C.uintptr_t, reused, reusedBytes, reusedRequested C.uint64_t) C.gpumem_status {
-	h := theHost()
-	var first error
-	for _, p := range unsafe.Slice((*uint64)(unsafe.Pointer(ptrs)), int(n)) {
-		if err := h.Free(int(device), p); err != nil && first == nil {
-			first = err
-		}
-	}
-	if err := h.Reused(int(device), uint64(stream), uint64(reused), uint64(reusedBytes), uint64(reusedRequested)); err != nil && first == nil {
-		first = err
-	}
-	return status(first, device)
 }
 
 //export gpumemGo_free
@@ -441,7 +393,6 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		segments: C.uint64_t(s.Segments), retries: C.uint64_t(s.Retries),
 		device_allocs: C.uint64_t(s.DeviceAllocs), device_frees: C.uint64_t(s.DeviceFrees),
 		pool_reserved: C.uint64_t(h.PoolReserved(int(device))),
-		reused:        C.uint64_t(s.Reused),
 	}
 	return 0
 }

@@ -168,10 +168,6 @@ typedef struct gpumem_stats {
 	uint64_t alloc_bytes, free_bytes, alloc_requested, free_requested;
 	uint64_t segments, retries, device_allocs, device_frees;
 	uint64_t pool_reserved;
-	/* Of allocs: the requests gpumem_alloc served from buffers just freed
-	 * by gpumem_free without entering the allocator (the front cache;
-	 * GPUMEM_FRONT=0 turns it off). */
-	uint64_t reused;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------
@@ -186,16 +182,7 @@ typedef struct gpumem_stats {
  * gpumem_free frees what gpumem_alloc returned (NULL is a no-op); size,
  * device and stream are PyTorch's record of the allocation and may be left
  * 0: the pointer alone identifies the buffer. A pointer gpumem did not hand
- * out is reported once on stderr and otherwise ignored.
- *
- * These two are the fast path: a buffer of at most 1 MiB that gpumem_free
- * takes back may stay in the library (at most 64 buffers, 4 MiB in all)
- * for the next gpumem_alloc of the same size, device and stream, served
- * without entering the allocator (the front cache, front.c). Every other
- * function of this header sees the program's state, as if each such buffer
- * had been freed (gpumem_stats.reused counts the requests so served).
- * GPUMEM_FRONT=0 in the environment turns this off; it is off under a
- * limit below the device. */
+ * out is reported once on stderr and otherwise ignored. */
 void *gpumem_alloc(size_t size, int device, void *stream);
 void gpumem_free(void *ptr, size_t size, int device, void *stream);
 /* Calls fn (on the allocating thread) when gpumem_alloc runs out of

@@ -10,11 +10,6 @@
 // one allocator per device, buffers found by address) and convert back.
 // No Go pointer crosses to C, and C pointers are not kept.
 //
-// One exception to "call Go": front.c serves gpumem_alloc from buffers
-// gpumem_free just parked, in C, for entering Go costs more than the
-// allocation (its overview has the rules that keep every figure the
-// program's). Every other entry point drains it first.
-//
 // torch_errors.c raises PyTorch's own exceptions from gpumem_alloc, so that
 // an out-of-memory reaches Python as torch.cuda.OutOfMemoryError.
 package main

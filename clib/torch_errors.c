@@ -81,16 +81,11 @@ static _Bool (*_Atomic prof_enabled)(void);
 static void (*_Atomic prof_report)(void *ptr, int64_t size, size_t total_allocated, size_t total_reserved, uint16_t device);
 #define C10_DEVICE_CUDA 1
 
-int gpumem_torch_profiling(void) {
-	_Bool (*on)(void) = atomic_load_explicit(&prof_enabled, memory_order_relaxed);
-	return on && on();
-}
-
 void gpumem_torch_report(void *ptr, int64_t size, int device) {
-	if (!ptr || !gpumem_torch_profiling()) return;
+	_Bool (*on)(void) = atomic_load_explicit(&prof_enabled, memory_order_relaxed);
+	if (!on || !ptr || !on()) return;
 	void (*report)(void *, int64_t, size_t, size_t, uint16_t) = atomic_load(&prof_report);
 	uint64_t allocated = 0, reserved = 0;
-	gpumem_front_drain(); /* the totals are the program's: nothing parked */
 	gpumemGo_totals(device, &allocated, &reserved);
 	report(ptr, size, allocated, reserved, (uint16_t)(C10_DEVICE_CUDA | ((uint8_t)device << 8)));
 }

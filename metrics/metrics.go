@@ -103,7 +103,6 @@ var metricsList = []metric{
 	gauge("streams", "Streams with a pool.", func(s gpumem.Stats) uint64 { return uint64(s.Streams) }),
 	counter("allocations_total", "Successful allocations.", func(s gpumem.Stats) uint64 { return s.Allocs }),
 	counter("frees_total", "Successful frees.", func(s gpumem.Stats) uint64 { return s.Frees }),
-	counter("front_reuses_total", "Allocations served by the C library's front cache without the allocator (of allocations_total).", func(s gpumem.Stats) uint64 { return s.Reused }),
 	counter("out_of_memory_total", "Allocations that failed for want of memory.", func(s gpumem.Stats) uint64 { return s.OOMs }),
 	counter("retries_total", "Allocations retried after giving the cache back.", func(s gpumem.Stats) uint64 { return s.Retries }),
 	counter("trims_total", "Trims (every unused byte given back on request).", func(s gpumem.Stats) uint64 { return s.Trims }),

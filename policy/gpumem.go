@@ -4,9 +4,7 @@ package policy
 // gpumem's own Allocator, with the default configuration and with
 // Config.Compact, on a simulated device (device/sim) of the given capacity,
 // driven as package replay drives it: each stream of the trace gets a
-// stream of the device, made on first use. "gpumem-front" is the default
-// with every request through the model of the C library's front cache
-// (internal/front): a PyTorch program under gpumem.torch.use().
+// stream of the device, made on first use.
 
 import (
 	"errors"
@@ -16,7 +14,6 @@ import (
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/sim"
-	"github.com/gpumem/gpumem/internal/front"
 )
 
 type gpumemPolicy struct {
@@ -24,7 +21,6 @@ type gpumemPolicy struct {
 	a       *gpumem.Allocator
 	streams map[uint64]device.Stream
 	bufs    map[uint64]gpumem.Buffer
-	front   *front.Cache // gpumem-front; nil for the others
 }
 
 func newGpumem(capacity uint64, cfg gpumem.Config) (*gpumemPolicy, error) {
@@ -56,12 +52,7 @@ func (g *gpumemPolicy) Alloc(size, stream uint64) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var b gpumem.Buffer
-	if g.front != nil {
-		b, err = g.front.Alloc(size, s)
-	} else {
-		b, err = g.a.Alloc(size, s)
-	}
+	b, err := g.a.Alloc(size, s)
 	if err != nil {
 		if errors.Is(err, gpumem.ErrOutOfMemory) {
 			return 0, fmt.Errorf("%w: gpumem: %w", ErrOutOfMemory, err)
@@ -79,20 +70,11 @@ func (g *gpumemPolicy) Free(addr uint64) error {
 		return fmt.Errorf("policy: free of %#x, which is not a live request", addr)
 	}
 	delete(g.bufs, addr)
-	if g.front != nil {
-		return g.front.Free(b)
-	}
 	return g.a.Free(b)
 }
 
 // EmptyCache is gpumem's Trim (torch.cuda.empty_cache under gpumem).
-func (g *gpumemPolicy) EmptyCache() {
-	if g.front != nil {
-		_ = g.front.Trim()
-		return
-	}
-	_ = g.a.Trim()
-}
+func (g *gpumemPolicy) EmptyCache() { _ = g.a.Trim() }
 
 // Reserved is what the simulated device has given out, which is what the
 // allocator holds (Stats.Reserved: plain segments, mapped spans and handles
@@ -112,9 +94,6 @@ func (g *gpumemPolicy) Reserved() uint64 {
 // bounds: what is held from the device is the spans, not the address space
 // (a live block always lies on mapped chunks, so no live byte is lost).
 func (g *gpumemPolicy) Segments() []Segment {
-	if g.front != nil {
-		_ = g.front.Drain() // the program's blocks, not the parked ones
-	}
 	snap := g.a.Snapshot()
 	var out []Segment
 	for _, s := range snap.Segments {

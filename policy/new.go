@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/gpumem/gpumem"
-	"github.com/gpumem/gpumem/internal/front"
 )
 
 // The policies by name, in the order tables list them: gpumem first.
@@ -29,13 +28,6 @@ var optional = []struct {
 	new  func(capacity uint64) (Allocator, error)
 }{
 	{"gpumem-gather", func(c uint64) (Allocator, error) { return newGpumem(c, gpumem.Config{Gather: true}) }},
-	{"gpumem-front", func(c uint64) (Allocator, error) {
-		g, err := newGpumem(c, gpumem.Config{})
-		if err == nil {
-			g.front = front.New(g.a)
-		}
-		return g, err
-	}},
 }
 
 // Names returns the names of the policies New knows, gpumem first.

@@ -14,7 +14,6 @@ import (
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/timed"
-	"github.com/gpumem/gpumem/internal/front"
 	"github.com/gpumem/gpumem/trace"
 )
 
@@ -52,10 +51,6 @@ type Options struct {
 	// event is replayed: the simulated device's clock for its
 	// Config.RunAhead (a host that runs ahead of the GPU).
 	AtTime func(us uint64)
-	// Front passes every request through a model of the C library's front
-	// cache (internal/front, clib/front.c), as under gpumem.torch.use(): the
-	// replay of a PyTorch program as it runs with the library's defaults.
-	Front bool
 }
 
 // Result is one trace's replay. JSON keys are part of the CLI's contract.
@@ -102,9 +97,6 @@ type Result struct {
 	// FirstOOM is the first request of the first pass that ran out of
 	// memory, with the allocator's verdict; nil when none did.
 	FirstOOM *OOM `json:"first_oom,omitempty"`
-	// FrontReused counts the first pass's requests served by the front
-	// (Options.Front) without the allocator.
-	FrontReused uint64 `json:"front_reused,omitempty"`
 }
 
 // OOM is a request of a trace that ran out of memory in a replay.
@@ -264,18 +256,9 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	bufs := make([]gpumem.Buffer, tr.Requests)
 	before := a.Stats()
 	var first *OOM
-	var f *front.Cache
-	if opt.Front {
-		f = front.New(a)
-	}
-	elapsed, ooms, err := pass(tr, a, f, streams, bufs, opt, 1, &first)
+	elapsed, ooms, err := pass(tr, a, streams, bufs, opt, 1, &first)
 	if err != nil {
 		return Result{}, err
-	}
-	if f != nil {
-		if err := f.Drain(); err != nil { // the figures read are the program's
-			return Result{}, err
-		}
 	}
 	st := a.Stats()
 	var driverFirst timed.Times
@@ -308,7 +291,6 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		CopiedBytes:       st.CopiedBytes - before.CopiedBytes,
 		PeakActiveBytes:   st.PeakActive,
 		EndReservedBytes:  st.Reserved,
-		FrontReused:       st.Reused - before.Reused,
 	}
 	r.Driver = driverFirst // the clock began with the allocator
 	if len(tr.Events) > 0 {
@@ -324,17 +306,13 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	for n := 2; n <= passes; n++ {
 		for i, b := range bufs {
 			if !b.IsZero() {
-				free := a.Free
-				if f != nil {
-					free = f.Free
-				}
-				if err := free(b); err != nil {
+				if err := a.Free(b); err != nil {
 					return Result{}, fmt.Errorf("replay %s: freeing what pass %d left: %w", tr.Name, n-1, err)
 				}
 				bufs[i] = gpumem.Buffer{}
 			}
 		}
-		took, o, err := pass(tr, a, f, streams, bufs, opt, n, &firstLater)
+		took, o, err := pass(tr, a, streams, bufs, opt, n, &firstLater)
 		if err != nil {
 			return Result{}, fmt.Errorf("pass %d of %d: %w", n, passes, err)
 		}
@@ -346,11 +324,6 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	}
 	if r.PeakLiveBytes > 0 {
 		r.Ratio = float64(r.PeakReservedBytes) / float64(r.PeakLiveBytes)
-	}
-	if f != nil {
-		if err := f.Drain(); err != nil {
-			return Result{}, err
-		}
 	}
 	if passes > 1 {
 		end := a.Stats()
@@ -373,21 +346,16 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 // pass replays every event of tr once (pass number n, from 1), timing the
 // loop, and leaves the requests the trace never frees in bufs. The first
 // request that runs out of memory is recorded in *first if that is nil.
-// With f, every request passes the front (Options.Front).
-func pass(tr *trace.Trace, a *gpumem.Allocator, f *front.Cache, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
+func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
 	ooms := 0
 	start := time.Now()
 	trims := 0 // tr.Trims done: the program's empty_cache calls, replayed as Trim
-	trim := a.Trim
-	if f != nil {
-		trim = f.Trim
-	}
 	for i, ev := range tr.Events {
 		if opt.AtTime != nil {
 			opt.AtTime(ev.TimeUS)
 		}
 		for trims < len(tr.Trims) && int(tr.Trims[trims]) == i {
-			if err := trim(); err != nil {
+			if err := a.Trim(); err != nil {
 				return 0, 0, fmt.Errorf("replay %s: the trim before event %d: %w", tr.Name, i, err)
 			}
 			trims++
@@ -395,13 +363,7 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, f *front.Cache, streams map[uint
 		slot := tr.Slot[i]
 		if ev.Kind == trace.Alloc {
 			s := streams[ev.Stream]
-			var b gpumem.Buffer
-			var err error
-			if f != nil {
-				b, err = f.Alloc(ev.Size, s)
-			} else {
-				b, err = a.Alloc(ev.Size, s)
-			}
+			b, err := a.Alloc(ev.Size, s)
 			if err != nil {
 				if errors.Is(err, gpumem.ErrOutOfMemory) {
 					ooms++
@@ -425,19 +387,13 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, f *front.Cache, streams map[uint
 		if b.IsZero() {
 			continue // its allocation failed
 		}
-		var err error
-		if f != nil {
-			err = f.Free(b)
-		} else {
-			err = a.Free(b)
-		}
-		if err != nil {
+		if err := a.Free(b); err != nil {
 			return 0, 0, fmt.Errorf("replay %s: event %d (f %d): %w", tr.Name, i, ev.ID, err)
 		}
 		bufs[slot] = gpumem.Buffer{}
 	}
 	if trims < len(tr.Trims) { // after the last event: the next pass begins trimmed
-		if err := trim(); err != nil {
+		if err := a.Trim(); err != nil {
 			return 0, 0, fmt.Errorf("replay %s: the trim after the last event: %w", tr.Name, err)
 		}
 	}

@@ -403,52 +403,6 @@ func TestReplayRunAhead(t *testing.T) {
 	}
 }
 
-// TestReplayFront: with Options.Front a replay passes every request
-// through the model of the C library's front cache: the program's peaks
-// are those of the replay without it, on every shipped trace and over two
-// passes with a trim between; most requests of a generation program are
-// served by it; the invariants hold.
-func TestReplayFront(t *testing.T) {
-	for _, tr := range loadTraces(t) {
-		opt := replay.Options{Check: true, Passes: 2}
-		off, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{}, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		opt.Front = true
-		on, err := replay.Run(tr, sim.MustNew(sim.Config{}), gpumem.Config{}, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if on.PeakActiveBytes != off.PeakActiveBytes || on.PeakLiveBytes != off.PeakLiveBytes || on.OOMs != off.OOMs {
-			t.Errorf("%s: peak active %d, live %d, OOMs %d with the front; %d, %d, %d without",
-				tr.Name, on.PeakActiveBytes, on.PeakLiveBytes, on.OOMs, off.PeakActiveBytes, off.PeakLiveBytes, off.OOMs)
-		}
-		if off.FrontReused != 0 || on.FrontReused == 0 {
-			t.Errorf("%s: front_reused %d with the front, %d without", tr.Name, on.FrontReused, off.FrontReused)
-		}
-		if tr.Name == "gpt2_generate" && on.FrontReused < uint64(tr.Requests)*3/4 {
-			t.Errorf("gpt2_generate: the front served %d of %d requests, want most", on.FrontReused, tr.Requests)
-		}
-		// Under a limit below the device the front parks nothing: the
-		// replay is the one without it.
-		limit := gpumem.Config{Limit: 60 << 30}
-		lim, err := replay.Run(tr, sim.MustNew(sim.Config{}), limit, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		opt.Front = false
-		limOff, err := replay.Run(tr, sim.MustNew(sim.Config{}), limit, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if lim.FrontReused != 0 || lim.PeakReservedBytes != limOff.PeakReservedBytes {
-			t.Errorf("%s under a limit: the front served %d, peak reserved %d against %d without it",
-				tr.Name, lim.FrontReused, lim.PeakReservedBytes, limOff.PeakReservedBytes)
-		}
-	}
-}
-
 // TestReplayTightCalls: ten passes of a program on a device just above its
 // ten-pass fit under Config.Gather (gpumem fit --policy gpumem-gather)
 // run without an out-of-memory and make at most twice the driver calls

@@ -31,10 +31,7 @@
 #                                   tight (issue 30: each program of
 #                                   FITS on the GPU, unlimited and under
 #                                   Gather at its ten-pass fit, driver
-#                                   calls timed),
-#                                   front (the C library's front cache on
-#                                   real programs, on and off: step times,
-#                                   its counters) and
+#                                   calls timed) and
 #                                   pathcost (an allocation's cost on the
 #                                   driver and inside PyTorch).
 #
@@ -309,37 +306,6 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 				rm -f "$dir/run.log"
 			done
 			tar czf "$out/pressure.tgz" -C "$out" pressure && rm -rf "$dir"
-			;;
-		front)
-			# The front cache (clib/front.c) on real programs (PROGRAMS,
-			# default gpt2_generate): each once with its counters
-			# (GPUMEM_FRONT=stats: why requests went to Go), then ROUNDS
-			# (3) interleaved rounds of PyTorch's allocator, gpumem, and
-			# gpumem with GPUMEM_FRONT=0; the C pair and gaps with the
-			# front off (pathcost has them with it on). The table:
-			# bench/train/front_table.py front.jsonl.
-			use_wheel_library
-			local progs r p
-			progs=$(echo "${PROGRAMS:-gpt2_generate}" | tr , ' ')
-			{
-				machine
-				for p in $progs; do
-					GPUMEM_FRONT=stats python3 bench/train/run.py "$p" gpumem --tag stats --out "$out/front.jsonl" 2>&1 >/dev/null |
-						grep "gpumem: front" || echo "FAIL: $p with the front's counters"
-				done
-				echo "== clib/cbench/pairs and gaps, GPUMEM_FRONT=0"
-				GPUMEM_FRONT=0 "$bin/pairs" || echo "FAIL: pairs"
-				GPUMEM_FRONT=0 "$bin/gaps" || echo "FAIL: gaps"
-			} >"$out/front.log" 2>&1
-			for r in $(seq "${ROUNDS:-3}"); do
-				for p in $progs; do
-					python3 bench/train/run.py "$p" native --tag "r$r" --out "$out/front.jsonl" >/dev/null 2>>"$out/front.log" || echo "FAIL: $p native r$r" >>"$out/front.log"
-					python3 bench/train/run.py "$p" gpumem --tag "front-r$r" --out "$out/front.jsonl" >/dev/null 2>>"$out/front.log" || echo "FAIL: $p gpumem r$r" >>"$out/front.log"
-					GPUMEM_FRONT=0 python3 bench/train/run.py "$p" gpumem --tag "nofront-r$r" --out "$out/front.jsonl" >/dev/null 2>>"$out/front.log" || echo "FAIL: $p nofront r$r" >>"$out/front.log"
-				done
-			done
-			python3 bench/train/front_table.py "$out/front.jsonl" >>"$out/front.log" 2>&1
-			cat "$out/front.log" >&2
 			;;
 		pathcost)
 			# What an allocation costs on the real device: the C caller's

@@ -87,30 +87,6 @@ class PressureTable(unittest.TestCase):
         self.assertEqual(lines[3], "| b | 1GiB | 1 of 2 | 1.000 (1.000) | 11.0 (10.0) | 2.00000 (2.00000) | no | 3 |")
 
 
-class FrontTable(unittest.TestCase):
-    """front_table.py: a row per program and allocator, the stats run left
-    out, rounds in order, the front's share from the last run's stats."""
-
-    def test_rows(self):
-        def run(alloc, tag, step, reused=None):
-            rec = {"program": "p", "allocator": alloc, "tag": tag, "median_step_ms": step,
-                   "nvml_peak_bytes": 3 << 20, "peak_reserved_bytes": 2 << 20, "losses": [1.0, 0.5]}
-            if reused is not None:
-                rec["gpumem_stats"] = {"Reused": reused, "Allocs": 200}
-            return rec
-        rows = [run("gpumem", "stats", 1.0, 100), run("native", "r1", 700.0), run("gpumem", "front-r1", 650.0, 150),
-                run("gpumem", "nofront-r1", 720.0, 0), run("native", "r2", 690.0), run("gpumem", "front-r2", 660.0, 150)]
-        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-            f.write("".join(json.dumps(r) + "\n" for r in rows))
-        out = subprocess.run([sys.executable, os.path.join(HERE, "front_table.py"), f.name],
-                             capture_output=True, text=True, check=True).stdout.splitlines()
-        os.unlink(f.name)
-        self.assertEqual(len(out), 5, out)
-        self.assertEqual(out[2], "| p | PyTorch | 700, 690 | 690 | 3 | 2 | 0.5 | - |")
-        self.assertEqual(out[3], "| p | gpumem | 650, 660 | 650 | 3 | 2 | 0.5 | 75.0% |")
-        self.assertEqual(out[4], "| p | gpumem, GPUMEM_FRONT=0 | 720 | 720 | 3 | 2 | 0.5 | 0.0% |")
-
-
 class Programs(unittest.TestCase):
     """programs.py, read without importing it (it needs torch): PROGRAMS is
     a literal dict of name -> (function, steps) that run.py, suite.py and

@@ -9,8 +9,7 @@
  * the caches warm) prints the mean ns of a 4 KiB gpumem_alloc +
  * gpumem_free pair over N pairs, and then the same with CACHE KiB of
  * memory written between pairs (the caches evicted, as a program's own
- * work evicts them). The pair alone is pairs.c's figure; GPUMEM_FRONT=0
- * measures the pair through Go instead of the front cache. */
+ * work evicts them). The pair alone is pairs.c's figure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

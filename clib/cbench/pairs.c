@@ -1,8 +1,5 @@
 /* pairs.c: what an alloc+free pair costs a C caller of libgpumem (the
- * cache-hit path), for BENCHMARKS.md. gpumem_alloc + gpumem_free up to
- * 1 MiB are served by the front cache in C (front.c); GPUMEM_FRONT=0
- * measures them through Go, the C-to-Go crossing included, as
- * gpumem_allocate + gpumem_deallocate always are.
+ * cache-hit path, C-to-Go crossing included), for BENCHMARKS.md.
  *
  *   cc -O2 -I clib -o build/pairs clib/cbench/pairs.c build/libgpumem.so -Wl,-rpath,$PWD/build
  *   GPUMEM_CONFIG=device=sim build/pairs      # or on a GPU: build/pairs

@@ -43,7 +43,6 @@ type Host struct {
 
 	served     string // the address served over HTTP, "" if none (serve.go)
 	serveTried bool
-	beforeRead atomic.Pointer[func()] // SetBeforeRead
 
 	uncached atomic.Bool // the cache is off (SetCaching)
 	// captureReuse: reuse within a capture, for devices opened later too
@@ -215,42 +214,12 @@ func (h *Host) Alloc(ordinal int, size, stream uint64, site uint32) (uint64, err
 // AllocThread is Alloc made by thread (an identity of the calling thread,
 // 0 if unknown), which private pools' thread routes match (pools.go).
 func (h *Host) AllocThread(ordinal int, size, stream uint64, site uint32, thread uint64) (uint64, error) {
-	ptr, _, _, err := h.alloc(ordinal, size, stream, site, thread, gpumem.Parked{}, nil)
-	return ptr, err
-}
-
-// AllocParked is AllocThread for a caller that parks buffers of the
-// device's allocator (gpumem.Parked: the C library's front cache,
-// clib/front.c), with no call site. It returns the buffer's block size
-// (gpumem.Buffer.Block; the request with the cache off) too, and whether the caller may park the buffer when the program frees
-// it: a buffer of the device's own allocator (not a private pool's nor the
-// driver's with the cache off) while that has one pool
-// (gpumem.Allocator.Lone: with more, a free's flush may publish a peak,
-// which must not count parked buffers) and no limit below the device
-// (gpumem.Allocator.Limited: parking moves where later requests land, by
-// up to 2% of the pool on generation programs, so a program that fits a
-// limit exactly could run out under it with buffers parked). With buffers parked it answers
-// gpumem.ErrParked, allocating nothing, where the request cannot be
-// served with them parked: a private pool's route, the cache off, a
-// recording or history on (those count every free), or what
-// gpumem.Allocator.AllocParked refuses (the slow path, more than one
-// pool).
-//
-// With parkable, g holds the device allocator's gauges just after the
-// allocation (gpumem.Allocator.AllocParked), the parked buffers counted;
-// parkable is false where they could not be read (served after an
-// out-of-memory's retries).
-func (h *Host) AllocParked(ordinal int, size, stream uint64, parked gpumem.Parked, g *gpumem.Gauges) (ptr, block uint64, parkable bool, err error) {
-	return h.alloc(ordinal, size, stream, 0, 0, parked, g) // no thread: the front stands aside while routes are open
-}
-
-func (h *Host) alloc(ordinal int, size, stream uint64, site uint32, thread uint64, parked gpumem.Parked, g *gpumem.Gauges) (ptr, block uint64, parkable bool, err error) {
 	if size == 0 {
-		return 0, 0, false, nil
+		return 0, nil
 	}
 	d, err := h.Device(ordinal)
 	if err != nil {
-		return 0, 0, false, err
+		return 0, err
 	}
 	a := d.Alloc
 	var pool *privatePool
@@ -259,37 +228,19 @@ func (h *Host) alloc(ordinal int, size, stream uint64, site uint32, thread uint6
 			a = pool.alloc
 		}
 	}
-	if parked != (gpumem.Parked{}) && (pool != nil || h.uncached.Load() || d.rec.Load() != nil || d.hist.Load() != nil) {
-		if pool != nil {
-			d.freed(pool)
-		}
-		return 0, 0, false, gpumem.ErrParked
-	}
 	if pool == nil && h.uncached.Load() {
 		// The cache is off (SetCaching): the driver's own allocation.
 		p, err := d.dev.Alloc(size)
 		if err == nil {
-			ptr, err := d.enter(entry{direct: &directBuffer{ptr: p, size: size}, site: site, stream: stream}, uint64(p), size)
-			return ptr, size, false, err
+			return d.enter(entry{direct: &directBuffer{ptr: p, size: size}, site: site, stream: stream}, uint64(p), size)
 		}
 		if errors.Is(err, device.ErrOutOfMemory) {
 			err = fmt.Errorf("%w: the cache is off (caching_allocator_enable(False)), and the driver refused %d bytes on device %d: %v",
 				gpumem.ErrOutOfMemory, size, d.Ordinal, err)
 		}
-		return 0, 0, false, d.failed(err, size, stream, site)
+		return 0, d.failed(err, size, stream, site)
 	}
-	var buf gpumem.Buffer
-	gauged := false
-	if g != nil && pool == nil {
-		// The front's path: the gauges come back with the buffer.
-		buf, *g, err = d.Alloc.AllocParked(size, device.Stream(stream), parked)
-		if err != nil && parked != (gpumem.Parked{}) {
-			return 0, 0, false, gpumem.ErrParked // ErrParked, or anything: the parked first
-		}
-		gauged = err == nil
-	} else {
-		buf, err = a.Alloc(size, device.Stream(stream))
-	}
+	buf, err := a.Alloc(size, device.Stream(stream))
 	if errors.Is(err, gpumem.ErrOutOfMemory) {
 		// Freeable graph pools go back before an out-of-memory, as
 		// PyTorch's do (pools.go).
@@ -314,10 +265,9 @@ func (h *Host) alloc(ordinal int, size, stream uint64, site uint32, thread uint6
 		if pool != nil {
 			d.freed(pool)
 		}
-		return 0, 0, false, d.failed(err, size, stream, site)
+		return 0, d.failed(err, size, stream, site)
 	}
-	ptr, err = d.enter(entry{buf: buf, pool: pool, site: site, stream: stream}, uint64(buf.Ptr()), buf.Size())
-	return ptr, buf.Block(), gauged && err == nil && d.Alloc.Lone() && !d.Alloc.Limited(), err
+	return d.enter(entry{buf: buf, pool: pool, site: site, stream: stream}, uint64(buf.Ptr()), buf.Size())
 }
 
 // failed notes an allocation that failed with err in the history (an
@@ -381,17 +331,6 @@ func (d *Device) enter(e entry, ptr, size uint64) (uint64, error) {
 	return ptr, nil
 }
 
-// Reused counts n reuses of parked buffers on stream of device ordinal,
-// size bytes of blocks and req requested in all (gpumem.Allocator.Reused).
-func (h *Host) Reused(ordinal int, stream, n, size, req uint64) error {
-	d, err := h.Device(ordinal)
-	if err != nil {
-		return err
-	}
-	d.Alloc.Reused(device.Stream(stream), n, size, req)
-	return nil
-}
-
 // Free frees the buffer at ptr on device ordinal (-1: whichever device
 // holds it). Address 0 is a no-op. An address gpumem did not hand out, or
 // already freed, is an error matching gpumem.ErrForeign, and nothing
@@ -405,25 +344,6 @@ func (h *Host) Free(ordinal int, ptr uint64) error {
 		return err
 	}
 	return d.free(e, 0)
-}
-
-// FreeCounted is Free that also says what the free took from the
-// device's gauges (gpumem.Stats' Active and Allocated): the buffer's block
-// and request, 0 for a buffer the gauges never counted (the cache off),
-// and the device it was on. For the C library's front cache, which follows
-// those gauges between its calls.
-func (h *Host) FreeCounted(ordinal int, ptr uint64) (dev int, block, req uint64, err error) {
-	if ptr == 0 {
-		return ordinal, 0, 0, nil
-	}
-	d, e, err := h.take(ordinal, ptr)
-	if err != nil {
-		return ordinal, 0, 0, err
-	}
-	if e.direct == nil && e.pool == nil {
-		block, req = e.buf.Block(), e.buf.Size()
-	}
-	return d.Ordinal, block, req, d.free(e, 0)
 }
 
 // FreeSite is Free with the call site of the free itself (a site id of

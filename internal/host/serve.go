@@ -26,12 +26,6 @@ func (h *Host) Sources() []metrics.Source {
 	return out
 }
 
-// SetBeforeRead sets a function the HTTP server calls before it reads the
-// host's figures, with no lock held: the C library's, which gives back the
-// buffers its front cache parks (clib/front.c), so that what is served is
-// the program's state.
-func (h *Host) SetBeforeRead(f func()) { h.beforeRead.Store(&f) }
-
 // Serve serves the host's allocators over HTTP on addr (package httpdebug)
 // and returns the address bound (port 0 picks a free one). One server per
 // host: a second call returns the first one's address.
@@ -52,12 +46,7 @@ func (h *Host) serveLocked(addr string) (string, error) {
 	for _, d := range h.Devices() {
 		d.measureOutside()
 	}
-	srv := &http.Server{Handler: httpdebug.Handler(func() []metrics.Source {
-		if f := h.beforeRead.Load(); f != nil {
-			(*f)() // no lock held: the hook may call back into the host
-		}
-		return h.Sources()
-	})}
+	srv := &http.Server{Handler: httpdebug.Handler(h.Sources)}
 	go srv.Serve(ln)
 	h.served = ln.Addr().String()
 	// Tools find the process through its announcement; without one they

@@ -196,7 +196,6 @@ def memory_stats(s, base=None):
     out["fragmentation"] = s.fragmentation
     out["limit"] = s.limit
     out["graph_pool_reserved_bytes"] = s.pool_reserved
-    out["num_front_reuses"] = getattr(s, "reused", 0)  # an older library's Stats lacks it
     for k, v in (base or {}).items():
         if _accumulated(k) and k in out:
             out[k] -= v
