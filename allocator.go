@@ -33,15 +33,18 @@ type Allocator struct {
 	// spanChunks is the most chunks one span may have (Config.SpanSize).
 	// Under Compact with no SpanSize it is where spans start, and
 	// spanGrow lets them grow with the allocator (pool.spanMost).
-	spanChunks  int
-	spanGrow    bool
-	compact     bool // Config.Compact, in ModeVirtual
-	defrag      bool // Config.Defrag, in ModeVirtual with a Copier, not compact
-	copier      device.Copier
-	gather      bool // Config.Gather, with a copier
-	noChurn     bool // tests only: the policy without the churn guard (churn.go)
-	check       bool // run the checker after every operation
-	checkSearch bool // compare every findBacked answer with findFewest's (check, or tests)
+	spanChunks int
+	// spanTightens: the default's spans shrink under pressure (tightSpan,
+	// pressure.go); false under Compact and with Config.SpanSize set.
+	spanTightens bool
+	spanGrow     bool
+	compact      bool // Config.Compact, in ModeVirtual
+	defrag       bool // Config.Defrag, in ModeVirtual with a Copier, not compact
+	copier       device.Copier
+	gather       bool // Config.Gather, with a copier
+	noChurn      bool // tests only: the policy without the churn guard (churn.go)
+	check        bool // run the checker after every operation
+	checkSearch  bool // compare every findBacked answer with findFewest's (check, or tests)
 
 	pools atomic.Pointer[poolTable] // copy on write, under mu
 	mu    sync.Mutex                // guards pool creation, closing, idle
@@ -167,6 +170,8 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 		span = defaultSpanSize
 		if a.compact {
 			span, a.spanGrow = compactSpanSize, true
+		} else if a.mode == ModeVirtual {
+			a.spanTightens = true // pressure.go
 		}
 	}
 	a.spanChunks = int(max(span/a.gran, 1))

@@ -49,6 +49,11 @@ func readBack(t *testing.T, dev *sim.Device, live []marked, when string) {
 	}
 }
 
+// strandSpan is the span size of the tests that strand memory on purpose:
+// set, it keeps the default from tightening as memory runs short
+// (pressure.go), which would place the layout so that nothing strands.
+const strandSpan = 16 << 20
+
 // strand maps n 16 MiB spans (one buffer each, freed), fills them with
 // 2 MiB buffers and frees all but one of each eight, so that every span
 // keeps one live chunk (its fourth; its last when n is 1), and returns the
@@ -128,7 +133,7 @@ func TestDefragMovesLiveChunks(t *testing.T) {
 			var peaks, reserves [2]uint64
 			for k, defrag := range []bool{false, true} {
 				dev := sim.MustNew(sim.Config{Capacity: 4 << 30})
-				a, err := gpumem.New(dev, gpumem.Config{Defrag: defrag, CheckInvariants: true})
+				a, err := gpumem.New(dev, gpumem.Config{SpanSize: strandSpan, Defrag: defrag, CheckInvariants: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -220,7 +225,7 @@ func TestDefragChurn(t *testing.T) {
 	var splits uint64
 	for seed := uint64(1); seed <= 3; seed++ {
 		dev := sim.MustNew(sim.Config{Capacity: 8 << 30})
-		a, err := gpumem.New(dev, gpumem.Config{Defrag: true, CheckInvariants: true})
+		a, err := gpumem.New(dev, gpumem.Config{SpanSize: strandSpan, Defrag: true, CheckInvariants: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -251,7 +256,7 @@ func TestDefragFaults(t *testing.T) {
 		for _, c := range []struct{ n, spans int }{{1, 8}, {2, 8}, {4, 8}, {9, 8}, {30, 8}, {80, 8}, {1, 1}, {2, 1}, {3, 1}, {4, 1}} {
 			n, spans := c.n, c.spans
 			dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
-			a, err := gpumem.New(dev, gpumem.Config{Defrag: true, CheckInvariants: true, Limit: 400 * mib})
+			a, err := gpumem.New(dev, gpumem.Config{SpanSize: strandSpan, Defrag: true, CheckInvariants: true, Limit: 400 * mib})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -304,7 +309,7 @@ func TestDefragFaults(t *testing.T) {
 func TestDefragLostScratch(t *testing.T) {
 	const mib = 1 << 20
 	dev := sim.MustNew(sim.Config{Capacity: 1 << 30})
-	a, err := gpumem.New(dev, gpumem.Config{Defrag: true, CheckInvariants: true})
+	a, err := gpumem.New(dev, gpumem.Config{SpanSize: strandSpan, Defrag: true, CheckInvariants: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +367,7 @@ func TestGatherBeforeOutOfMemory(t *testing.T) {
 		for _, gather := range []bool{false, true} {
 			t.Run(fmt.Sprintf("limit %d MiB, gather %v", limit/mib, gather), func(t *testing.T) {
 				dev := sim.MustNew(sim.Config{Capacity: 4 << 30})
-				a, err := gpumem.New(dev, gpumem.Config{Gather: gather, Limit: limit, CheckInvariants: true})
+				a, err := gpumem.New(dev, gpumem.Config{SpanSize: strandSpan, Gather: gather, Limit: limit, CheckInvariants: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -424,7 +429,7 @@ func TestGatherFaults(t *testing.T) {
 	} {
 		t.Run(strings.Join(c.ops, "+"), func(t *testing.T) {
 			dev := sim.MustNew(sim.Config{Capacity: 4 << 30})
-			a, err := gpumem.New(dev, gpumem.Config{Gather: true, Limit: 128 * mib, CheckInvariants: !c.broken})
+			a, err := gpumem.New(dev, gpumem.Config{SpanSize: strandSpan, Gather: true, Limit: 128 * mib, CheckInvariants: !c.broken})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -469,5 +474,33 @@ func freeAndClose(t *testing.T, dev *sim.Device, a *gpumem.Allocator, live []mar
 	}
 	if free, total, _ := dev.MemInfo(); free != total {
 		t.Errorf("after Close the device has %d of %d bytes free", free, total)
+	}
+}
+
+// TestTightAvoidsStranding: the layout that strands memory under 16 MiB
+// spans (strand, then a 100 MiB request that fits only if nothing is
+// stranded) is served by the default as it tightens under a limit
+// (pressure.go), with no move of live memory, every byte reading back,
+// and the peak within the limit.
+func TestTightAvoidsStranding(t *testing.T) {
+	const mib = 1 << 20
+	for _, limit := range []uint64{140 * mib, 128 * mib} {
+		dev := sim.MustNew(sim.Config{Capacity: 4 << 30})
+		a, err := gpumem.New(dev, gpumem.Config{Limit: limit, CheckInvariants: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := strand(t, dev, a, 8)
+		b, err := a.Alloc(100*mib, 0)
+		if err != nil {
+			t.Fatalf("limit %d MiB: %v", limit/mib, err)
+		}
+		live = append(live, mark(t, dev, b, 1000))
+		readBack(t, dev, live, "after the large request")
+		if st := a.Stats(); st.Splits != 0 || st.Copies != 0 || st.PeakReserved > limit {
+			t.Errorf("limit %d MiB: %d splits, %d copies, peak reserved %d MiB; want no move and the peak within the limit",
+				limit/mib, st.Splits, st.Copies, st.PeakReserved/mib)
+		}
+		freeAndClose(t, dev, a, live)
 	}
 }

@@ -272,7 +272,7 @@ func TestOOMVerdictVirtualBlocked(t *testing.T) {
 		}
 	})
 	t.Run("spans", func(t *testing.T) {
-		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 40 * miB})
+		a := newAlloc(t, newSim(1<<30), gpumem.Config{SpanSize: strandSpan, Mode: gpumem.ModeVirtual, Limit: 40 * miB})
 		x := mustAlloc(t, a, 16*miB) // one 16 MiB span
 		mustAlloc(t, a, 16*miB)
 		if err := a.Free(x); err != nil {
@@ -303,7 +303,7 @@ func TestOOMVerdictVirtualBlocked(t *testing.T) {
 // gather would move nothing, and the verdict does not name it.
 func TestOOMVerdictGatherRisk(t *testing.T) {
 	t.Run("idle spans", func(t *testing.T) {
-		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 40 * miB})
+		a := newAlloc(t, newSim(1<<30), gpumem.Config{SpanSize: strandSpan, Mode: gpumem.ModeVirtual, Limit: 40 * miB})
 		x := mustAlloc(t, a, 16*miB)
 		mustAlloc(t, a, 16*miB)
 		if err := a.Free(x); err != nil {

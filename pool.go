@@ -324,9 +324,11 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 	}
 	var off uint64
 	// Config.Compact places every request at the start of its best fit
-	// (if its stream may use it), mapped or not; otherwise the best place
-	// is searched for among the fitting blocks over memory already mapped.
-	if b.seg.virtual && !(p.a.compact && p.usable(b, si)) {
+	// (if its stream may use it), mapped or not, and so does the default
+	// once it holds more than half its limit (tight, pressure.go);
+	// otherwise the best place is searched for among the fitting blocks
+	// over memory already mapped.
+	if b.seg.virtual && !((p.a.compact || p.a.tight()) && p.usable(b, si)) {
 		var ok bool
 		if b, off, _, ok = p.findBacked(h, b, rounded, si); !ok {
 			// Every fitting free range is another stream's, its work not

@@ -312,3 +312,48 @@ func (a *Allocator) headroom() int64 {
 	}
 	return room
 }
+
+// Tightening as memory runs short (issue 40): the default places as it
+// does while memory is plentiful (over what is mapped, in 16 MiB spans,
+// with a bet ahead at the frontier), and past half its limit (or the
+// device, without one) places as Config.Compact does: every request at
+// the start of its best fit, mapped or not, in spans of at most
+// compactSpanSize, no doubled spans at the frontier. Its spans are also at
+// most 1/compactSpanShare of the limit at all times, so that a small limit
+// gets small spans from the start: a span partly under live blocks holds
+// all of its memory, and what a layout strands is about the number of
+// partly used spans times their size.
+//
+// Why half: tightening at the first shortage changes nothing (the layout
+// that strands memory is made by then), and past 0.8 of the limit is too
+// late on 5 of the 19 programs where the default missed the fit bar
+// (docs/EXPERIMENTS.md, "Tightening under pressure"). What it costs is
+// driver calls: the small spans and best-fit placement remap and create
+// more, up to tens of times the calls of an unlimited run at 1.3 times
+// the program's peak. Nothing moves: the default stays move-free.
+
+// tightShare: the default tightens past 1/tightShare of its limit.
+const tightShare = 2
+
+// tight reports whether the default allocator holds more than
+// 1/tightShare of its limit (Config.Limit, or the device): it then places
+// and sizes spans as Compact does. Never under Compact, which is tight
+// all the time.
+func (a *Allocator) tight() bool {
+	return a.spanTightens && a.reserved.Load() > a.limit.Load()/tightShare
+}
+
+// tightSpan is the most chunks a default span may have: Config.SpanSize's
+// default, at most 1/compactSpanShare of the limit, at most
+// compactSpanSize when tight; at least one chunk.
+func (p *pool) tightSpan() int {
+	a := p.a
+	n := p.spanLimit
+	if c := int(a.limit.Load() / (compactSpanShare * a.gran)); c < n {
+		n = c
+	}
+	if a.tight() {
+		n = min(n, int(compactSpanSize/a.gran))
+	}
+	return max(n, 1)
+}

@@ -129,7 +129,7 @@ func TestShareRefusedWithoutExport(t *testing.T) {
 func TestSharedSpansNotSplit(t *testing.T) {
 	const mib = 1 << 20
 	dev := &exportingSim{Device: sim.MustNew(sim.Config{Capacity: 4 << 30})}
-	a, err := gpumem.New(dev, gpumem.Config{Gather: true, Limit: 140 * mib, CheckInvariants: true})
+	a, err := gpumem.New(dev, gpumem.Config{SpanSize: strandSpan, Gather: true, Limit: 140 * mib, CheckInvariants: true})
 	if err != nil {
 		t.Fatal(err)
 	}

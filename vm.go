@@ -307,7 +307,7 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 		after = compactFrontierAfter
 	}
 	grown := a.reserved.Load() >= after*uint64(a.spanChunks)*a.gran
-	if grown && i > int(seg.hiSpan) {
+	if grown && i > int(seg.hiSpan) && !a.tight() {
 		limit *= 2
 	}
 	limit = max(limit, p.churnSpan())
@@ -353,12 +353,19 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 // a first pass (geometric mean; a third to two thirds on the largest
 // programs), and a third of them on programs that free at random. Never shrinking
 // keeps a program's later passes on the span sizes of its first.
+//
+// The default's spans (Config.SpanSize unset) are at most 1/compactSpanShare
+// of the limit, and compactSpanSize once tight (pressure.go).
 func (p *pool) spanMost() int {
-	if a := p.a; a.spanGrow {
+	a := p.a
+	if a.spanGrow {
 		held := a.reserved.Load() / (compactSpanShare * a.gran)
 		for uint64(p.spanLimit)*2 <= held && uint64(p.spanLimit)*2*a.gran <= compactSpanMax {
 			p.spanLimit *= 2
 		}
+	}
+	if a.spanTightens {
+		return p.tightSpan()
 	}
 	return p.spanLimit
 }
