@@ -400,10 +400,15 @@ def test_gather_config():
             print(json.dumps({"served": False, "names_gather": "gather=true" in str(e),
                               "names_risk": "writes to the moved memory are lost with no error" in str(e)}))
     """
-    without = json.loads(run(script, config=SIM + ",limit=128MiB").stdout.splitlines()[0])
-    with_gather = json.loads(run(script, config=SIM + ",limit=128MiB,gather=true").stdout.splitlines()[0])
+    # span_size=16MiB: the default would tighten under this limit (smaller
+    # spans, best-fit placement) and strand nothing, splits or not.
+    strand = SIM + ",limit=128MiB,span_size=16MiB"
+    without = json.loads(run(script, config=strand).stdout.splitlines()[0])
+    with_gather = json.loads(run(script, config=strand + ",gather=true").stdout.splitlines()[0])
+    tight = json.loads(run(script, config=SIM + ",limit=128MiB").stdout.splitlines()[0])
     assert without == {"served": False, "names_gather": True, "names_risk": True}, without
     assert with_gather["served"] and with_gather["splits"] >= 6, with_gather
+    assert tight == {"served": True, "splits": 0}, tight
 
 
 @needs_library
