@@ -34,8 +34,9 @@ type Allocator struct {
 	// Under Compact with no SpanSize it is where spans start, and
 	// spanGrow lets them grow with the allocator (pool.spanMost).
 	spanChunks int
-	// spanTightens: the default's spans shrink under pressure (tightSpan,
-	// pressure.go); false under Compact and with Config.SpanSize set.
+	// spanTightens: the default tightens under pressure (tight,
+	// pressure.go); false under Compact, Gather and Defrag, and with
+	// Config.SpanSize set.
 	spanTightens bool
 	spanGrow     bool
 	compact      bool // Config.Compact, in ModeVirtual
@@ -170,8 +171,11 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 		span = defaultSpanSize
 		if a.compact {
 			span, a.spanGrow = compactSpanSize, true
-		} else if a.mode == ModeVirtual {
-			a.spanTightens = true // pressure.go
+		} else if a.mode == ModeVirtual && !a.gather && !a.defrag {
+			// pressure.go; Gather and Defrag move memory instead, and
+			// their figures (calls at the fit) are those of the default's
+			// spans.
+			a.spanTightens = true
 		}
 	}
 	a.spanChunks = int(max(span/a.gran, 1))
