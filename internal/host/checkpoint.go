@@ -20,7 +20,7 @@ import (
 // (setCheckpointPoolState): every live buffer of the pool is freed and the
 // checkpoint's buffers are made again at their addresses
 // (gpumem.Allocator.AllocAt). The Python package then gives the tensors
-// still alive their deleters back (python/gpumem/torch.py).
+// still alive their deleters back (python/gpumem/_torch_graphs.py).
 //
 // Invariant: after RestorePool the pool's live buffers are exactly the
 // checkpoint's, with the same addresses and sizes.

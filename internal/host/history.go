@@ -11,7 +11,7 @@ import (
 
 // Memory history in PyTorch's snapshot format, for
 // torch.cuda.memory._record_memory_history, _snapshot and _dump_snapshot
-// under gpumem (python/gpumem/torch.py), which PyTorch's own
+// under gpumem (python/gpumem/_torch_history.py), which PyTorch's own
 // torch.cuda._memory_viz renders and `gpumem import` reads back.
 //
 // While a device's history is on (RecordHistory), every allocation and

@@ -19,7 +19,7 @@ import (
 // begins (beginAllocateToPool, with a filter saying which allocations
 // belong to the pool), when it ends (endAllocateToPool), and when a graph
 // that used the pool is gone (releasePool). The Python package
-// (python/gpumem/torch.py) forwards these to BeginPool, EndPool and
+// (python/gpumem/_torch_graphs.py) forwards these to BeginPool, EndPool and
 // ReleasePool.
 //
 // A pool is a private allocator of the device's (gpumem.NewPrivate):
