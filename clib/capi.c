@@ -1,7 +1,12 @@
-/* capi.c: the functions of gpumem.h. Each forwards to its Go side in
- * export.go (gpumemGo_*), keeping gpumem.h's exact signature; this file also
- * holds the per-thread last error and the PyTorch entry points. See
- * main.go for the overview. */
+/* capi.c: the functions of gpumem.h, the top layer. Each forwards to its
+ * Go side in export.go (gpumemGo_*), keeping gpumem.h's exact signature;
+ * gpumem_alloc and gpumem_free also call the PyTorch glue (torch_errors.c)
+ * and read the thread's last error (errors.c). Nothing below calls back
+ * into this file (internal.h: the layers). A few of gpumem.h's functions
+ * live with what they serve: gpumem_last_error, gpumem_last_status and
+ * gpumem_last_oom in errors.c, gpumem_torch_errors in torch_errors.c,
+ * gpumem_torch_cache_info and gpumem_torch_cpp_history in
+ * torch_allocator.c. See main.go for the overview. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -12,67 +17,6 @@
 #include "internal.h"
 
 #define EXPORT __attribute__((visibility("default")))
-
-/* The calling thread's last failure, in a block of its own found through a
- * pthread key. Not __thread: a Go c-shared library is loaded with static
- * TLS, of which glibc keeps only a little for libraries loaded by dlopen
- * (Python's ctypes then fails with "cannot allocate memory in static TLS
- * block"). The block is made at the thread's first failure and freed when
- * the thread exits. */
-typedef struct {
-	gpumem_status status;
-	gpumem_oom oom;
-	char msg[2048];
-} last_failure;
-
-static pthread_key_t last_key;
-static pthread_once_t last_once = PTHREAD_ONCE_INIT;
-static void make_last_key(void) { pthread_key_create(&last_key, free); }
-
-/* The thread's block; NULL if it has none and create is 0, or if malloc
- * fails (the failure is then not recorded; gpumem_last_error says so). */
-static last_failure *last(int create) {
-	pthread_once(&last_once, make_last_key);
-	last_failure *f = pthread_getspecific(last_key);
-	if (!f && create) {
-		f = calloc(1, sizeof *f);
-		if (f && pthread_setspecific(last_key, f) != 0) {
-			free(f);
-			f = NULL;
-		}
-	}
-	return f;
-}
-
-void gpumem_set_error(gpumem_status status, const char *msg, size_t n, const gpumem_oom *oom) {
-	last_failure *f = last(1);
-	if (!f) return;
-	f->status = status;
-	if (n >= sizeof f->msg) n = sizeof f->msg - 1;
-	memcpy(f->msg, msg, n);
-	f->msg[n] = 0;
-	if (oom) f->oom = *oom;
-	else memset(&f->oom, 0, sizeof f->oom);
-}
-
-EXPORT const char *gpumem_last_error(void) {
-	last_failure *f = last(0);
-	return f ? f->msg : "";
-}
-
-EXPORT gpumem_status gpumem_last_status(void) {
-	last_failure *f = last(0);
-	return f ? f->status : GPUMEM_SUCCESS;
-}
-
-EXPORT gpumem_status gpumem_last_oom(gpumem_oom *out, size_t size) {
-	if (!out) return GPUMEM_ERROR_INVALID_VALUE;
-	gpumem_oom none;
-	memset(&none, 0, sizeof none);
-	last_failure *f = last(0);
-	memcpy(out, f ? &f->oom : &none, size < sizeof none ? size : sizeof none);
-	return GPUMEM_SUCCESS;
-}
 
 /* Call sites while recording: the callback, and how many recordings run
  * (so that gpumem_alloc reads one atomic when none does). */
@@ -199,15 +143,6 @@ EXPORT gpumem_status gpumem_pool_create(int device, uint64_t hi, uint64_t lo, co
 	}
 	return gpumemGo_pool_create(device, hi, lo, (uintptr_t)opts->alloc, (uintptr_t)opts->free, opts->no_split != 0,
 	                            opts->use_on_oom != 0);
-}
-
-/* The calls of a pool's own allocator (gpumem_pool_options), made from Go. */
-void *gpumem_call_alloc(uintptr_t fn, size_t size, int device, uintptr_t stream) {
-	return ((void *(*)(size_t, int, void *))fn)(size, device, (void *)stream);
-}
-
-void gpumem_call_free(uintptr_t fn, uintptr_t ptr, size_t size, int device, uintptr_t stream) {
-	((void (*)(void *, size_t, int, void *))fn)((void *)ptr, size, device, (void *)stream);
 }
 
 EXPORT gpumem_status gpumem_pool_uses(int device, uint64_t hi, uint64_t lo, uint64_t *uses) {

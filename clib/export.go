@@ -1,9 +1,10 @@
 package main
 
 // The Go side of gpumem.h: each gpumemGo_* function is called by its C
-// function in capi.c, converts, calls the host and converts back. On a
-// failure it records the thread's last error through gpumem_set_error and
-// returns the status.
+// function in capi.c (or torch_*.c), converts, calls the host and converts
+// back. On a failure it records the thread's last error through
+// gpumem_set_error (errors.c) and returns the status. It calls no C file
+// above errors.c and callout.c (internal.h: the layers).
 
 /*
 #cgo CFLAGS: -O2 -fexceptions -Wall
@@ -229,7 +230,7 @@ func gpumemGo_pool_create(device C.int, hi, lo C.uint64_t, alloc, free C.uintptr
 }
 
 // poolSource is a pool's own allocator (gpumem_pool_options): a
-// CUDAPluggableAllocator's alloc and free, called through capi.c.
+// CUDAPluggableAllocator's alloc and free, called through callout.c.
 type poolSource struct {
 	alloc, free C.uintptr_t
 	device      C.int

@@ -21,7 +21,8 @@
  *
  * The answer is what gpumem could hand out on the device now without
  * going past its limit or the device's free memory (gpumem_mem_info's
- * free), as PyTorch's cudaMallocAsync backend answers.
+ * free, asked of the Go side as gpumem_mem_info does), as PyTorch's
+ * cudaMallocAsync backend answers.
  *
  * gpumem_torch_cpp_history does the same for two functions C++ code calls
  * for memory history, torch::cuda::_record_memory_history and
@@ -32,7 +33,11 @@
  * and gpumem's one line naming the Python calls that work, where PyTorch's
  * said only "CUDAPluggableAllocator does not yet support recordHistory".
  * Their slots are found by the names dladdr gives each slot of the vtable
- * (the mangled parameter lists differ between versions). */
+ * (the mangled parameter lists differ between versions).
+ *
+ * Like torch_errors.c, it calls down only: torch_errors.c's
+ * gpumem_torch_fail and gpumem_torch_enabled, errors.c and the Go side,
+ * never capi.c (internal.h: the layers). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
@@ -42,6 +47,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "_cgo_export.h"
 #include "internal.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -53,7 +59,7 @@ static const char cache_info_name[] = "_ZN5torch4cuda22CUDAPluggableAllocator22C
 static void cache_info(void *self, int8_t device, size_t *largest) {
 	(void)self;
 	uint64_t free_bytes = 0, total = 0;
-	if (gpumem_mem_info(device, &free_bytes, &total) != GPUMEM_SUCCESS) free_bytes = 0;
+	if (gpumemGo_mem_info(device, &free_bytes, &total) != GPUMEM_SUCCESS) free_bytes = 0;
 	*largest = (size_t)free_bytes;
 }
 

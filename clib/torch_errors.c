@@ -28,6 +28,10 @@
  * gpumem_alloc's frame, compiled with -fexceptions, and no Go frame is on
  * the stack when it happens (the Go side has returned).
  *
+ * Called by capi.c (gpumem_alloc, gpumem_free); calls down only: errors.c
+ * (gpumem_set_error, gpumem_last_verdict) and the Go side (gpumemGo_*),
+ * never capi.c (internal.h: the layers).
+ *
  * Checked on the H100 machine with PyTorch 2.11 (pytest python/tests). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -175,13 +179,13 @@ void gpumem_torch_raise(gpumem_status status, const char *verdict, size_t size, 
 		memset(&o, 0, sizeof o);
 		o.requested = size;
 		o.device = device;
-		gpumem_mem_info(device, &o.device_free, &o.total);
+		gpumemGo_mem_info(device, &o.device_free, &o.total);
 		torch_oom_message(msg, sizeof msg, &o, copy);
 	} else if (status != GPUMEM_ERROR_OUT_OF_MEMORY) {
 		cxx.check_fail("gpumem_alloc", "gpumem", 0, verdict); /* throws c10::Error */
 		return;
 	} else {
-		gpumem_last_oom(&o, sizeof o);
+		gpumem_last_verdict(&o);
 		torch_oom_message(msg, sizeof msg, &o, verdict);
 	}
 	size_t n = strlen(msg);
