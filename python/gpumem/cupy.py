@@ -21,6 +21,10 @@ be told when one is collected: it keeps a reference to each graph and,
 when the program holds none any more, drops it and gives its pool back.
 It looks at the next capture, at gpumem.trim(), and before an allocation
 fails for want of memory.
+
+CUDA IPC handles (cupy.cuda.runtime.ipcGetMemHandle) cannot name gpumem's
+memory, which is virtual-memory mappings: the call fails at once with
+gpumem's line saying so (_patch_ipc).
 """
 
 import itertools
@@ -110,7 +114,37 @@ def use(limit=None, *, config=None):
         _state["previous"] = cupy.cuda.get_allocator()
     cupy.cuda.set_allocator(malloc)
     _patch_capture(cupy, lib)
+    _patch_ipc(cupy)
     _state["installed"] = True
+
+
+def _patch_ipc(cupy):
+    """CUDA IPC handles (cudaIpcGetMemHandle) name cudaMalloc allocations
+    only; gpumem's memory is virtual-memory mappings, which the runtime
+    refuses with a bare "invalid argument". The refusal becomes one line
+    saying why and what works instead. Where the call succeeds (memory not
+    from gpumem) nothing changes."""
+    rt = cupy.cuda.runtime
+    get = getattr(rt, "ipcGetMemHandle", None)
+    if get is None or getattr(get, "_gpumem", False):
+        return
+
+    def ipcGetMemHandle(devPtr):
+        try:
+            return get(devPtr)
+        except rt.CUDARuntimeError as e:
+            raise RuntimeError(
+                f"gpumem: cudaIpcGetMemHandle({devPtr:#x}) failed ({e}): CUDA IPC handles cannot name "
+                "memory that gpumem allocated (virtual-memory mappings, as PyTorch's expandable segments); "
+                "share CUDA memory between processes through torch.multiprocessing under gpumem.torch, "
+                "or allocate what you share with IPC handles before gpumem.cupy.use()") from e
+
+    ipcGetMemHandle._gpumem = True
+    ipcGetMemHandle.__wrapped__ = get
+    try:
+        rt.ipcGetMemHandle = ipcGetMemHandle
+    except (AttributeError, TypeError):
+        pass  # a module that refuses: CuPy's own error stays, nothing else changes
 
 
 # Pool ids for CuPy's captures: a space of their own (PyTorch's are

@@ -31,3 +31,34 @@ def test_graph_pools_go_back_once_the_program_drops_the_graph():
         print("ok")
     """)
     assert p.stdout.strip() == "ok", p.stdout
+
+
+def test_ipc_handle_refusal_says_why():
+    """cudaIpcGetMemHandle on gpumem's memory fails at once with gpumem's
+    line (chained to the runtime's error); where it succeeds the answer is
+    the runtime's; patching twice wraps once."""
+    p = run("""
+        import types
+        import gpumem.cupy as gc_
+
+        class CUDARuntimeError(RuntimeError):
+            pass
+        def ipcGetMemHandle(ptr):
+            if ptr == 0x1000:
+                return b"handle"
+            raise CUDARuntimeError("cudaErrorInvalidValue: invalid argument")
+        rt = types.SimpleNamespace(CUDARuntimeError=CUDARuntimeError, ipcGetMemHandle=ipcGetMemHandle)
+        cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=rt))
+        gc_._patch_ipc(cupy)
+        gc_._patch_ipc(cupy)
+        assert rt.ipcGetMemHandle.__wrapped__ is ipcGetMemHandle
+        assert rt.ipcGetMemHandle(0x1000) == b"handle"
+        try:
+            rt.ipcGetMemHandle(0x2000)
+        except RuntimeError as e:
+            assert isinstance(e.__cause__, CUDARuntimeError)
+            print(str(e))
+    """)
+    line = p.stdout.strip()
+    assert line.startswith("gpumem: cudaIpcGetMemHandle(0x2000) failed (cudaErrorInvalidValue") and \
+        "torch.multiprocessing" in line and "\n" not in line, line
