@@ -376,7 +376,7 @@ gpumem_status gpumem_pool_checkpoint(int device, uint64_t hi, uint64_t lo, gpume
 gpumem_status gpumem_pool_restore(int device, uint64_t hi, uint64_t lo, const gpumem_pool_buffer *bufs, size_t n);
 /* A deleter for PyTorch's DataPtr (c10::DeleterFnPtr): frees the buffer
  * at ctx, as gpumem_free. Tensors a checkpoint restore gives back to their
- * owners free through it (python/gpumem/torch.py). */
+ * owners free through it (python/gpumem/_torch_graphs.py). */
 void gpumem_torch_delete(void *ctx);
 
 /* --- Recording -------------------------------------------------------------- */
