@@ -31,8 +31,9 @@ Where a tensor cannot be shared (its memory is not gpumem's, the cache was
 off when it was made, the device cannot export), the pickling fails with
 one line saying why. A multiprocessing.Queue pickles in a feeder thread,
 where an error is printed and the receiver would wait forever, so
-Queue.put exports the CUDA tensors it is handed (at the top level or in a
-tuple, list or dict) at once, in the caller: the error is raised there.
+Queue.put (and JoinableQueue.put) exports the CUDA tensors it is handed (at
+the top level or in a tuple, list or dict) at once, in the caller: the
+error is raised there.
 """
 
 import ctypes
@@ -508,6 +509,17 @@ def _rebuild_torch_ipc(tensor_cls, tensor_size, tensor_stride, tensor_offset, st
 # --- Installing -----------------------------------------------------------------
 
 
+def _exporting(put):
+    """A queue's put that exports the CUDA tensors it is handed first, in
+    the caller (_prepare)."""
+    def put_exporting(self, obj, block=True, timeout=None):
+        _prepare(obj)
+        return put(self, obj, block, timeout)
+
+    put_exporting.__wrapped__ = put
+    return put_exporting
+
+
 def install(torch, lib=None):
     """Makes torch.multiprocessing share CUDA tensors through gpumem (in a
     process where gpumem is PyTorch's allocator)."""
@@ -528,14 +540,9 @@ def install(torch, lib=None):
         _state["torch_rebuild"] = reductions.rebuild_cuda_tensor
         reductions.rebuild_cuda_tensor = _rebuild_torch_ipc
 
-        put = multiprocessing.queues.Queue.put
-
-        def put_exporting(self, obj, block=True, timeout=None):
-            _prepare(obj)
-            return put(self, obj, block, timeout)
-
-        put_exporting.__wrapped__ = put
-        multiprocessing.queues.Queue.put = put_exporting
+        # JoinableQueue has a put of its own, which does not call Queue's.
+        for cls in (multiprocessing.queues.Queue, multiprocessing.queues.JoinableQueue):
+            cls.put = _exporting(cls.__dict__["put"])
 
         ipc_collect = torch.cuda.ipc_collect
 

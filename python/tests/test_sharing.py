@@ -180,6 +180,13 @@ if __name__ == "__main__":
         print("QUEUE", round(time.time() - t0, 3), str(e).splitlines()[0])
     else:
         print("QUEUE accepted")
+    jq = ctx.JoinableQueue()
+    try:
+        jq.put(x)
+    except RuntimeError as e:
+        print("JOINABLE", str(e).splitlines()[0])
+    else:
+        print("JOINABLE accepted")
     a, b = ctx.Pipe()
     try:
         a.send(x)
@@ -222,3 +229,29 @@ def test_unsupported_fails_at_once_in_the_sender(tmp_path):
     assert "gpumem: cannot share this CUDA tensor" in q and float(q.split()[1]) < 5, out
     pipe = [l for l in out if l.startswith("PIPE")][0]
     assert "gpumem: cannot share this CUDA tensor" in pipe, out
+    joinable = [l for l in out if l.startswith("JOINABLE")][0]
+    assert "gpumem: cannot share this CUDA tensor" in joinable, out
+
+
+def test_queue_put_exports_in_the_caller():
+    """Queue.put and JoinableQueue.put, as _sharing installs them, run the
+    export before the object reaches the feeder thread: its error is the
+    caller's, and nothing is queued."""
+    p = run("""
+        import multiprocessing as mp
+        from gpumem import _sharing
+        def refuse(obj, depth=0):
+            raise _sharing.SharingError("gpumem: cannot share this CUDA tensor (test)")
+        _sharing._prepare = refuse
+        ctx = mp.get_context("spawn")
+        for cls in (type(ctx.Queue()), type(ctx.JoinableQueue())):
+            q = cls(ctx=ctx)
+            put = _sharing._exporting(cls.__dict__["put"])
+            try:
+                put(q, object())
+            except _sharing.SharingError as e:
+                print(cls.__name__, q.empty(), str(e))
+    """)
+    lines = p.stdout.splitlines()
+    assert lines == ["Queue True gpumem: cannot share this CUDA tensor (test)",
+                     "JoinableQueue True gpumem: cannot share this CUDA tensor (test)"], p.stdout
