@@ -128,12 +128,19 @@ func (e *env) run(args []string) int {
 		fmt.Fprintf(e.stderr, "gpumem run: %v\n", err)
 		return ExitUsage
 	}
-	if parsed.Alloc.Defrag {
-		// A move unmaps live memory for a moment after a synchronize;
-		// XLA enqueues work from several threads, so a kernel could find
-		// its memory gone (gpumem.Config.Defrag).
-		fmt.Fprintf(e.stderr, "gpumem run: GPUMEM_CONFIG defrag=true is not supported here: it needs a program that launches GPU work from one thread at a time, and XLA and TensorFlow launch from several\n")
-		return ExitUsage
+	for _, move := range []struct {
+		on   bool
+		name string
+	}{{parsed.Alloc.Defrag, "defrag=true"}, {parsed.Alloc.Gather, "gather=true"}} {
+		if move.on {
+			// A move unmaps live memory for a moment after a synchronize;
+			// XLA enqueues work from several threads, so a kernel could
+			// find its memory gone or lose its writes, with no error
+			// (gpumem.Config.Defrag, Config.Gather). Until the shim gates
+			// every launch (issue 41), the program cannot promise it.
+			fmt.Fprintf(e.stderr, "gpumem run: GPUMEM_CONFIG %s is not supported here: it needs a program that launches GPU work from one thread at a time, and XLA and TensorFlow launch from several (another thread's writes to moved memory would be lost with no error)\n", move.name)
+			return ExitUsage
+		}
 	}
 	lib, err := findLibrary(*library, "GPUMEM_LIBRARY", "libgpumem.so")
 	if err == nil {
