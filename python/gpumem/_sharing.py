@@ -65,7 +65,7 @@ class _Export:
 
     def __init__(self, storage, ptr, device, base, chunks):
         self.storage, self.ptr, self.device, self.base, self.chunks = storage, ptr, device, base, chunks
-        self.sends = []  # (slot index, event)
+        self.sends = []  # (_Slots, slot index, event)
 
 
 class _Slots:
@@ -132,15 +132,13 @@ def collect():
     Returns how many were let go."""
     done = 0
     with _lock:
-        if _slots is None:
-            return 0
         for key, e in list(_exports.items()):
             keep = []
-            for i, ev in e.sends:
-                if _slots.held(i):
-                    keep.append((i, ev))
+            for slots, i, ev in e.sends:
+                if slots.held(i):
+                    keep.append((slots, i, ev))
                 else:
-                    _slots.free.append(i)
+                    slots.free.append(i)  # a file replaced when full keeps its own
             e.sends = keep
             if keep:
                 continue
@@ -192,7 +190,7 @@ def _reduce_tensor(tensor):
         i = slots.take()
         ev = torch.cuda.Event(interprocess=True)
         ev.record(torch.cuda.current_stream(device))
-        e.sends.append((i, ev))
+        e.sends.append((slots, i, ev))
         chunks = tuple((DupFd(fd), size) for fd, size in e.chunks)
         counter = DupFd(slots.fd)
     return (_rebuild_tensor, (meta, device, uuid, nbytes, e.ptr - e.base, chunks, counter, i, ev.ipc_handle()))

@@ -255,3 +255,30 @@ def test_queue_put_exports_in_the_caller():
     lines = p.stdout.splitlines()
     assert lines == ["Queue True gpumem: cannot share this CUDA tensor (test)",
                      "JoinableQueue True gpumem: cannot share this CUDA tensor (test)"], p.stdout
+
+
+def test_collect_reads_each_send_in_its_own_file():
+    """Sends made before the counters' file was replaced (full) are read in
+    the file they were given: a storage is let go (gpumem_unshare, its
+    descriptors closed) only once all of its sends, in either file, are
+    released, and each slot goes back to its own file."""
+    p = run("""
+        import os
+        from gpumem import _sharing as S
+        unshared = []
+        class Lib:
+            def unshare(self, ptr, device):
+                unshared.append(ptr)
+        S._state["lib"] = Lib()
+        old, new = S._Slots(2), S._Slots(2)
+        e = S._Export(object(), 0x1000, 0, 0x1000, [(os.open(os.devnull, os.O_RDONLY), 2 << 20)])
+        S._exports[(0, 0x1000)] = e
+        i, j = old.take(), new.take()
+        e.sends = [(old, i, None), (new, j, None)]
+        new.words[j] = 0                      # released in the new file
+        first = S.collect()                   # the old file's send is still in flight
+        old.words[i] = 0
+        second = S.collect()
+        print(first, second, unshared == [0x1000], i in old.free, j in new.free, S._exports == {}, e.storage is None)
+    """)
+    assert p.stdout.split() == ["0", "1", "True", "True", "True", "True", "True"], p.stdout
