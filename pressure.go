@@ -317,12 +317,15 @@ func (a *Allocator) headroom() int64 {
 // does while memory is plentiful (over what is mapped, in 16 MiB spans,
 // with a bet ahead at the frontier), and past half its limit (or the
 // device, without one) places as Config.Compact does: every request at
-// the start of its best fit, mapped or not, in spans of at most
-// compactSpanSize, no doubled spans at the frontier. Its spans are also at
-// most 1/compactSpanShare of the limit at all times, so that a small limit
-// gets small spans from the start: a span partly under live blocks holds
-// all of its memory, and what a layout strands is about the number of
-// partly used spans times their size.
+// the start of its best fit, mapped or not, its base span at most
+// compactSpanSize, no doubled spans at the frontier. Its base span is also
+// at most 1/compactSpanShare of the limit at all times, so that a small
+// limit gets small spans from the start: a span partly under live blocks
+// holds all of its memory, and what a layout strands is about the number
+// of partly used spans times their size. (The base span, spanMost: while
+// not tight the frontier may still double it, and the churn guard's large
+// spans, churnSpan, apply up to 0.8 of the limit, tight or not; the fit
+// figures in docs/BENCHMARKS.md were measured so.)
 //
 // Why half: tightening at the first shortage changes nothing (the layout
 // that strands memory is made by then), and past 0.8 of the limit is too

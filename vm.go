@@ -354,8 +354,10 @@ func (p *pool) runEnd(seg *segment, i, c1 int) int {
 // programs), and a third of them on programs that free at random. Never shrinking
 // keeps a program's later passes on the span sizes of its first.
 //
-// The default's spans (Config.SpanSize unset) are at most 1/compactSpanShare
-// of the limit, and compactSpanSize once tight (pressure.go).
+// The default's base span (Config.SpanSize unset) is at most
+// 1/compactSpanShare of the limit, and compactSpanSize once tight
+// (pressure.go; runEnd may still double it while not tight, or take the
+// churn guard's larger spans).
 func (p *pool) spanMost() int {
 	a := p.a
 	if a.spanGrow {

@@ -61,11 +61,12 @@ class _Export:
     descriptors from gpumem_share (open until unshared), and the slots of
     the sends not yet let go, each with its event."""
 
-    __slots__ = ("storage", "ptr", "device", "base", "chunks", "sends")
+    __slots__ = ("storage", "ptr", "device", "base", "chunks", "sends", "sent")
 
     def __init__(self, storage, ptr, device, base, chunks):
         self.storage, self.ptr, self.device, self.base, self.chunks = storage, ptr, device, base, chunks
         self.sends = []  # (_Slots, slot index, event)
+        self.sent = False
 
 
 class _Slots:
@@ -127,12 +128,15 @@ def _export(storage, device):
         return e
 
 
-def collect():
-    """Lets go of every shared storage whose receivers have all let go.
-    Returns how many were let go."""
+def collect(keep_unsent=False):
+    """Lets go of every shared storage whose receivers have all let go
+    (with keep_unsent, not those never sent yet: Queue.put exports before
+    its feeder thread pickles). Returns how many were let go."""
     done = 0
     with _lock:
         for key, e in list(_exports.items()):
+            if keep_unsent and not e.sends and not e.sent:
+                continue
             keep = []
             for slots, i, ev in e.sends:
                 if slots.held(i):
@@ -147,8 +151,11 @@ def collect():
                 os.close(fd)
             try:
                 _library().unshare(e.ptr, e.device)
-            finally:
-                e.storage = None  # the memory is gpumem's again once PyTorch frees it
+            except Exception as err:  # the storage goes all the same; say so, fail nothing else
+                import warnings
+                warnings.warn(f"gpumem: letting go of a shared CUDA tensor at {e.ptr:#x}: {err}",
+                              RuntimeWarning, stacklevel=2)
+            e.storage = None  # the memory is gpumem's again once PyTorch frees it
             done += 1
     return done
 
@@ -182,17 +189,20 @@ def _reduce_tensor(tensor):
     if nbytes == 0 or storage.data_ptr() == 0:
         return (_rebuild_tensor, (meta, device, uuid, 0, 0, (), None, -1, None))
     with _lock:
-        collect()
+        collect(keep_unsent=True)  # not what Queue.put exported for this very send
         e = _export(storage, device)
         if _slots is None or not _slots.free:
             _slots = _Slots()
         slots = _slots
-        i = slots.take()
         ev = torch.cuda.Event(interprocess=True)
         ev.record(torch.cuda.current_stream(device))
-        e.sends.append((slots, i, ev))
+        # The descriptors first: a failure here (too many open files)
+        # leaves no slot held, so the storage can still be let go.
         chunks = tuple((DupFd(fd), size) for fd, size in e.chunks)
         counter = DupFd(slots.fd)
+        i = slots.take()
+        e.sends.append((slots, i, ev))
+        e.sent = True
     return (_rebuild_tensor, (meta, device, uuid, nbytes, e.ptr - e.base, chunks, counter, i, ev.ipc_handle()))
 
 
@@ -279,9 +289,9 @@ class _Mapping:
         self.handles, self.va, self.ctx = [], 0, None
         self.words = self.map = None
         try:
-            self.drv = drv = _Driver.get()
             self.map = mmap.mmap(counter_fd, 0)
             self.words = (ctypes.c_int32 * (len(self.map) // 4)).from_buffer(self.map)
+            self.drv = drv = _Driver.get()
             dev, ctx = ctypes.c_int(), ctypes.c_void_p()
             drv.call("cuDeviceGet", ctypes.byref(dev), device)
             drv.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
@@ -374,8 +384,16 @@ def _rebuild_tensor(meta, device, uuid, nbytes, offset, chunks, counter, slot, e
     device = _local_device(device, uuid)
     t = torch.empty((0,), dtype=dtype, device=f"cuda:{device}")
     if nbytes > 0:
-        fds = [d.detach() for d, _ in chunks]
-        mapping = _Mapping(device, fds, [s for _, s in chunks], counter.detach(), slot)
+        fds = []
+        try:
+            for d, _ in chunks:
+                fds.append(d.detach())
+            counter_fd = counter.detach()
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        mapping = _Mapping(device, fds, [s for _, s in chunks], counter_fd, slot)
         torch.cuda.Event.from_ipc_handle(device, event).wait(torch.cuda.current_stream(device))
         raw = torch.as_tensor(_Memory(mapping, mapping.va + offset, nbytes), device=f"cuda:{device}")
         t.set_(raw.untyped_storage(), storage_offset, size, stride)
@@ -456,6 +474,9 @@ class _Received:
     def __del__(self):
         try:
             import torch
+            # As PyTorch's own deleter: this process's work on the memory
+            # done before the sender may reuse it.
+            torch.cuda.current_stream(self.opened.device).synchronize()
             if self.counter:
                 torch.UntypedStorage._release_ipc_counter_cuda(self.counter, self.offset)
         except Exception:
@@ -530,6 +551,16 @@ def install(torch, lib=None):
             return
         if lib is not None:
             _state["lib"] = lib
+        # A shared tensor holds a descriptor a chunk (16 MiB, 4 MiB near the
+        # limit) while it is shared: the soft limit goes as far as the hard.
+        try:
+            import resource
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+            if soft != resource.RLIM_INFINITY and soft < want:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ImportError, ValueError, OSError):
+            pass
         _state["torch_reduce"] = reductions.reduce_tensor
         for cls in (torch.Tensor, torch.nn.parameter.Parameter):
             ForkingPickler.register(cls, _reduce_tensor)

@@ -282,3 +282,26 @@ def test_collect_reads_each_send_in_its_own_file():
         print(first, second, unshared == [0x1000], i in old.free, j in new.free, S._exports == {}, e.storage is None)
     """)
     assert p.stdout.split() == ["0", "1", "True", "True", "True", "True", "True"], p.stdout
+
+
+def test_collect_keeps_what_queue_put_exported():
+    """What Queue.put exported for a send not yet pickled stays when the
+    feeder thread's pickling collects (keep_unsent); an explicit collect
+    (torch.cuda.ipc_collect) lets it go. A failing unshare warns and
+    fails nothing."""
+    p = run("""
+        import os, warnings
+        from gpumem import _sharing as S
+        class Lib:
+            def unshare(self, ptr, device):
+                raise RuntimeError("gpumem: test refusal")
+        S._state["lib"] = Lib()
+        e = S._Export(object(), 0x2000, 0, 0x2000, [(os.open(os.devnull, os.O_RDONLY), 2 << 20)])
+        S._exports[(0, 0x2000)] = e
+        kept = S.collect(keep_unsent=True)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            dropped = S.collect()
+        print(kept, dropped, S._exports == {}, len(w) == 1 and "test refusal" in str(w[0].message))
+    """)
+    assert p.stdout.split() == ["0", "1", "True", "True"], p.stdout
