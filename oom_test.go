@@ -230,27 +230,31 @@ func TestOOMVerdictNoVirtualMemory(t *testing.T) {
 	wantIn(t, oom.Error(), "With virtual-memory spans: no, the device has no virtual memory")
 }
 
+// halfFreed makes 64 buffers of 1 MiB under a limit of 64 MiB in
+// ModeVirtual and frees every other one: 32 MiB free in 1 MiB pieces
+// inside chunks that hold live buffers. It returns the out-of-memory of a
+// 4 MiB request.
+func halfFreed(t *testing.T, cfg gpumem.Config) (*gpumem.Allocator, *gpumem.OutOfMemoryError) {
+	t.Helper()
+	cfg.Mode, cfg.Limit = gpumem.ModeVirtual, 64*miB
+	a := newAlloc(t, newSim(1<<30), cfg)
+	var bufs []gpumem.Buffer
+	for range 64 {
+		bufs = append(bufs, mustAlloc(t, a, miB))
+	}
+	for i := 1; i < len(bufs); i += 2 {
+		if err := a.Free(bufs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, mustOOM(t, a, 4*miB)
+}
+
 // TestOOMVerdictVirtualBlocked: in ModeVirtual, what blocks a request is
 // memory pinned by live buffers: free halves of 2 MiB chunks that hold a
 // live 1 MiB buffer, and idle chunks of a 16 MiB span one of whose chunks
 // is live.
 func TestOOMVerdictVirtualBlocked(t *testing.T) {
-	// 64 buffers of 1 MiB under a limit of 64 MiB, every other one freed:
-	// 32 MiB free in 1 MiB pieces inside chunks that hold live buffers.
-	halfFreed := func(t *testing.T, cfg gpumem.Config) (*gpumem.Allocator, *gpumem.OutOfMemoryError) {
-		cfg.Mode, cfg.Limit = gpumem.ModeVirtual, 64*miB
-		a := newAlloc(t, newSim(1<<30), cfg)
-		var bufs []gpumem.Buffer
-		for range 64 {
-			bufs = append(bufs, mustAlloc(t, a, miB))
-		}
-		for i := 1; i < len(bufs); i += 2 {
-			if err := a.Free(bufs[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return a, mustOOM(t, a, 4*miB)
-	}
 	t.Run("chunks", func(t *testing.T) {
 		a, oom := halfFreed(t, gpumem.Config{})
 		if oom.Cause != gpumem.CauseFragmentation || oom.WithVirtual != gpumem.AnswerNotApplicable ||
@@ -338,17 +342,7 @@ func TestOOMVerdictGatherRisk(t *testing.T) {
 		wantIn(t, got.Message, risk...)
 	})
 	t.Run("chunks only", func(t *testing.T) {
-		a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, Limit: 64 * miB})
-		var bufs []gpumem.Buffer
-		for range 64 {
-			bufs = append(bufs, mustAlloc(t, a, miB))
-		}
-		for i := 1; i < len(bufs); i += 2 {
-			if err := a.Free(bufs[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		oom := mustOOM(t, a, 4*miB)
+		_, oom := halfFreed(t, gpumem.Config{})
 		if oom.Cause != gpumem.CauseFragmentation || oom.Pinned != oom.PinnedInChunks {
 			t.Fatalf("cause %v, pinned %d (in chunks %d): want fragmentation inside chunks only", oom.Cause, oom.Pinned, oom.PinnedInChunks)
 		}
