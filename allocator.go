@@ -324,20 +324,33 @@ func (a *Allocator) free(buf Buffer, op string, closing *Scope) error {
 	return nil
 }
 
+// lockLive locks the pool of live buffer buf and returns it, or, with
+// nothing locked, a BufferError for op: ErrForeign where another allocator
+// made buf, ErrDoubleFree (saying freed) where it is no longer live.
+func (a *Allocator) lockLive(op string, buf Buffer, freed string) (*pool, error) {
+	b := buf.b
+	if b == nil || b.pool == nil || b.pool.a != a {
+		return nil, &BufferError{Op: op, Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrForeign, Why: "not allocated by this allocator"}
+	}
+	p := b.pool
+	p.mu.Lock()
+	if b.gen != buf.gen || b.state != blockAllocated {
+		p.mu.Unlock()
+		return nil, &BufferError{Op: op, Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrDoubleFree, Why: freed}
+	}
+	return p, nil
+}
+
 // RecordStream tells the allocator that buf is also used by work on stream
 // s. When buf is freed, its memory is not reused until the work enqueued on
 // s up to the free has completed (as torch.Tensor.record_stream).
 func (a *Allocator) RecordStream(buf Buffer, s device.Stream) error {
-	b := buf.b
-	if b == nil || b.pool == nil || b.pool.a != a {
-		return &BufferError{Op: "RecordStream", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrForeign, Why: "not allocated by this allocator"}
+	p, err := a.lockLive("RecordStream", buf, "buffer was freed")
+	if err != nil {
+		return err
 	}
-	p := b.pool
-	p.mu.Lock()
 	defer p.mu.Unlock()
-	if b.gen != buf.gen || b.state != blockAllocated {
-		return &BufferError{Op: "RecordStream", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrDoubleFree, Why: "buffer was freed"}
-	}
+	b := buf.b
 	if s == b.stream() { // the stream it was allocated on
 		return nil
 	}

@@ -68,33 +68,26 @@ var ErrNotShareable = errors.New("gpumem: buffer cannot be shared with another p
 // driver without shareable handles) or the buffer lies in a plain segment
 // (ModePlain, Config.Preallocate's plain segments).
 func (a *Allocator) Share(buf Buffer) (Shared, error) {
-	b := buf.b
-	if b == nil || b.pool == nil || b.pool.a != a {
-		return Shared{}, &BufferError{Op: "Share", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrForeign, Why: "not allocated by this allocator"}
-	}
-	notShareable := func(why string, err error) error {
-		if err != nil {
-			why += ": " + err.Error()
-		}
+	notShareable := func(why string) error {
 		return &BufferError{Op: "Share", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrNotShareable, Why: why}
 	}
+	p, err := a.lockLive("Share", buf, "buffer was freed")
+	if err != nil {
+		return Shared{}, err
+	}
+	defer p.mu.Unlock()
 	ex, ok := device.AsExporter(a.dev)
 	if !ok {
-		return Shared{}, notShareable(fmt.Sprintf("device %q cannot share memory between processes", a.dev.Info().Name), nil)
+		return Shared{}, notShareable(fmt.Sprintf("device %q cannot share memory between processes", a.dev.Info().Name))
 	}
-	p := b.pool
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if b.gen != buf.gen || b.state != blockAllocated {
-		return Shared{}, &BufferError{Op: "Share", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrDoubleFree, Why: "buffer was freed"}
-	}
+	b := buf.b
 	seg := b.seg
 	if !seg.virtual {
-		return Shared{}, notShareable("it lies in a plain segment (a cuMemAlloc of its own), not in mapped spans", nil)
+		return Shared{}, notShareable("it lies in a plain segment (a cuMemAlloc of its own), not in mapped spans")
 	}
 	idx, err := p.spansUnder(b)
 	if err != nil {
-		return Shared{}, notShareable(err.Error(), nil)
+		return Shared{}, notShareable(err.Error())
 	}
 	sh := Shared{Ptr: buf.ptr, Base: device.Ptr(seg.chunkAddr(int(p.spans[idx[0]].c0), a.gran))}
 	for _, i := range idx {
@@ -102,7 +95,7 @@ func (a *Allocator) Share(buf Buffer) (Shared, error) {
 		fd, err := ex.Export(s.h)
 		if err != nil {
 			sh.Close()
-			return Shared{}, notShareable("the driver would not export its memory", err)
+			return Shared{}, notShareable("the driver would not export its memory: " + err.Error())
 		}
 		sh.Spans = append(sh.Spans, SharedSpan{FD: fd, Size: uint64(s.n) * a.gran})
 	}
@@ -115,16 +108,12 @@ func (a *Allocator) Share(buf Buffer) (Shared, error) {
 // Unshare gives buf's spans back to the splits once no other process maps
 // them (one call per Share).
 func (a *Allocator) Unshare(buf Buffer) error {
-	b := buf.b
-	if b == nil || b.pool == nil || b.pool.a != a {
-		return &BufferError{Op: "Unshare", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrForeign, Why: "not allocated by this allocator"}
+	p, err := a.lockLive("Unshare", buf, "buffer was freed while shared")
+	if err != nil {
+		return err
 	}
-	p := b.pool
-	p.mu.Lock()
 	defer p.mu.Unlock()
-	if b.gen != buf.gen || b.state != blockAllocated {
-		return &BufferError{Op: "Unshare", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrDoubleFree, Why: "buffer was freed while shared"}
-	}
+	b := buf.b
 	idx, err := p.spansUnder(b)
 	if err != nil {
 		return &BufferError{Op: "Unshare", Ptr: uint64(buf.ptr), Size: buf.size, Err: ErrNotShareable, Why: err.Error()}
