@@ -82,6 +82,19 @@ def exports():
     return len(_sharing._exports)
 
 
+def settle(base):
+    """Collects what the other process has let go, for up to 30 s, until
+    nothing is exported and memory_allocated() is back at base."""
+    gc.collect()
+    torch.cuda.synchronize()
+    deadline = time.time() + 30
+    while True:
+        torch.cuda.ipc_collect()
+        if exports() == 0 and torch.cuda.memory_allocated() == base or time.time() > deadline:
+            return
+        time.sleep(0.05)
+
+
 def child(q_in, q_out, on):
     use_gpumem(on)
     xs = q_in.get(timeout=120)
@@ -99,14 +112,7 @@ def child(q_in, q_out, on):
     gc.collect()
     q_out.put("released")
     del y
-    gc.collect()
-    torch.cuda.synchronize()
-    deadline = time.time() + 30
-    while True:
-        torch.cuda.ipc_collect()
-        if exports() == 0 and torch.cuda.memory_allocated() == base or time.time() > deadline:
-            break
-        time.sleep(0.05)
+    settle(base)
     q_out.put({"child_exports": exports(), "child_back": torch.cuda.memory_allocated() == base})
     q_in.get(timeout=120)
 
@@ -141,14 +147,7 @@ if __name__ == "__main__":
     q_in.put("ack")
     r["child_released"] = q_out.get(timeout=120) == "released"
     del xs, a, b, c, w, d
-    gc.collect()
-    torch.cuda.synchronize()
-    deadline = time.time() + 30
-    while True:
-        torch.cuda.ipc_collect()
-        if exports() == 0 and torch.cuda.memory_allocated() == base or time.time() > deadline:
-            break
-        time.sleep(0.05)
+    settle(base)
     r["parent_exports"] = exports()
     r["parent_back"] = torch.cuda.memory_allocated() == base
     r.update(q_out.get(timeout=120))
