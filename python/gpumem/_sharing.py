@@ -36,6 +36,7 @@ the top level or in a tuple, list or dict) at once, in the caller: the
 error is raised there.
 """
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -262,6 +263,15 @@ class _Driver:
         self.f["cuMemRelease"].argtypes = [ctypes.c_uint64]
         self.call("cuInit", 0)
 
+    @contextlib.contextmanager
+    def pushed(self, ctx):
+        """ctx current on this thread while the block runs."""
+        self.call("cuCtxPushCurrent_v2", ctx)
+        try:
+            yield
+        finally:
+            self.f["cuCtxPopCurrent_v2"](ctypes.byref(ctypes.c_void_p()))
+
     def call(self, name, *args):
         r = self.f[name](*args)
         if r != 0:
@@ -296,7 +306,7 @@ class _Mapping:
             drv.call("cuDeviceGet", ctypes.byref(dev), device)
             drv.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
             self.dev, self.ctx = dev, ctx
-            with self._current():
+            with self.drv.pushed(self.ctx):
                 va = ctypes.c_uint64()
                 drv.call("cuMemAddressReserve", ctypes.byref(va), self.total, 0, 0, 0)
                 self.va = va.value
@@ -318,23 +328,11 @@ class _Mapping:
             for fd in list(fds) + [counter_fd]:
                 os.close(fd)
 
-    def _current(self):
-        drv, ctx = self.drv, self.ctx
-
-        class _Ctx:
-            def __enter__(self):
-                drv.call("cuCtxPushCurrent_v2", ctx)
-
-            def __exit__(self, *exc):
-                old = ctypes.c_void_p()
-                drv.f["cuCtxPopCurrent_v2"](ctypes.byref(old))
-        return _Ctx()
-
     def close(self, sync=True):
         drv = getattr(self, "drv", None)
         try:
             if self.ctx is not None:
-                with self._current():
+                with self.drv.pushed(self.ctx):
                     if sync and self.handles:
                         drv.f["cuCtxSynchronize"]()
                     for h, at, size in self.handles:
@@ -360,14 +358,20 @@ class _Mapping:
             pass
 
 
+def _bytes_at(ptr, nbytes):
+    """The CUDA array interface of nbytes bytes at ptr (version 2: no
+    stream, so torch.as_tensor waits for nothing; the callers order the
+    work with the sender's event)."""
+    return {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 2}
+
+
 class _Memory:
     """What torch.as_tensor wraps: the mapped bytes, as a CUDA array; the
     tensor's storage holds it, and with it the mapping."""
 
     def __init__(self, mapping, ptr, nbytes):
         self.mapping = mapping
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 2}
+        self.__cuda_array_interface__ = _bytes_at(ptr, nbytes)
 
 
 def _local_device(index, uuid):
@@ -376,6 +380,16 @@ def _local_device(index, uuid):
         if str(torch.cuda.get_device_properties(i).uuid) == uuid:
             return i
     return index
+
+
+def _as_sent(t, cls, requires_grad):
+    """t as the sender's tensor was: a Parameter if it was one, with its
+    requires_grad (as PyTorch's rebuild_cuda_tensor)."""
+    import torch
+    if cls is torch.nn.parameter.Parameter:
+        return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
+    t.requires_grad = requires_grad
+    return t
 
 
 def _rebuild_tensor(meta, device, uuid, nbytes, offset, chunks, counter, slot, event):
@@ -399,10 +413,7 @@ def _rebuild_tensor(meta, device, uuid, nbytes, offset, chunks, counter, slot, e
         t.set_(raw.untyped_storage(), storage_offset, size, stride)
     else:
         t.set_(t.untyped_storage(), storage_offset, size, stride)
-    if cls is torch.nn.parameter.Parameter:
-        return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
-    t.requires_grad = requires_grad
-    return t
+    return _as_sent(t, cls, requires_grad)
 
 
 # --- A receiver under gpumem of PyTorch's own IPC handles ---------------------
@@ -432,11 +443,8 @@ class _Opened:
         h = _IpcHandle.from_buffer_copy(raw)
         p = ctypes.c_uint64()
         try:
-            drv.call("cuCtxPushCurrent_v2", ctx)
-            try:
+            with drv.pushed(ctx):
                 r = fn(ctypes.byref(p), h, 1)  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-            finally:
-                drv.f["cuCtxPopCurrent_v2"](ctypes.byref(ctypes.c_void_p()))
             if r != 0:
                 drv.call_failed("cuIpcOpenMemHandle", r)
         except BaseException:
@@ -450,12 +458,9 @@ class _Opened:
         if self.ctx is None:
             return
         try:
-            drv.call("cuCtxPushCurrent_v2", self.ctx)
-            try:
+            with drv.pushed(self.ctx):
                 drv.f["cuCtxSynchronize"]()
                 drv.c.cuIpcCloseMemHandle(ctypes.c_uint64(self.ptr))
-            finally:
-                drv.f["cuCtxPopCurrent_v2"](ctypes.byref(ctypes.c_void_p()))
             drv.f["cuDevicePrimaryCtxRelease"](self.dev)
         except Exception:
             pass
@@ -468,8 +473,7 @@ class _Received:
 
     def __init__(self, opened, ptr, nbytes, counter, offset):
         self.opened, self.counter, self.offset = opened, counter, offset
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 2}
+        self.__cuda_array_interface__ = _bytes_at(ptr, nbytes)
 
     def __del__(self):
         try:
@@ -519,10 +523,7 @@ def _rebuild_torch_ipc(tensor_cls, tensor_size, tensor_stride, tensor_offset, st
     raw_t = torch.as_tensor(held, device=f"cuda:{storage_device}")
     t = torch.empty((0,), dtype=dtype, device=f"cuda:{storage_device}")
     t.set_(raw_t.untyped_storage(), tensor_offset, tensor_size, tensor_stride)
-    if tensor_cls is torch.nn.parameter.Parameter:
-        return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
-    t.requires_grad = requires_grad
-    return t
+    return _as_sent(t, tensor_cls, requires_grad)
 
 
 # --- Installing -----------------------------------------------------------------

@@ -304,3 +304,25 @@ def test_collect_keeps_what_queue_put_exported():
         print(kept, dropped, S._exports == {}, len(w) == 1 and "test refusal" in str(w[0].message))
     """)
     assert p.stdout.split() == ["0", "1", "True", "True"], p.stdout
+
+
+def test_driver_pushed_pops_whatever_happens():
+    """_Driver.pushed makes a context current for its block and pops it
+    after, when the block raises too (every receiver's driver call runs in
+    one)."""
+    p = run("""
+        from gpumem import _sharing as S
+        seen = []
+        drv = object.__new__(S._Driver)
+        drv.f = {"cuCtxPushCurrent_v2": lambda ctx: seen.append(("push", ctx)) or 0,
+                 "cuCtxPopCurrent_v2": lambda out: seen.append(("pop",)) or 0}
+        with drv.pushed(7):
+            seen.append(("work",))
+        try:
+            with drv.pushed(8):
+                raise KeyError("x")
+        except KeyError:
+            pass
+        print(seen)
+    """)
+    assert p.stdout.strip() == "[('push', 7), ('work',), ('pop',), ('push', 8), ('pop',)]", p.stdout
