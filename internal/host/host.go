@@ -434,6 +434,20 @@ func (h *Host) take(ordinal int, ptr uint64) (*Device, entry, error) {
 	return nil, entry{}, foreign("Free", ordinal, ptr)
 }
 
+// find returns the device and entry of the live buffer at ptr, without
+// taking it from the table.
+func (h *Host) find(op string, ordinal int, ptr uint64) (*Device, entry, error) {
+	for _, d := range h.Devices() {
+		if ordinal >= 0 && d.Ordinal != ordinal {
+			continue
+		}
+		if e, ok := d.tab.get(ptr); ok {
+			return d, e, nil
+		}
+	}
+	return nil, entry{}, foreign(op, ordinal, ptr)
+}
+
 func foreign(op string, ordinal int, ptr uint64) error {
 	where := fmt.Sprintf("on device %d", ordinal)
 	if ordinal < 0 {
@@ -447,18 +461,14 @@ func foreign(op string, ordinal int, ptr uint64) error {
 // work on stream (torch.Tensor.record_stream): its memory is reused only
 // after that work.
 func (h *Host) RecordStream(ordinal int, ptr, stream uint64) error {
-	for _, d := range h.Devices() {
-		if ordinal >= 0 && d.Ordinal != ordinal {
-			continue
-		}
-		if e, ok := d.tab.get(ptr); ok {
-			if e.direct != nil {
-				return nil // its free goes to the driver, which waits for every stream
-			}
-			return d.allocatorOf(e).RecordStream(e.buf, device.Stream(stream))
-		}
+	d, e, err := h.find("RecordStream", ordinal, ptr)
+	if err != nil {
+		return err
 	}
-	return foreign("RecordStream", ordinal, ptr)
+	if e.direct != nil {
+		return nil // its free goes to the driver, which waits for every stream
+	}
+	return d.allocatorOf(e).RecordStream(e.buf, device.Stream(stream))
 }
 
 // Trim returns every cached byte of device ordinal (-1: of every device)

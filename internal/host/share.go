@@ -29,17 +29,3 @@ func (h *Host) Unshare(ordinal int, ptr uint64) error {
 	}
 	return d.allocatorOf(e).Unshare(e.buf)
 }
-
-// find returns the device and entry of the live buffer at ptr, without
-// taking it from the table.
-func (h *Host) find(op string, ordinal int, ptr uint64) (*Device, entry, error) {
-	for _, d := range h.Devices() {
-		if ordinal >= 0 && d.Ordinal != ordinal {
-			continue
-		}
-		if e, ok := d.tab.get(ptr); ok {
-			return d, e, nil
-		}
-	}
-	return nil, entry{}, foreign(op, ordinal, ptr)
-}
