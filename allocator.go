@@ -34,18 +34,18 @@ type Allocator struct {
 	// Under Compact with no SpanSize it is where spans start, and
 	// spanGrow lets them grow with the allocator (pool.spanMost).
 	spanChunks int
-	// spanTightens: the default tightens under pressure (tight,
+	// tightens: the default tightens under pressure (tight,
 	// pressure.go); false under Compact, Gather and Defrag, and with
 	// Config.SpanSize set.
-	spanTightens bool
-	spanGrow     bool
-	compact      bool // Config.Compact, in ModeVirtual
-	defrag       bool // Config.Defrag, in ModeVirtual with a Copier, not compact
-	copier       device.Copier
-	gather       bool // Config.Gather, with a copier
-	noChurn      bool // tests only: the policy without the churn guard (churn.go)
-	check        bool // run the checker after every operation
-	checkSearch  bool // compare every findBacked answer with findFewest's (check, or tests)
+	tightens    bool
+	spanGrow    bool
+	compact     bool // Config.Compact, in ModeVirtual
+	defrag      bool // Config.Defrag, in ModeVirtual with a Copier, not compact
+	copier      device.Copier
+	gather      bool // Config.Gather, with a copier
+	noChurn     bool // tests only: the policy without the churn guard (churn.go)
+	check       bool // run the checker after every operation
+	checkSearch bool // compare every findBacked answer with findFewest's (check, or tests)
 
 	pools atomic.Pointer[poolTable] // copy on write, under mu
 	mu    sync.Mutex                // guards pool creation, closing, idle
@@ -175,7 +175,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 			// pressure.go; Gather and Defrag move memory instead, and
 			// their figures (calls at the fit) are those of the default's
 			// spans.
-			a.spanTightens = true
+			a.tightens = true
 		}
 	}
 	a.spanChunks = int(max(span/a.gran, 1))

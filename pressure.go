@@ -343,7 +343,7 @@ const tightShare = 2
 // and sizes spans as Compact does. Never under Compact, which is tight
 // all the time.
 func (a *Allocator) tight() bool {
-	return a.spanTightens && a.reserved.Load() > a.limit.Load()/tightShare
+	return a.tightens && a.reserved.Load() > a.limit.Load()/tightShare
 }
 
 // tightSpan is the most chunks a default span may have: Config.SpanSize's

@@ -366,7 +366,7 @@ func (p *pool) spanMost() int {
 			p.spanLimit *= 2
 		}
 	}
-	if a.spanTightens {
+	if a.tightens {
 		return p.tightSpan()
 	}
 	return p.spanLimit
