@@ -263,10 +263,14 @@ json.dump({"peak_reserved": st["PeakReserved"], "allocator": st}, open(sys.argv[
 			# recorded (run.py --record: both of its rounds, which the
 			# limit must hold), the trace fitted (gpumem fit --policy
 			# gpumem, its figure rounded up), then run unlimited and
-			# under a limit of that capacity, twice each, interleaved, so
-			# that the step times come from the same machine start and
-			# show their noise. FIT_POLICY=gpumem-gather fits under
-			# Config.Gather and runs at that figure with gather=true
+			# under a limit of each FACTORS (default 1) times that
+			# capacity, ROUNDS times (default 2), interleaved, so that
+			# the step times come from the same machine start and show
+			# their noise. Tags: "unlimited", "limit=L" for the factor 1
+			# (bench/train/pressure_table.py) and "limit=L xF" for the
+			# others (bench/train/steps_table.py reads them all).
+			# FIT_POLICY=gpumem-gather fits under Config.Gather and runs
+			# at that figure with gather=true
 			# (GPUMEM_CONFIG=limit=L,gather=true).
 			use_wheel_library
 			local dir=$out/pressure prog cap pol=${FIT_POLICY:-gpumem} extra=
@@ -284,13 +288,23 @@ json.dump({"peak_reserved": st["PeakReserved"], "allocator": st}, open(sys.argv[
 				cap=$(awk -v pol="$pol" '$1 == pol { print $2 $3; exit }' "$dir/$prog.fit.txt")
 				echo "$prog: fit $cap" | tee -a "$out/pressure.log" >&2
 				[ -n "$cap" ] || continue
+				local tags=(unlimited) f lim
+				for f in ${FACTORS:-1}; do
+					if [ "$f" = 1 ]; then
+						tags+=("limit=$cap$extra")
+					else
+						# The figure times f, rounded up to 0.01 of its unit.
+						lim=$(awk -v pol="$pol" -v f="$f" '$1 == pol { v = $2 * f; r = int(v * 100); if (r < v * 100) r++; printf "%.2f%s", r / 100, $3; exit }' "$dir/$prog.fit.txt")
+						tags+=("limit=$lim$extra x$f")
+					fi
+				done
 				local round tag
-				for round in 1 2; do
-					for tag in unlimited "limit=$cap$extra"; do
+				for round in $(seq "${ROUNDS:-2}"); do
+					for tag in "${tags[@]}"; do
 						# A failed run leaves an "error" line, as suite.py's
 						# do (bench/train/pressure_table.py counts them).
 						local cfg=()
-						[[ $tag == limit=* ]] && cfg=("GPUMEM_CONFIG=$tag")
+						[[ $tag == limit=* ]] && cfg=("GPUMEM_CONFIG=${tag%% *}")
 						if ! env "${cfg[@]}" python3 bench/train/run.py "$prog" gpumem \
 							--out "$out/pressure.jsonl" --tag "$tag" >"$dir/run.log" 2>&1; then
 							echo "FAIL: $prog $tag" | tee -a "$out/pressure.log" >&2

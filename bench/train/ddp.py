@@ -1,8 +1,16 @@
-"""ddp.py ALLOCATOR [--steps N] [--out FILE]: GPT-2 small trained data
-parallel under torch.distributed (NCCL), one process per GPU, under one
-allocator (native, expandable or gpumem). Launch with
+"""ddp.py ALLOCATOR [--fsdp] [--steps N] [--out FILE] [--record DIR]: a
+GPT-2 trained data parallel under torch.distributed (NCCL), one process
+per GPU, under one allocator (native, expandable or gpumem). Launch with
 
-    python3 -m torch.distributed.run --nproc_per_node 2 bench/train/ddp.py gpumem --out ddp.jsonl
+    python3 -m torch.distributed.run --nproc_per_node 4 bench/train/ddp.py gpumem --out ddp.jsonl
+
+Without --fsdp: GPT-2 small (124M parameters) under DistributedDataParallel
+(program "gpt2_ddp"). With --fsdp: a 0.76B-parameter GPT-2 (1536 wide, 24
+layers) sharded by FSDP2 (fully_shard on each block, then on the whole
+model; program "gpt_fsdp"), whose all-gathers and reduce-scatters run on
+streams of their own and hand memory to the compute stream. --record DIR
+(gpumem only) records each rank's allocations into DIR/RANK.trace.gz, for
+gpumem replay.
 
 Each rank appends one JSON line: its process's NVML peak (polled from
 another process), its allocator's peak reserved, its step times (median
@@ -30,6 +38,8 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--fsdp", action="store_true")
+    ap.add_argument("--record", metavar="DIR")
     args = ap.parse_args()
     rank, local, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     if args.allocator == "expandable":
@@ -40,6 +50,13 @@ def main():
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import gpumem.torch
         gpumem.torch.use()
+    recording = None
+    if args.record:
+        if args.allocator != "gpumem":
+            ap.error("--record needs the gpumem allocator")
+        os.makedirs(args.record, exist_ok=True)
+        recording = gpumem.torch.record(os.path.join(args.record, "%d.trace.gz" % rank))
+        recording.__enter__()
     torch.cuda.set_device(local)
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -51,10 +68,20 @@ def main():
     assert watch.stdout.readline().strip() == "ready"
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).cuda()
-    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        program = "gpt_fsdp"
+        model = GPT2LMHeadModel(GPT2Config(n_embd=1536, n_layer=24, n_head=16)).cuda()
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+    else:
+        program = "gpt2_ddp"
+        model = GPT2LMHeadModel(GPT2Config()).cuda()
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    lengths = random.Random("ddp").choices(range(64, 1025), k=args.steps)
+    lo = 256 if args.fsdp else 64
+    lengths = random.Random(program).choices(range(lo, 1025), k=args.steps)
     g = torch.Generator(device="cuda").manual_seed(rank)
     times, losses = [], []
     for n in lengths:
@@ -77,7 +104,9 @@ def main():
     nvml_peak = int(watch.stdout.readline())
     watch.wait()
     warm = max(2, args.steps // 5)
-    rec = {"program": "gpt2_ddp", "allocator": args.allocator, "tag": args.tag, "rank": rank, "world": world,
+    if recording is not None:
+        recording.__exit__(None, None, None)
+    rec = {"program": program, "allocator": args.allocator, "tag": args.tag, "rank": rank, "world": world,
            "steps": args.steps, "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": peak_reserved,
            "median_step_ms": statistics.median(times[warm:]), "step_ms": times, "losses": losses,
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
