@@ -106,12 +106,12 @@ type Allocator struct {
 
 // counters are the allocator's event counts, all atomics.
 type counters struct {
-	deviceAllocs, deviceFrees       atomic.Uint64
-	creates, releases, maps, unmaps atomic.Uint64
-	setAccess, reserves, fences     atomic.Uint64
-	handoffs, ooms, retries, trims  atomic.Uint64
-	splits, copies, copiedBytes     atomic.Uint64
-	splitNanos                      atomic.Uint64
+	deviceAllocs, deviceFrees              atomic.Uint64
+	creates, releases, maps, unmaps        atomic.Uint64
+	setAccess, reserves, fences            atomic.Uint64
+	handoffs, orders, ooms, retries, trims atomic.Uint64
+	splits, copies, copiedBytes            atomic.Uint64
+	splitNanos                             atomic.Uint64
 }
 
 // New makes an allocator over dev.

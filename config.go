@@ -127,6 +127,17 @@ type Config struct {
 	// contract as Defrag: while an Alloc runs no other thread may enqueue
 	// work on this allocator's memory. Ignored under Compact.
 	Gather bool
+	// NoStreamWaits keeps a stream from waiting on the GPU for other
+	// streams' work (pool.orderAfter): where it finds no memory ready for
+	// it while their frees are pending, it maps more instead, so what a
+	// program holds depends on how far its host runs ahead of the GPU
+	// (on FSDP's streams, up to 2.4 times the peak live bytes on the
+	// simulated device). For programs with work queued on a stream that
+	// waits for work another stream is given later (a kernel spinning on
+	// a flag, a stream memory operation), which an added wait would
+	// deadlock; CUDA's stream-ordered pools have the same hazard
+	// (cudaMemPoolReuseAllowInternalDependencies).
+	NoStreamWaits bool
 	// RecordSites captures the call stack of every allocation, so leak
 	// reports from Scope.Close and Close say where each leaked buffer was
 	// allocated. It costs an allocation per Alloc.

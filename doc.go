@@ -146,7 +146,10 @@
 //     known done, only a place over unmapped chunks. The first candidate
 //     with a place over ready chunks wins; a free block remembers the
 //     smallest request it had none for (block.nzFrom), so later searches
-//     pass it by. Give each run of missing chunks a span (back, newSpan).
+//     pass it by. If none is ready and other streams' frees are pending,
+//     order this stream after them on the GPU (orderAfter, see the stream
+//     contract) and search again. Give each run of missing chunks a span
+//     (back, newSpan).
 //  6. If the limit or the device refused (a shortage), unlock, wait for
 //     every pending free (with several pools, return every pool's cache to
 //     the device), lock and retry once (makeRoomFor in pressure.go).
@@ -182,12 +185,18 @@
 // the old stream and waited on by the new (adoptSegment). In the one virtual
 // arena every free block carries a tag (block.si, block.freed): the stream
 // that freed it and the pool's free count then. Stream s may use it at once
-// if s freed it; another stream only once an event recorded on the tag's
+// if s freed it; another stream once an event recorded on the tag's
 // stream after that free has completed (advanceEpoch records one per
 // stream and queries it on the slow path, a few times within 20 us when
 // it has just recorded it (pollEpochs), since a GPU reaches a record
-// microseconds later; no stream is ever made to wait for another's later work, a
-// prefetch copy say). Coalesced pieces of two
+// microseconds later), or once s has been ordered after that stream on the
+// GPU: where s finds no place ready for it and would map memory while
+// other streams' frees are pending, s's stream waits (cuStreamWaitEvent)
+// for events recorded on those streams now, and their free memory is s's
+// (orderAfter, streamState.after; CUDA's stream-ordered pools do the same
+// by default). So how far the host runs ahead of the GPU does not decide
+// what a program holds; the price is that s's later work waits for the
+// other streams' work enqueued so far. Coalesced pieces of two
 // streams, neither done, are tagged with no stream (mergeTags) and used by
 // either only once the other's frees in them are done. A place over
 // unmapped chunks is any stream's: spans are unmapped only after a fence

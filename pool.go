@@ -121,12 +121,17 @@ const maxStreams = 1 << 15
 // fence); those up to fenced were covered by a host wait (a fence), before
 // which no span they emptied is unmapped. epochEv is the event recorded
 // last, after the frees up to epochSeq (advanceEpoch).
+// after[j] says how far this stream's future work is ordered after stream
+// j's (orderAfter): j's frees stamped up to after[j] are behind an event
+// this stream waits for on the GPU, so their memory is this stream's too.
 // Invariants: last, safe, epochSeq <= pool.freeSeq; fenced <= safe (a
-// fence may pass a pending epoch: safe only grows).
+// fence may pass a pending epoch: safe only grows); every after[j] <=
+// pool.freeSeq.
 type streamState struct {
 	s                         device.Stream
 	live                      bool
 	last, safe, fenced        uint64
+	after                     []uint64
 	epochSeq                  uint64
 	epochEv, fenceEv          device.Event
 	haveEpochEv, epochPending bool
@@ -200,19 +205,91 @@ func (p *pool) slotOf(s device.Stream) slot {
 // for tsi >= 0 the frees of stream tsi up to freed must be done; for tsi
 // -1 (pieces freed by several streams, see mergeTags), the frees up to
 // freed of every other stream, or it has none not done.
+// A stream ordered after another's frees (orderAfter) may use them too.
 func (p *pool) tagUsable(si, tsi slot, freed uint64) bool {
 	if freed == 0 || tsi == si && si >= 0 {
 		return true
 	}
 	if tsi >= 0 {
-		return freed <= p.streams[tsi].safe
+		return freed <= p.streams[tsi].safe || freed <= p.orderedAfter(si, tsi)
 	}
 	for i := range p.streams {
-		if st := &p.streams[i]; st.live && slot(i) != si && min(freed, st.last) > st.safe {
-			return false
+		if st := &p.streams[i]; st.live && slot(i) != si {
+			if f := min(freed, st.last); f > st.safe && f > p.orderedAfter(si, slot(i)) {
+				return false
+			}
 		}
 	}
 	return true
+}
+
+// orderedAfter returns how far stream slot si's future work is ordered
+// after stream slot j's frees (streamState.after); 0 for si -1.
+func (p *pool) orderedAfter(si, j slot) uint64 {
+	if si < 0 {
+		return 0
+	}
+	if after := p.streams[si].after; int(j) < len(after) {
+		return after[j]
+	}
+	return 0
+}
+
+// pendingOthers reports whether a stream other than slot si has frees
+// whose work is neither known done nor ordered before si's.
+func (p *pool) pendingOthers(si slot) bool {
+	for j := range p.streams {
+		st := &p.streams[j]
+		if slot(j) != si && st.live && st.last > st.safe && st.last > p.orderedAfter(si, slot(j)) {
+			return true
+		}
+	}
+	return false
+}
+
+// orderAfter makes stream slot si's future work wait on the GPU for the
+// work enqueued so far on every other stream whose frees are neither
+// known done nor ordered before si's (pendingOthers): an event recorded on
+// each now, which si's stream waits for (cuStreamWaitEvent), no host
+// wait. Their free memory is then si's, in si's stream order, so that si
+// reuses it instead of mapping more while their work is pending, and how
+// far the host ran ahead of the GPU no longer decides what a program
+// holds. CUDA's own stream-ordered pools do the same by default
+// (cudaMemPoolReuseAllowInternalDependencies). The cost is on the GPU: the
+// event also covers the other streams' later work (a prefetch enqueued
+// since, say), which si then waits for; pool.allocate orders only where
+// si would otherwise map memory. Not while a stream captures (events
+// there belong to the graph) nor without events.
+func (p *pool) orderAfter(si slot) error {
+	a := p.a
+	if a.ev == nil || a.capturing() || si < 0 || a.cfg.NoStreamWaits {
+		return errCapturing
+	}
+	me := &p.streams[si]
+	for j := range p.streams {
+		st := &p.streams[j]
+		if slot(j) == si || !st.live || st.last <= st.safe || st.last <= p.orderedAfter(si, slot(j)) {
+			continue
+		}
+		e, err := p.event()
+		if err != nil {
+			return err
+		}
+		err = a.ev.Record(e, st.s)
+		if err == nil {
+			err = a.ev.StreamWait(me.s, e)
+		}
+		p.spareEvents = append(p.spareEvents, e)
+		if err != nil {
+			return err
+		}
+		for len(me.after) <= j {
+			me.after = append(me.after, 0)
+		}
+		me.after[j] = p.freeSeq
+		a.c.orders.Add(1)
+	}
+	return nil
 }
 
 // tagSettled reports whether memory tagged (tsi, freed) may be used by
@@ -328,9 +405,23 @@ func (p *pool) allocate(rounded uint64, si slot) (*block, error) {
 	// once it holds more than half its limit (tight, pressure.go);
 	// otherwise the best place is searched for among the fitting blocks
 	// over memory already mapped.
-	if b.seg.virtual && !((p.a.compact || p.a.tight()) && p.usable(b, si)) {
+	compact := p.a.compact || p.a.tight()
+	if b.seg.virtual && compact && !p.usable(b, si) && p.pendingOthers(si) {
+		_ = p.orderAfter(si) // b may be si's now (see below); if not, a search
+	}
+	if b.seg.virtual && !(compact && p.usable(b, si)) {
+		first := b
 		var ok bool
-		if b, off, _, ok = p.findBacked(h, b, rounded, si); !ok {
+		var missing int
+		if b, off, missing, ok = p.findBacked(h, first, rounded, si); missing > 0 || !ok {
+			// No place ready for si: memory other streams freed, their
+			// work pending, serves it once si waits for that work on
+			// the GPU, rather than si mapping more (orderAfter).
+			if p.pendingOthers(si) && p.orderAfter(si) == nil {
+				b, off, _, ok = p.findBacked(h, first, rounded, si)
+			}
+		}
+		if !ok {
 			// Every fitting free range is another stream's, its work not
 			// known done, with no unmapped room: more address space.
 			if err := h.grow(rounded); err != nil {

@@ -60,6 +60,7 @@ type Stats struct {
 	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
 	Fences        uint64 // host waits for a stream or the device before unmapping or freeing
 	Handoffs      uint64 // free memory handed to another stream behind an event (a plain segment, or a virtual block another stream freed, once its work is done)
+	Orders        uint64 // waits on the GPU for another stream's work, so that the memory it freed serves this stream at once instead of new memory (pool.orderAfter)
 	OOMs          uint64 // requests that failed for want of memory (quota included)
 	Retries       uint64 // allocations retried after releasing the cache
 	Trims         uint64 // Trim calls
@@ -164,7 +165,7 @@ func (a *Allocator) Stats() Stats {
 	s.DeviceAllocs, s.DeviceFrees = c.deviceAllocs.Load(), c.deviceFrees.Load()
 	s.Creates, s.Releases = c.creates.Load(), c.releases.Load()
 	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
-	s.Reserves, s.Fences, s.Handoffs = c.reserves.Load(), c.fences.Load(), c.handoffs.Load()
+	s.Reserves, s.Fences, s.Handoffs, s.Orders = c.reserves.Load(), c.fences.Load(), c.handoffs.Load(), c.orders.Load()
 	s.Splits, s.Copies, s.CopiedBytes, s.SplitNanos = c.splits.Load(), c.copies.Load(), c.copiedBytes.Load(), c.splitNanos.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s

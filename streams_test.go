@@ -10,10 +10,10 @@ import (
 
 // TestStreamsShareFreeMemory: memory one stream freed serves another
 // stream's request without a driver call once the first stream's work is
-// done, and not before; the second stream's free waits for its own work
-// before the first stream reuses the memory, and the second stream may
-// reuse it at once. The simulated device checks every hand-over against
-// the work still pending on other streams.
+// done; before that, behind a wait on the GPU for that work (an order)
+// rather than new memory; a stream reuses its own frees at once. The
+// simulated device checks every hand-over against the work still pending
+// on other streams and the waits that order it.
 func TestStreamsShareFreeMemory(t *testing.T) {
 	dev := newSim(8 << 30)
 	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
@@ -80,7 +80,8 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	}
 	mustCheck(t, a, "a lend")
 
-	// b uses y and frees it while its work is pending: a must not reuse it.
+	// b uses y and frees it while its work is pending: b itself may take
+	// it back at once, with no driver call.
 	dev.Hold(sb)
 	if err := dev.Touch(sb, y.Ptr(), n); err != nil {
 		t.Fatal(err)
@@ -88,14 +89,6 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	if err := a.Free(y); err != nil {
 		t.Fatal(err)
 	}
-	z, err := a.Alloc(n, sa)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dev.CheckHandoff(z.Ptr(), n, sa); err != nil {
-		t.Fatalf("a reuses memory b freed before b's work is done: %v", err)
-	}
-	// b itself may take it back at once, with no driver call.
 	before = a.Stats()
 	w, err := a.Alloc(n, sb)
 	if err != nil {
@@ -108,11 +101,41 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	if d := after.DeviceCalls() - before.DeviceCalls(); d != 0 {
 		t.Errorf("b's reuse of its own free made %d device calls, want 0", d)
 	}
+	if after.Orders != before.Orders {
+		t.Errorf("b's reuse of its own free waited for another stream (%d orders)", after.Orders-before.Orders)
+	}
 	mustCheck(t, a, "a relend")
+
+	// b frees it again, its work still pending: a's request is served
+	// from it behind a wait on the GPU for b's work (an order), with no
+	// driver call and no host wait, rather than growing.
+	if err := dev.Touch(sb, w.Ptr(), n); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(w); err != nil {
+		t.Fatal(err)
+	}
+	before = a.Stats()
+	z, err := a.Alloc(n, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after = a.Stats()
+	if err := dev.CheckHandoff(z.Ptr(), n, sa); err != nil {
+		t.Fatalf("a uses memory b freed, not ordered after b's work: %v", err)
+	}
+	if z.Ptr() != y.Ptr() || after.DeviceCalls() != before.DeviceCalls() || after.Reserved != before.Reserved {
+		t.Errorf("a got 0x%x with %d device calls, reserved %d -> %d; want b's pending free 0x%x, no call, no growth",
+			z.Ptr(), after.DeviceCalls()-before.DeviceCalls(), before.Reserved, after.Reserved, y.Ptr())
+	}
+	if after.Orders != before.Orders+1 || after.Fences != before.Fences {
+		t.Errorf("orders %d -> %d, fences %d -> %d: want one order on the GPU, no host wait",
+			before.Orders, after.Orders, before.Fences, after.Fences)
+	}
+	mustCheck(t, a, "an order")
 	dev.Drain(sb)
 
-	// While a's work is pending, what a freed since is not given to b: b's
-	// work would have to wait for all of a's.
+	// While a's work is pending, what a freed since serves b the same way.
 	dev.Hold(sa)
 	if err := dev.Touch(sa, z.Ptr(), n); err != nil {
 		t.Fatal(err)
@@ -120,19 +143,18 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 	if err := a.Free(z); err != nil {
 		t.Fatal(err)
 	}
-	fences := a.Stats().Fences
+	before = a.Stats()
 	v, err := a.Alloc(n, sb)
 	if err != nil {
 		t.Fatal(err)
 	}
+	after = a.Stats()
 	if err := dev.CheckHandoff(v.Ptr(), n, sb); err != nil {
 		t.Fatalf("b may use memory before a's work on it is done: %v", err)
 	}
-	if v.Ptr() < z.Ptr()+device.Ptr(n) && z.Ptr() < v.Ptr()+device.Ptr(n) {
-		t.Errorf("b got 0x%x, overlapping 0x%x that a freed while its work was pending", v.Ptr(), z.Ptr())
-	}
-	if f := a.Stats().Fences; f != fences {
-		t.Errorf("b's request waited on the host for a's work (%d fences)", f-fences)
+	if v.Ptr() != z.Ptr() || after.Orders != before.Orders+1 || after.Fences != before.Fences || after.Reserved != before.Reserved {
+		t.Errorf("b got 0x%x (a freed 0x%x), orders +%d, fences +%d, reserved %d -> %d: want a's free behind one order, no host wait, no growth",
+			v.Ptr(), z.Ptr(), after.Orders-before.Orders, after.Fences-before.Fences, before.Reserved, after.Reserved)
 	}
 	dev.Drain(sa)
 
@@ -172,7 +194,7 @@ func TestStreamsShareFreeMemory(t *testing.T) {
 		t.Errorf("a busy with other work did not lend memory whose use was done (got 0x%x, a freed 0x%x and 0x%x)", r.Ptr(), us[0].Ptr(), us[2].Ptr())
 	}
 	dev.Drain(sa)
-	for _, buf := range []gpumem.Buffer{w, v, keep, first, us[1], r} {
+	for _, buf := range []gpumem.Buffer{v, keep, first, us[1], r} {
 		if err := a.Free(buf); err != nil {
 			t.Fatal(err)
 		}
@@ -275,14 +297,14 @@ func TestStreamsShareOneArena(t *testing.T) {
 // TestStreamsPollJustRecordedEpoch: on a GPU an event recorded on an idle
 // stream is not done at the query right after the record
 // (sim.Config.QueryLag models it). Memory stream a freed, its work long
-// done, must still serve stream b's request: the allocator polls the
-// event it has just recorded a little rather than grow at once. Past the
-// bound of that polling (a stream that stays busy) b gets new memory, as
-// before.
+// done, must serve stream b's request as done: the allocator polls the
+// event it has just recorded a little first. Past the bound of that
+// polling (a stream that stays busy) b waits for a's work on the GPU (an
+// order) and takes the memory all the same: the pool never grows.
 func TestStreamsPollJustRecordedEpoch(t *testing.T) {
 	for _, c := range []struct {
-		lag  int
-		grow bool
+		lag   int
+		order bool
 	}{{0, false}, {4, false}, {1000, true}} {
 		dev := sim.MustNew(sim.Config{Capacity: 8 << 30, QueryLag: c.lag})
 		a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
@@ -302,15 +324,21 @@ func TestStreamsPollJustRecordedEpoch(t *testing.T) {
 		if err := a.Free(x); err != nil {
 			t.Fatal(err)
 		}
-		before := a.Stats().Reserved
+		before := a.Stats()
 		y, err := a.Alloc(96*miB, sb)
 		if err != nil {
 			t.Fatal(err)
 		}
-		grew := a.Stats().Reserved > before
-		if grew != c.grow {
-			t.Errorf("query lag %d: stream b's request grew the pool: %v, want %v (reserved %d -> %d)",
-				c.lag, grew, c.grow, before, a.Stats().Reserved)
+		after := a.Stats()
+		if after.Reserved != before.Reserved || y.Ptr() != x.Ptr() {
+			t.Errorf("query lag %d: stream b got 0x%x, reserved %d -> %d; want a's free 0x%x, no growth",
+				c.lag, y.Ptr(), before.Reserved, after.Reserved, x.Ptr())
+		}
+		if ordered := after.Orders > before.Orders; ordered != c.order {
+			t.Errorf("query lag %d: stream b waited on the GPU for a's work: %v, want %v", c.lag, ordered, c.order)
+		}
+		if err := dev.CheckHandoff(y.Ptr(), 96*miB, sb); err != nil {
+			t.Fatal(err)
 		}
 		for _, b := range []gpumem.Buffer{keep, y} {
 			if err := a.Free(b); err != nil {
@@ -371,4 +399,50 @@ func TestStreamsMoveOnlyTheirOwnEmptySpans(t *testing.T) {
 		mustCheck(t, a, "after the request")
 		dev.Drain(sa)
 	}
+}
+
+// TestStreamsNoStreamWaits: under Config.NoStreamWaits a stream never waits
+// on the GPU for another's work: memory another stream freed, its work
+// pending, is not handed over, and the request maps new memory instead.
+func TestStreamsNoStreamWaits(t *testing.T) {
+	dev := newSim(8 << 30)
+	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual, NoStreamWaits: true})
+	sa, _ := dev.NewStream()
+	sb, _ := dev.NewStream()
+	const n = 96 * miB
+	keep, err := a.Alloc(64*miB, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := a.Alloc(n, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev.Hold(sa)
+	if err := dev.Touch(sa, x.Ptr(), n); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats()
+	y, err := a.Alloc(n, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := a.Stats()
+	if err := dev.CheckHandoff(y.Ptr(), n, sb); err != nil {
+		t.Fatal(err)
+	}
+	if y.Ptr() < x.Ptr()+device.Ptr(n) && x.Ptr() < y.Ptr()+device.Ptr(n) || after.Orders != before.Orders || after.Reserved <= before.Reserved {
+		t.Errorf("b got 0x%x (a freed 0x%x, pending), orders +%d, reserved %d -> %d; want new memory, no order",
+			y.Ptr(), x.Ptr(), after.Orders-before.Orders, before.Reserved, after.Reserved)
+	}
+	dev.Drain(sa)
+	for _, b := range []gpumem.Buffer{keep, y} {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCheck(t, a, "the frees")
 }

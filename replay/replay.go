@@ -71,6 +71,11 @@ type Result struct {
 	Creates           uint64  `json:"creates"`
 	Releases          uint64  `json:"releases"`
 	Fences            uint64  `json:"fences"`
+	// Handoffs and Orders: free memory handed to another stream once its
+	// work was known done, and waits on the GPU for another stream's work
+	// so that its frees serve a request (gpumem.Stats).
+	Handoffs uint64 `json:"handoffs,omitempty"`
+	Orders   uint64 `json:"orders,omitempty"`
 	// Splits, Copies and CopiedBytes: sparse spans whose live chunks
 	// moved, the runs of live chunks copied (each a new handle) and their
 	// bytes (gpumem.Config.Defrag; else 0).
@@ -285,6 +290,8 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		Creates:           st.Creates - before.Creates,
 		Releases:          st.Releases - before.Releases,
 		Fences:            st.Fences - before.Fences,
+		Handoffs:          st.Handoffs - before.Handoffs,
+		Orders:            st.Orders - before.Orders,
 		Splits:            st.Splits - before.Splits,
 		Copies:            st.Copies - before.Copies,
 		SplitNs:           st.SplitNanos - before.SplitNanos,

@@ -43,6 +43,10 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	gather             true or false: before an out-of-memory, move live
 //	                   chunks out of sparse spans until the request fits
 //	                   (gpumem.Config.Gather); the same proviso
+//	stream_waits       true (default) or false: a stream that would map
+//	                   more while other streams' frees are pending waits
+//	                   for their work on the GPU and reuses the memory
+//	                   (false: gpumem.Config.NoStreamWaits)
 //	record_sites       true or false: allocation call stacks in leak reports
 //	check              true or false: run the invariant checker after every
 //	                   operation (slow)
@@ -157,6 +161,10 @@ func (c *Config) set(key, val string) error {
 		c.Alloc.Defrag, err = strconv.ParseBool(val)
 	case "gather":
 		c.Alloc.Gather, err = strconv.ParseBool(val)
+	case "stream_waits":
+		var on bool
+		on, err = strconv.ParseBool(val)
+		c.Alloc.NoStreamWaits = !on
 	case "record_sites":
 		c.Alloc.RecordSites, err = strconv.ParseBool(val)
 	case "check":
@@ -167,7 +175,7 @@ func (c *Config) set(key, val string) error {
 		}
 		c.Serve = val
 	default:
-		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, defrag, gather, record_sites, check or serve)")
+		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, defrag, gather, stream_waits, record_sites, check or serve)")
 	}
 	return err
 }

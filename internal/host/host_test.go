@@ -38,6 +38,11 @@ func TestParseConfig(t *testing.T) {
 		!a.RecordSites || a.ReleaseThreshold != giB || a.Preallocate != 2*giB || !a.Compact || c.Sim {
 		t.Errorf("parsed %+v", c)
 	}
+	for in, no := range map[string]bool{"stream_waits=false": true, "stream_waits=true": false} {
+		if c, err := ParseConfig(in); err != nil || c.Alloc.NoStreamWaits != no {
+			t.Errorf("%s: NoStreamWaits %v, %v; want %v", in, c.Alloc.NoStreamWaits, err, no)
+		}
+	}
 	c, err = ParseConfig("device=sim,capacity=24GiB,limit=50%")
 	if err != nil || !c.Sim || c.SimCapacity != 24*giB || c.limitFor(24*giB) != 12*giB {
 		t.Errorf("device=sim,capacity=24GiB,limit=50%%: %+v, %v", c, err)
