@@ -50,14 +50,14 @@ def main():
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import gpumem.torch
         gpumem.torch.use()
+    torch.cuda.set_device(local)
     recording = None
-    if args.record:
+    if args.record:  # of this rank's device, set above
         if args.allocator != "gpumem":
             ap.error("--record needs the gpumem allocator")
         os.makedirs(args.record, exist_ok=True)
-        recording = gpumem.torch.record(os.path.join(args.record, "%d.trace.gz" % rank))
+        recording = gpumem.torch.record(os.path.join(args.record, "%d.trace.gz" % rank), device=local)
         recording.__enter__()
-    torch.cuda.set_device(local)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
