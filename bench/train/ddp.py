@@ -110,6 +110,9 @@ def main():
            "steps": args.steps, "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": peak_reserved,
            "median_step_ms": statistics.median(times[warm:]), "step_ms": times, "losses": losses,
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.allocator == "gpumem":
+        import json
+        rec["gpumem_stats"] = json.loads(gpumem.library().stats_json(local))
     dist.barrier()
     dist.destroy_process_group()
     emit(rec, args.out)
