@@ -253,3 +253,58 @@ func TestCompactFrontierBet(t *testing.T) {
 		t.Error("default past 256 MiB: no frontier span mapped ahead of its block; want the bet there")
 	}
 }
+
+// TestDormantOneStreamDefersTheFence: with one stream, a moved span's
+// mapping turns dormant without a host wait (stream order covers the
+// stream's later work on the handle), and the fence is taken before that
+// mapping is unmapped. Random requests on one held stream, every buffer
+// written by pending work: the simulated device fails any unmap of memory
+// that work still uses. Under Compact and in the default while tight.
+func TestDormantOneStreamDefersTheFence(t *testing.T) {
+	for name, cfg := range map[string]gpumem.Config{
+		"compact": {Mode: gpumem.ModeVirtual, Compact: true, Limit: 96 * miB, CheckInvariants: true},
+		"tight":   {Mode: gpumem.ModeVirtual, Limit: 96 * miB, CheckInvariants: true}, // tight past 48 MiB
+	} {
+		dev := sim.MustNew(sim.Config{Capacity: 256 * miB})
+		a := newAlloc(t, dev, cfg)
+		var s device.Stream // the default stream, the allocator's only one
+		rng := rand.New(rand.NewPCG(7, uint64(len(name))))
+		var live []gpumem.Buffer
+		dev.Hold(s)
+		for i := 0; i < 4000; i++ {
+			if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 40) {
+				k := rng.IntN(len(live))
+				if err := a.Free(live[k]); err != nil {
+					t.Fatal(err)
+				}
+				live[k] = live[len(live)-1]
+				live = live[:len(live)-1]
+				continue
+			}
+			n := uint64(1+rng.IntN(12)) * miB / 2
+			b, err := a.Alloc(n, s)
+			if errors.Is(err, gpumem.ErrOutOfMemory) {
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s, request %d: %v", name, i, err)
+			}
+			if err := dev.Touch(s, b.Ptr(), n); err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, b)
+		}
+		dev.Drain(s)
+		st := a.Stats()
+		if st.Revived == 0 && st.DormantMappings == 0 {
+			t.Errorf("%s: no mapping turned dormant: the test does not reach the deferred fence", name)
+		}
+		t.Logf("%s: %d unmaps, %d fences, %d revived", name, st.Unmaps, st.Fences, st.Revived)
+		for _, b := range live {
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mustCheck(t, a, "the frees")
+	}
+}

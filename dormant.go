@@ -4,8 +4,8 @@ package gpumem
 
 import "github.com/gpumem/gpumem/device"
 
-// Dormant mappings (Config.Compact only): a moved span leaves its old
-// mapping behind.
+// Dormant mappings (Config.Compact, and the default while tight, see
+// pressure.go): a moved span leaves its old mapping behind.
 //
 // Moving an empty span (newSpan's remap) unmaps its handle where it was,
 // then maps it and grants access where it goes: three driver calls, about
@@ -38,11 +38,17 @@ import "github.com/gpumem/gpumem/device"
 // the default placement, which prefers mapped memory, later passes do not
 // repeat their moves (3-14 revivals in 86-143 moves a pass on
 // ckpt_grad_accum, docs/EXPERIMENTS.md, "Later passes: dormant mappings"),
-// so the default unmaps at once and keeps no dormant mapping.
+// so the default unmaps at once and keeps no dormant mapping, until it
+// tightens: it then places as Compact does, and keeps them too (on the 40
+// traces at their fit figure, 28% fewer driver calls and 40% fewer fences;
+// docs/BENCHMARKS.md, "Dormant mappings while tight").
 //
 // Why it is safe: a mapping turns dormant only after the fence its unmap
 // would have needed (unmapSpan's rule: the streams that freed into the span
-// have finished), and no block lies over a dormant chunk (it is not ready,
+// have finished), or, in a pool that serves one stream, without it: that
+// stream's later work on the handle, wherever it is mapped, is ordered
+// after its earlier work, and the fence is taken before the dormant
+// mapping is unmapped (dormant.seq). No block lies over a dormant chunk (it is not ready,
 // so neither a cache hit nor a search places anything there without first
 // giving it a span). Nothing reads or writes through a dormant mapping
 // until it is revived; then its chunks are the span's again, as if mapped
@@ -65,6 +71,7 @@ type dormant struct {
 	next   int32 // the next older mapping of the handle, or the free list; -1 for none
 	access bool  // granted: revived, it is ready at once
 	inUse  bool
+	seq    uint64 // the span's empty stamp (span.seq) when it turned dormant: unmapped only once fenced past it
 }
 
 // maxDormant bounds the dormant mappings one handle keeps. A later pass
@@ -90,7 +97,7 @@ func (p *pool) newDormant() int32 {
 func (p *pool) retire(i int32) {
 	s := &p.spans[i]
 	k := p.newDormant()
-	p.dormants[k] = dormant{seg: s.seg, c0: s.c0, n: s.n, owner: i, next: p.chains[i] - 1, access: s.access, inUse: true}
+	p.dormants[k] = dormant{seg: s.seg, c0: s.c0, n: s.n, owner: i, next: p.chains[i] - 1, access: s.access, inUse: true, seq: s.seq}
 	p.chains[i] = k + 1
 	for j := s.c0; j < s.c0+s.n; j++ {
 		c := &s.seg.chunks[j]
@@ -180,6 +187,13 @@ func (p *pool) unlink(k, prev int32) {
 // refuses, it stays as it was.
 func (p *pool) unlinkAndUnmap(k, prev int32) error {
 	d := &p.dormants[k]
+	if d.seq > p.fencedSeq {
+		// Turned dormant without a fence (moveSpan, one stream): its
+		// work may still read it.
+		if err := p.fence(); err != nil {
+			return err
+		}
+	}
 	if err := p.a.vm.Unmap(device.Ptr(d.seg.chunkAddr(int(d.c0), p.a.gran)), uint64(d.n)*p.a.gran); err != nil {
 		return err
 	}

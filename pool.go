@@ -998,7 +998,7 @@ func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)
 		seg.ready = newReadyMap(int(n))
-		if p.a.compact {
+		if p.a.compact || p.a.tightens {
 			seg.dormant = make([]int32, n)
 		}
 		for i := range seg.chunks {

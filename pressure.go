@@ -340,11 +340,16 @@ const tightShare = 2
 
 // tight reports whether the default allocator holds more than
 // 1/tightShare of its limit (Config.Limit, or the device): it then places
-// and sizes spans as Compact does. Never under Compact, which is tight
+// and sizes spans as Compact does, and a moved span leaves its mapping
+// dormant (dormancy). Never under Compact, which is tight
 // all the time.
 func (a *Allocator) tight() bool {
 	return a.tightens && a.reserved.Load() > a.limit.Load()/tightShare
 }
+
+// dormancy reports whether a moved span leaves its old mapping dormant
+// (dormant.go): under Compact, and in the default while tight.
+func (a *Allocator) dormancy() bool { return a.compact || a.tight() }
 
 // tightSpan is the most chunks a default span may have: Config.SpanSize's
 // default, at most 1/compactSpanShare of the limit, at most

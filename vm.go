@@ -440,7 +440,7 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int, asker slot) error {
 	a := p.a
 	k := int32(r1 - r0)
 	size := uint64(k) * a.gran
-	if a.compact {
+	if a.dormancy() {
 		if i := p.revivableAt(seg, r0, k, asker); i >= 0 {
 			return p.moveSpan(i, p, seg, r0, c1)
 		}
@@ -647,7 +647,7 @@ func (p *pool) emptyOfSize(k int32, asker slot) int32 {
 // failure the span is back where it was, empty. (If the mapping fails
 // after an unmap, the handle is released.)
 func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
-	if q != p || !p.a.compact {
+	if q != p || !p.a.dormancy() {
 		s := q.spans[i]
 		if err := q.dropDormant(i); err != nil {
 			return err
@@ -659,8 +659,13 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 	}
 	a := p.a
 	s := &p.spans[i]
-	if err := p.fenceEmptied(i); err != nil {
-		return err
+	if p.live > 1 || a.capturing() {
+		// Another stream's work may be on the memory: it must be done
+		// before this stream's. With one stream, stream order suffices:
+		// its mapping here turns dormant and is not unmapped yet.
+		if err := p.fenceEmptied(i); err != nil {
+			return err
+		}
 	}
 	n := int(s.n)
 	d := p.revivable(i, seg, r0)
