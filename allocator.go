@@ -66,7 +66,11 @@ type Allocator struct {
 	// allocated and active are the pools' gauges as last flushed (see
 	// pool.flush): exact with one stream, within flushBytes per stream with
 	// several; Stats sums the pools' exact gauges.
-	reserved, peakReserved    atomic.Uint64
+	reserved, peakReserved atomic.Uint64
+	// segments counts the heaps' segments (plain segments and virtual
+	// arenas) of every pool, peakSegments its most since ResetPeaks
+	// (Stats.PeakSegments).
+	segments, peakSegments    atomic.Int64
 	allocated, active         atomic.Int64
 	peakAllocated, peakActive atomic.Uint64
 	// counters of device work; see Stats.
@@ -270,6 +274,7 @@ func (p *pool) hand(b *block, size uint64, si slot, sc *Scope) Buffer {
 	b.gen++
 	p.nallocs++
 	b.id = p.nallocs
+	p.peakLive = max(p.peakLive, p.nallocs-p.nfrees)
 	p.noteAlloc(b.size, size)
 	if a.cfg.RecordSites {
 		x := b.extra()

@@ -90,6 +90,7 @@ type pool struct {
 	sites map[string]*SiteTotal
 
 	nallocs, nfrees uint64
+	peakLive        uint64 // the most of nallocs-nfrees since ResetPeaks
 	// gauges: exact for this pool; see noteAlloc.
 	allocated, active         uint64
 	peakAllocated, peakActive uint64
@@ -1010,13 +1011,25 @@ func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 	seg.first = b
 	h.segs = append(h.segs, seg)
 	h.free.insert(b)
+	maxTo64(&p.a.peakSegments, p.a.segments.Add(1))
 	return seg
+}
+
+// maxTo64 raises *v to x if x is larger.
+func maxTo64(v *atomic.Int64, x int64) {
+	for {
+		old := v.Load()
+		if x <= old || v.CompareAndSwap(old, x) {
+			return
+		}
+	}
 }
 
 func (h *heap) removeSegment(seg *segment) {
 	for i, s := range h.segs {
 		if s == seg {
 			h.segs = append(h.segs[:i], h.segs[i+1:]...)
+			h.pool.a.segments.Add(-1)
 			return
 		}
 	}

@@ -37,9 +37,11 @@ type Stats struct {
 	SpareBytes      uint64 // bytes of handles the driver refused to release, or to unmap from a split's scratch range (retried by Trim)
 	AddressSpace    uint64 // bytes of virtual address space reserved
 	LiveBuffers     uint64
-	Segments        int // plain segments and virtual arenas
-	PendingFrees    int // freed buffers waiting for other streams' events
-	Streams         int // streams the allocator serves
+	PeakLiveBuffers uint64 // the most live buffers since ResetPeaks: exact with one pool, else at least each pool's most (as PeakAllocated)
+	Segments        int    // plain segments and virtual arenas
+	PeakSegments    int    // the most segments since ResetPeaks
+	PendingFrees    int    // freed buffers waiting for other streams' events
+	Streams         int    // streams the allocator serves
 	// LargestFree is the largest request that would be served now with no
 	// device call.
 	LargestFree uint64
@@ -97,6 +99,7 @@ func (a *Allocator) Stats() Stats {
 		s.PeakActive = max(s.PeakActive, p.peakActive)
 		s.Allocs += p.nallocs
 		s.Frees += p.nfrees
+		s.PeakLiveBuffers = max(s.PeakLiveBuffers, p.peakLive)
 		s.AllocBytes += p.allocBytes
 		s.FreeBytes += p.freeBytes
 		s.AllocRequested += p.allocReq
@@ -154,6 +157,8 @@ func (a *Allocator) Stats() Stats {
 		s.Cached = s.Reserved - s.Active
 	}
 	s.LiveBuffers = s.Allocs - s.Frees
+	s.PeakLiveBuffers = max(s.PeakLiveBuffers, s.LiveBuffers)
+	s.PeakSegments = max(int(a.peakSegments.Load()), s.Segments)
 	s.LargestFree = largest
 	if s.LargestFree > s.Cached {
 		s.LargestFree = s.Cached
@@ -224,6 +229,7 @@ func (a *Allocator) ResetPeaks() {
 		p.mu.Lock()
 		p.flush()
 		p.peakAllocated, p.peakActive = p.allocated, p.active
+		p.peakLive = p.nallocs - p.nfrees
 		allocated += int64(p.allocated)
 		active += int64(p.active)
 		p.mu.Unlock()
@@ -231,6 +237,7 @@ func (a *Allocator) ResetPeaks() {
 	a.peakAllocated.Store(uint64(max(allocated, 0)))
 	a.peakActive.Store(uint64(max(active, 0)))
 	a.peakReserved.Store(a.reserved.Load())
+	a.peakSegments.Store(a.segments.Load())
 	if a.root == a {
 		a.familyPeak.Store(a.family.Load())
 	}

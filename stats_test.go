@@ -131,3 +131,40 @@ func TestResetPeaks(t *testing.T) {
 	_ = a.Free(small)
 	mustCheck(t, a, "ResetPeaks")
 }
+
+// TestStatsPeakCounts: PeakLiveBuffers and PeakSegments hold the most
+// buffers and segments seen since the last ResetPeaks, which brings them
+// down to what is there now (PyTorch's allocation.all.peak and
+// segment.all.peak).
+func TestStatsPeakCounts(t *testing.T) {
+	a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModePlain})
+	var bufs []gpumem.Buffer
+	for i := 0; i < 3; i++ {
+		b, err := a.Alloc(24*miB, 0) // a plain segment each
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs = append(bufs, b)
+	}
+	for _, b := range bufs[1:] {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	st := a.Stats()
+	if st.LiveBuffers != 1 || st.PeakLiveBuffers != 3 || st.PeakSegments < 3 || st.Segments >= st.PeakSegments {
+		t.Errorf("live %d (peak %d), segments %d (peak %d): want 1 (3) and fewer than at the peak of at least 3",
+			st.LiveBuffers, st.PeakLiveBuffers, st.Segments, st.PeakSegments)
+	}
+	a.ResetPeaks()
+	st = a.Stats()
+	if st.PeakLiveBuffers != 1 || st.PeakSegments != st.Segments {
+		t.Errorf("after ResetPeaks: peak live %d, peak segments %d; want 1 and the %d there now", st.PeakLiveBuffers, st.PeakSegments, st.Segments)
+	}
+	if err := a.Free(bufs[0]); err != nil {
+		t.Fatal(err)
+	}
+}

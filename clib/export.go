@@ -393,7 +393,9 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		alloc_requested: C.uint64_t(s.AllocRequested), free_requested: C.uint64_t(s.FreeRequested),
 		segments: C.uint64_t(s.Segments), retries: C.uint64_t(s.Retries),
 		device_allocs: C.uint64_t(s.DeviceAllocs), device_frees: C.uint64_t(s.DeviceFrees),
-		pool_reserved: C.uint64_t(h.PoolReserved(int(device))),
+		pool_reserved:     C.uint64_t(h.PoolReserved(int(device))),
+		peak_live_buffers: C.uint64_t(s.PeakLiveBuffers), peak_segments: C.uint64_t(s.PeakSegments),
+		fences: C.uint64_t(s.Fences),
 	}
 	return 0
 }

@@ -168,6 +168,10 @@ typedef struct gpumem_stats {
 	uint64_t alloc_bytes, free_bytes, alloc_requested, free_requested;
 	uint64_t segments, retries, device_allocs, device_frees;
 	uint64_t pool_reserved;
+	/* The most live buffers and segments since gpumem_reset_peaks; host
+	 * waits for streams' work (fences: before memory is unmapped or
+	 * released). */
+	uint64_t peak_live_buffers, peak_segments, fences;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------

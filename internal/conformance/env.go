@@ -351,6 +351,9 @@ func statsIdentities(st gpumem.Stats) error {
 		bad("a peak is below its gauge: allocated %d/%d active %d/%d reserved %d/%d",
 			st.Allocated, st.PeakAllocated, st.Active, st.PeakActive, st.Reserved, st.PeakReserved)
 	}
+	if st.PeakLiveBuffers < st.LiveBuffers || st.PeakSegments < st.Segments {
+		bad("want LiveBuffers %d <= PeakLiveBuffers %d, Segments %d <= PeakSegments %d", st.LiveBuffers, st.PeakLiveBuffers, st.Segments, st.PeakSegments)
+	}
 	if st.PeakAllocated > st.PeakActive || st.PeakActive > st.PeakReserved {
 		bad("want PeakAllocated %d <= PeakActive %d <= PeakReserved %d", st.PeakAllocated, st.PeakActive, st.PeakReserved)
 	}

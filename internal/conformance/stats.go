@@ -22,7 +22,8 @@ func testStatsIdentities(t *testing.T, s *suite) {
 	sizes := []uint64{1, 512, 3000, 64 * kiB, 900 * kiB, 2 * miB, 5*miB + 3, 21 * miB}
 	var bufs []gpumem.Buffer
 	prev := e.stats()
-	var maxAlloc, maxActive, maxReserved uint64
+	var maxAlloc, maxActive, maxReserved, maxLive uint64
+	var maxSegs int
 	for i := 0; i < 300; i++ {
 		switch r := rng.IntN(10); {
 		case r < 5 || len(bufs) == 0:
@@ -44,6 +45,12 @@ func testStatsIdentities(t *testing.T, s *suite) {
 		}
 		st := e.stats()
 		maxAlloc, maxActive, maxReserved = max(maxAlloc, st.Allocated), max(maxActive, st.Active), max(maxReserved, st.Reserved)
+		maxLive, maxSegs = max(maxLive, st.LiveBuffers), max(maxSegs, st.Segments)
+		// PeakSegments is exact; PeakLiveBuffers with one pool (one
+		// stream, or ModeVirtual's one arena), else each pool's most.
+		if st.PeakSegments < maxSegs || (st.Streams <= 1 || st.PlainBytes == 0) && st.PeakLiveBuffers < maxLive {
+			t.Fatalf("step %d: peak segments %d, peak live buffers %d below what was seen: %d, %d", i, st.PeakSegments, st.PeakLiveBuffers, maxSegs, maxLive)
+		}
 		// PeakAllocated and PeakActive are exact with one stream; with
 		// several they may miss a momentary high by up to 4 MiB per stream
 		// (see Stats). PeakReserved is exact.
@@ -72,7 +79,7 @@ var counters = []string{"Allocs", "Frees", "AllocBytes", "FreeBytes", "AllocRequ
 
 // gauges lists the gauge fields of Stats, checked by statsIdentities.
 var gauges = []string{"Allocated", "PeakAllocated", "Active", "PeakActive", "Reserved", "PeakReserved", "Cached", "Releasable",
-	"PlainBytes", "MappedBytes", "SpareBytes", "AddressSpace", "LiveBuffers", "Segments", "PendingFrees", "Streams",
+	"PlainBytes", "MappedBytes", "SpareBytes", "AddressSpace", "LiveBuffers", "PeakLiveBuffers", "Segments", "PeakSegments", "PendingFrees", "Streams",
 	"LargestFree", "Fragmentation", "DormantMappings"}
 
 func countersGrew(before, after gpumem.Stats) string {

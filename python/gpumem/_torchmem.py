@@ -183,11 +183,25 @@ def memory_stats(s, base=None):
     stat("requested_bytes", s.allocated, s.peak_allocated, s.alloc_requested, s.free_requested)
     stat("reserved_bytes", s.reserved, s.peak_reserved)
     stat("inactive_split_bytes", s.cached - min(s.releasable, s.cached))
-    stat("allocation", s.live_buffers, None, s.allocs, s.frees)
-    stat("active", s.live_buffers, None, s.allocs, s.frees)
-    stat("segment", s.segments, None, s.device_allocs, s.device_frees)
+    # Counts: a live buffer is one block, active and allocated alike. An
+    # older library reports no peak counts (0): then the key is left out
+    # rather than a wrong 0.
+    peak_live = s.peak_live_buffers or None
+    stat("allocation", s.live_buffers, peak_live, s.allocs, s.frees)
+    stat("active", s.live_buffers, peak_live, s.allocs, s.frees)
+    stat("segment", s.segments, s.peak_segments or None, s.device_allocs, s.device_frees)
+    # PyTorch's oversize allocations and segments are those above its
+    # max_split_size, which gpumem has no counterpart of: none, and the
+    # setting unset (PyTorch's SIZE_MAX, reported as -1).
+    for name in ("oversize_allocations", "oversize_segments"):
+        for key in ("current", "peak", "allocated", "freed"):
+            out[f"{name}.{key}"] = 0
+    out["max_split_size"] = -1
     out["num_alloc_retries"] = s.retries
     out["num_ooms"] = s.ooms
+    # PyTorch synchronizes every stream before it frees cached segments;
+    # gpumem's host waits are its fences (before an unmap or a release).
+    out["num_sync_all_streams"] = s.fences
     out["num_device_alloc"] = s.device_allocs
     out["num_device_free"] = s.device_frees
     # gpumem's own.

@@ -19,7 +19,8 @@ class _Stats:
         for k in ("allocated", "peak_allocated", "active", "peak_active", "reserved", "peak_reserved",
                   "cached", "releasable", "live_buffers", "allocs", "frees", "device_calls", "ooms", "trims",
                   "limit", "alloc_bytes", "free_bytes", "alloc_requested", "free_requested", "segments",
-                  "retries", "device_allocs", "device_frees", "pool_reserved"):
+                  "retries", "device_allocs", "device_frees", "pool_reserved",
+                  "peak_live_buffers", "peak_segments", "fences"):
             setattr(self, k, kw.get(k, 0))
         self.fragmentation = kw.get("fragmentation", 0.0)
 
@@ -1040,3 +1041,44 @@ def test_snapshot_augmented_with_fx_traces(monkeypatch, tmp_path):
         assert str(e).startswith("gpumem:"), e
     else:
         raise AssertionError("augmented without PyTorch's pass")
+
+
+# torch.cuda.memory_stats()'s keys as PyTorch 2.11's caching allocator
+# names them (c10/cuda/CUDACachingAllocator.h, DeviceStats;
+# torch/cuda/memory.py, memory_stats).
+def _pytorch_keys():
+    keys = set()
+    for name in ("allocated_bytes", "active_bytes", "inactive_split_bytes", "reserved_bytes", "requested_bytes",
+                 "allocation", "active", "inactive_split", "segment"):
+        for pool in ("all", "large_pool", "small_pool"):
+            for fig in ("current", "peak", "allocated", "freed"):
+                keys.add(f"{name}.{pool}.{fig}")
+    for name in ("oversize_allocations", "oversize_segments"):
+        for fig in ("current", "peak", "allocated", "freed"):
+            keys.add(f"{name}.{fig}")
+    keys.update(("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free",
+                 "max_split_size"))
+    return keys
+
+
+def test_memory_stats_has_pytorchs_keys_but_what_gpumem_keeps_no_figure_for():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
+    from gpumem import _torchmem
+    s = _Stats(live_buffers=3, peak_live_buffers=7, allocs=10, frees=7, segments=2, peak_segments=4, fences=5)
+    st = _torchmem.memory_stats(s)
+    assert st["allocation.all.peak"] == 7 and st["active.large_pool.peak"] == 7 and st["allocation.small_pool.peak"] == 0
+    assert st["segment.all.peak"] == 4 and st["num_sync_all_streams"] == 5
+    assert st["oversize_allocations.current"] == 0 and st["oversize_segments.peak"] == 0 and st["max_split_size"] == -1
+    missing = _pytorch_keys() - set(st)
+    # No figure kept: inactive split blocks (count and the peaks and totals
+    # of their bytes), and the bytes reserved and released over time.
+    want = {f"inactive_split.{p}.{f}" for p in ("all", "large_pool", "small_pool")
+            for f in ("current", "peak", "allocated", "freed")}
+    want |= {f"inactive_split_bytes.{p}.{f}" for p in ("all", "large_pool", "small_pool")
+             for f in ("peak", "allocated", "freed")}
+    want |= {f"reserved_bytes.{p}.{f}" for p in ("all", "large_pool", "small_pool") for f in ("allocated", "freed")}
+    assert missing == want, sorted(missing ^ want)
+    # An older library reports no peak counts: the keys are left out, not 0.
+    old = _torchmem.memory_stats(_Stats(live_buffers=3, segments=2))
+    assert "allocation.all.peak" not in old and "segment.all.peak" not in old
