@@ -14,8 +14,17 @@ import (
 	"github.com/gpumem/gpumem/internal/host"
 )
 
-const runAbout = `Run runs COMMAND with gpumem as its GPU memory allocator: a TensorFlow or
-JAX program, unchanged. It preloads gpumem's shim (libgpumem_preload.so),
+const runAbout = `Run runs COMMAND with gpumem as its GPU memory allocator: a PyTorch,
+CuPy, TensorFlow or JAX program, unchanged.
+
+PyTorch and CuPy: where the library is the Python package's (a wheel, or a
+checkout's python/gpumem or build/), PYTHONPATH gains the package's hook
+(gpumem/_autoload), which makes gpumem the framework's allocator as soon as
+the program imports torch or cupy (gpumem.torch.use(), gpumem.cupy.use(),
+with this command's configuration). GPUMEM_AUTOLOAD names the frameworks
+(default torch,cupy; empty: none).
+
+TensorFlow and JAX: it preloads gpumem's shim (libgpumem_preload.so),
 which takes the framework's stream-ordered allocations, frees, memory pools
 and cuMemGetInfo to gpumem (libgpumem.so), and sets the frameworks to that
 mode with preallocation off:
@@ -159,11 +168,25 @@ func (e *env) run(args []string) int {
 	if old := os.Getenv("LD_PRELOAD"); old != "" {
 		preload += ":" + old
 	}
-	envv := setEnv(withXLAFlags(os.Environ(), *cmdBufs), append([]string{
+	set := append([]string{
 		"LD_PRELOAD=" + preload,
 		"GPUMEM_LIBRARY=" + lib,
 		"GPUMEM_CONFIG=" + cfg,
-	}, frameworkEnv...))
+	}, frameworkEnv...)
+	if dir := autoloadDir(lib); dir != "" {
+		// PyTorch and CuPy: the Python package's hook, run at
+		// interpreter start, makes gpumem their allocator when the
+		// program imports them (python/gpumem/_autoload).
+		pp := dir
+		if old := os.Getenv("PYTHONPATH"); old != "" {
+			pp += string(os.PathListSeparator) + old
+		}
+		set = append(set, "PYTHONPATH="+pp)
+		if _, ok := os.LookupEnv("GPUMEM_AUTOLOAD"); !ok {
+			set = append(set, "GPUMEM_AUTOLOAD=torch,cupy")
+		}
+	}
+	envv := setEnv(withXLAFlags(os.Environ(), *cmdBufs), set)
 	err = e.exec(path, command, envv)
 	fmt.Fprintf(e.stderr, "gpumem run: %s: %v\n", command[0], err)
 	return ExitFail
@@ -258,6 +281,22 @@ func findLibrary(flagPath, envName, name string) (string, error) {
 	}
 	return "", fmt.Errorf("%s not found (looked at %s); build it with scripts/lib.sh, or name it with %s", name,
 		strings.Join(tried, ", "), envName)
+}
+
+// autoloadDir returns the Python package's hook directory for the library
+// at lib (gpumem/_autoload/sitecustomize.py): beside it in the package (a
+// wheel, or a checkout's python/gpumem), or in the checkout around a
+// build/ library; "" if there is none.
+func autoloadDir(lib string) string {
+	dir := filepath.Dir(lib)
+	for _, d := range []string{filepath.Join(dir, "_autoload"), filepath.Join(dir, "..", "python", "gpumem", "_autoload")} {
+		if _, err := os.Stat(filepath.Join(d, "sitecustomize.py")); err == nil {
+			if abs, err := filepath.Abs(d); err == nil {
+				return abs
+			}
+		}
+	}
+	return ""
 }
 
 // execCommand replaces this process with the command.

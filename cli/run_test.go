@@ -141,3 +141,38 @@ func TestJoinConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestRunAutoload: beside a library in a package with the hook, gpumem run
+// puts the hook first on PYTHONPATH and names PyTorch and CuPy, keeping the
+// user's PYTHONPATH after it and their GPUMEM_AUTOLOAD; without the hook,
+// it sets neither.
+func TestRunAutoload(t *testing.T) {
+	lib, shim := fakeLibraries(t)
+	var argv, envv []string
+	run(t, runEnv(&argv, &envv), "run", "--library", lib, "--shim", shim, "--", "sh", "-c", "true")
+	for _, key := range []string{"PYTHONPATH", "GPUMEM_AUTOLOAD"} {
+		if v, n := envValue(envv, key); n != 0 && v != os.Getenv(key) {
+			t.Errorf("no hook beside the library: %s=%q, want it left alone", key, v)
+		}
+	}
+	hook := filepath.Join(filepath.Dir(lib), "_autoload")
+	if err := os.MkdirAll(hook, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hook, "sitecustomize.py"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PYTHONPATH", "/user/path")
+	run(t, runEnv(&argv, &envv), "run", "--library", lib, "--shim", shim, "--", "sh", "-c", "true")
+	if v, n := envValue(envv, "PYTHONPATH"); v != hook+":/user/path" || n != 1 {
+		t.Errorf("PYTHONPATH=%q (%d times), want %q once", v, n, hook+":/user/path")
+	}
+	if v, n := envValue(envv, "GPUMEM_AUTOLOAD"); v != "torch,cupy" || n != 1 {
+		t.Errorf("GPUMEM_AUTOLOAD=%q (%d times), want torch,cupy once", v, n)
+	}
+	t.Setenv("GPUMEM_AUTOLOAD", "")
+	run(t, runEnv(&argv, &envv), "run", "--library", lib, "--shim", shim, "--", "sh", "-c", "true")
+	if v, n := envValue(envv, "GPUMEM_AUTOLOAD"); v != "" || n != 1 {
+		t.Errorf("the user's empty GPUMEM_AUTOLOAD became %q (%d times)", v, n)
+	}
+}
