@@ -37,6 +37,50 @@ type item struct {
 	kind itemKind
 	dep  device.Stream
 	a, b uint64
+	// phys: for a touch, the physical chunks under [a, a+b) when it was
+	// enqueued (the mappings there), so that CheckHandoff follows the
+	// memory, not only the address: a handle moved to another address
+	// with this work pending is still this work's.
+	phys []physRange
+}
+
+// A physRange is [lo, hi) of VM chunk h.
+type physRange struct {
+	h      device.Handle
+	lo, hi uint64
+}
+
+// physOf returns the physical ranges under the mappings that [p, end)
+// overlaps (plain allocations have none).
+func (d *Device) physOf(p, end uint64) []physRange {
+	var out []physRange
+	j := d.maps.floor(p)
+	if j == 0 {
+		j = d.maps.ceil(p)
+	}
+	for ; j != 0; j = d.maps.ceil(d.maps.key(j) + 1) {
+		mp, m := d.maps.key(j), d.maps.val(j)
+		if mp >= end {
+			break
+		}
+		if mp+m.size <= p {
+			continue
+		}
+		out = append(out, physRange{h: m.h, lo: max(p, mp) - mp, hi: min(end, mp+m.size) - mp})
+	}
+	return out
+}
+
+// physOverlap reports whether two sets of physical ranges share a byte.
+func physOverlap(x, y []physRange) bool {
+	for _, a := range x {
+		for _, b := range y {
+			if a.h == b.h && a.lo < b.hi && b.lo < a.hi {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 type eventRec struct {
@@ -471,7 +515,7 @@ func (d *Device) touch(s device.Stream, p, size uint64) error {
 	if at, ok := d.inaccessible(p, size); !ok {
 		return errf(device.ErrInvalid, "[%#x, +%#x) is not accessible: %#x is neither in a live allocation nor mapped with access set", p, size, at)
 	}
-	d.enqueue(st, item{kind: itemTouch, a: p, b: size})
+	d.enqueue(st, item{kind: itemTouch, a: p, b: size, phys: d.physOf(p, p+size)})
 	if st.capture != 0 {
 		d.addNode(st)
 	}
@@ -514,10 +558,11 @@ func (d *Device) checkIdle(p, size uint64) error {
 
 // CheckHandoff reports whether [p, p+size) may be used by work enqueued on s
 // from now on: it returns an *device.OpError wrapping device.ErrInvalid if
-// pending work on another stream touches the range and s's future work is
-// not ordered after that work (by StreamWait, directly or through other
-// streams, on an event recorded after it). Pending work on s itself is
-// ordered by the stream.
+// pending work on another stream touches the range, or the VM chunks mapped
+// under it (wherever that work touched them: a chunk may be mapped at
+// several addresses), and s's future work is not ordered after that work
+// (by StreamWait, directly or through other streams, on an event recorded
+// after it). Pending work on s itself is ordered by the stream.
 func (d *Device) CheckHandoff(p device.Ptr, size uint64, s device.Stream) error {
 	d.mu.Lock()
 	err := d.checkHandoff(uint64(p), size, s)
@@ -542,13 +587,14 @@ func (d *Device) checkHandoff(p, size uint64, s device.Stream) error {
 	}
 	var bs *stream
 	var bi *item
+	phys := d.physOf(p, end)
 	for _, x := range d.busy {
 		if x == st || (bs != nil && x.id > bs.id) {
 			continue
 		}
 		for i := x.head; i < len(x.q); i++ {
 			it := &x.q[i]
-			if it.kind == itemTouch && it.a < end && p < it.a+it.b && !d.orderedAfter(st, x.id, it.seq) {
+			if it.kind == itemTouch && (it.a < end && p < it.a+it.b || physOverlap(it.phys, phys)) && !d.orderedAfter(st, x.id, it.seq) {
 				bs, bi = x, it
 				break
 			}

@@ -418,6 +418,36 @@ func TestCheckHandoff(t *testing.T) {
 	}
 }
 
+// TestCheckHandoffFollowsTheMemory: a VM chunk with pending work, mapped at
+// a second address as well, is that work's there too: CheckHandoff of the
+// second address fails for an unordered stream, and passes once it is
+// ordered. (An allocator that moves a handle must order the new user
+// after the old work wherever the handle is mapped.)
+func TestCheckHandoffFollowsTheMemory(t *testing.T) {
+	d := newDev(t, Config{})
+	s1, s2 := newStream(t, d), newStream(t, d)
+	g := d.Granularity()
+	r := must1[device.Ptr](t)(d.Reserve(4*g, 0))
+	h := must1[device.Handle](t)(d.Create(2 * g))
+	must(t, d.Map(r, 2*g, h))
+	must(t, d.SetAccess(r, 2*g))
+	d.Hold(s1)
+	must(t, d.Touch(s1, r+device.Ptr(g), 4096)) // the chunk's second granule
+	after := newEvent(t, d)
+	must(t, d.Record(after, s1))
+	must(t, d.Map(r+device.Ptr(2*g), 2*g, h)) // the same chunk, at another address
+	must(t, d.SetAccess(r+device.Ptr(2*g), 2*g))
+	wantErr(t, d.CheckHandoff(r+device.Ptr(3*g), g, s2), "sim.CheckHandoff", device.ErrInvalid,
+		"in use by pending work on stream 1", "stream 2 is not ordered after it")
+	must(t, d.CheckHandoff(r+device.Ptr(2*g), g, s2)) // the first granule: no pending work there
+	must(t, d.StreamWait(s2, after))
+	must(t, d.CheckHandoff(r+device.Ptr(3*g), g, s2))
+	d.Drain(s1)
+	must(t, d.Unmap(r+device.Ptr(2*g), 2*g))
+	must(t, d.Unmap(r, 2*g))
+	must(t, d.Release(h))
+}
+
 func TestDestroyStreamWithPendingWork(t *testing.T) {
 	d := newDev(t, Config{})
 	s := newStream(t, d)
