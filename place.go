@@ -17,17 +17,6 @@ import (
 // keeps (vm.go: chunk.ready, segment.ready, segment.hiSpan) and changes
 // nothing in it: what it chooses, pool.back then backs.
 
-// unmappedIn counts the chunks under [addr, addr+size) of seg that are not
-// ready (unmapped, or mapped without access), up to limit+1: a count past
-// limit is reported as limit+1.
-func (p *pool) unmappedIn(seg *segment, addr, size uint64, limit int) int {
-	if limit < 0 {
-		return 0
-	}
-	c0, c1 := seg.chunkSpan(addr, size, p.a.gran)
-	return min(c1-c0+1-seg.ready.count(c0, c1), limit+1)
-}
-
 // placement returns where in free block b to put rounded bytes so that the
 // fewest chunks under them are not ready, and how many (at most limit+1
 // are counted). It tries the block's start, its end, then every chunk

@@ -105,3 +105,14 @@ func (r readyMap) kthNotReady(c0, c1, k int) int {
 		x = ^r[w]
 	}
 }
+
+// unmappedIn counts the chunks under [addr, addr+size) of seg that are not
+// ready (unmapped, or mapped without access), up to limit+1: a count past
+// limit is reported as limit+1.
+func (p *pool) unmappedIn(seg *segment, addr, size uint64, limit int) int {
+	if limit < 0 {
+		return 0
+	}
+	c0, c1 := seg.chunkSpan(addr, size, p.a.gran)
+	return min(c1-c0+1-seg.ready.count(c0, c1), limit+1)
+}
