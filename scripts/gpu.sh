@@ -33,7 +33,9 @@
 #                                   Gather at its ten-pass fit, driver
 #                                   calls timed) and
 #                                   pathcost (an allocation's cost on the
-#                                   driver and inside PyTorch).
+#                                   driver and inside PyTorch), ranks
+#                                   (FSDP2 on every GPU, each rank's pool
+#                                   in gpumem top and one gpumem serve).
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
@@ -320,6 +322,34 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 				rm -f "$dir/run.log"
 			done
 			tar czf "$out/pressure.tgz" -C "$out" pressure && rm -rf "$dir"
+			;;
+		ranks)
+			# Issue 42 item 2's observation bar: FSDP2 on every GPU of
+			# the machine (torchrun, bench/train/ddp.py --fsdp), each rank
+			# serving its pool (GPUMEM_CONFIG=serve=127.0.0.1:0), and while
+			# it trains, `gpumem top --once` (every rank's pool beside
+			# NVML's figure) and one `gpumem serve` scraped once (every
+			# rank's series, labelled by pid): top.txt, metrics.txt,
+			# ranks.jsonl.
+			use_wheel_library
+			local n
+			n=$(nvidia-smi -L | wc -l)
+			GPUMEM_CONFIG=serve=127.0.0.1:0 python3 -m torch.distributed.run --nproc_per_node "$n" \
+				bench/train/ddp.py gpumem --fsdp --steps 40 --out "$out/ranks.jsonl" >"$out/ranks.log" 2>&1 &
+			local train=$! i
+			"$bin/gpumem" serve --listen 127.0.0.1:9464 >>"$out/ranks.log" 2>&1 &
+			local served=$!
+			for i in $(seq 60); do # until every rank announces its pool, at most a minute
+				sleep 1
+				[ "$("$bin/gpumem" top --once 2>/dev/null | awk '/^gpumem pools/ { f = 1; next } f && /^[0-9]/ { k++ } END { print k + 0 }')" -ge "$n" ] && break
+			done
+			sleep 5 # into the steps
+			"$bin/gpumem" top --once >"$out/top.txt" 2>&1 || true
+			python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=30).read().decode())' \
+				>"$out/metrics.txt" 2>&1 || true
+			wait "$train" || echo "FAIL: the FSDP run" | tee -a "$out/ranks.log" >&2
+			kill "$served" 2>/dev/null || true
+			echo "pools in top: $(awk '/^gpumem pools/ { f = 1; next } f && /^[0-9]/ { k++ } END { print k + 0 }' "$out/top.txt"), pids in metrics: $(grep '^gpumem_' "$out/metrics.txt" | grep -o 'pid="[0-9]*"' | sort -u | wc -l) (ranks: $n)" | tee -a "$out/ranks.log" >&2
 			;;
 		pathcost)
 			# What an allocation costs on the real device: the C caller's
