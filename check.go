@@ -124,6 +124,11 @@ func (p *pool) check() error {
 			bad("stream %d (slot %d): horizons out of order: last %d, safe %d, fenced %d, epoch %d (pending %v), frees %d",
 				st.s, i, st.last, st.safe, st.fenced, st.epochSeq, st.epochPending, p.freeSeq)
 		}
+		for j, after := range st.after {
+			if after > p.freeSeq {
+				bad("stream %d (slot %d): ordered after slot %d's frees up to %d, past the pool's %d", st.s, i, j, after, p.freeSeq)
+			}
+		}
 		for j := range i {
 			if p.streams[j].live && p.streams[j].s == st.s {
 				bad("stream %d has two slots (%d and %d)", st.s, j, i)
