@@ -294,6 +294,34 @@ func TestDormantOneStreamDefersTheFence(t *testing.T) {
 			}
 			live = append(live, b)
 		}
+		// A second stream arrives while the first one's work is still
+		// pending: memory a move brought along unfenced must not reach it
+		// unordered (the simulated device checks the memory, wherever
+		// the pending work touched it).
+		sb, err := dev.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var other []gpumem.Buffer
+		for i := 0; i < 200; i++ {
+			n := uint64(1+rng.IntN(12)) * miB / 2
+			b, err := a.Alloc(n, sb)
+			if errors.Is(err, gpumem.ErrOutOfMemory) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s, second stream's request %d: %v", name, i, err)
+			}
+			if err := dev.CheckHandoff(b.Ptr(), n, sb); err != nil {
+				t.Fatalf("%s: the second stream got memory the first one's pending work uses, unordered: %v", name, err)
+			}
+			other = append(other, b)
+		}
+		for _, b := range other {
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
 		dev.Drain(s)
 		st := a.Stats()
 		if st.Revived == 0 && st.DormantMappings == 0 {
