@@ -666,6 +666,18 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 		if err := p.fenceEmptied(i); err != nil {
 			return err
 		}
+	} else if s.seq > p.fencedSeq && !s.clean && p.backing != nil {
+		// Unfenced, the handle brings its stream's pending work along.
+		// The free memory it maps beside the block keeps that address
+		// range's tags (never freed: any stream's), which a stream that
+		// arrives later would take unordered: tag it as freed now, by
+		// several streams (mergeTags), so that such a stream waits for
+		// this one's frees so far first.
+		for _, n := range [2]*block{p.backing.prev, p.backing.next} {
+			if n != nil && n.state == blockFree {
+				n.si, n.freed = -1, p.freeSeq
+			}
+		}
 	}
 	n := int(s.n)
 	d := p.revivable(i, seg, r0)
