@@ -236,17 +236,26 @@ func (p *pool) orderedAfter(si, j slot) uint64 {
 	return 0
 }
 
-// pendingOthers reports whether a stream other than slot si has frees
-// whose work is neither known done nor ordered before si's.
+// unordered reports whether stream slot j, not si, has frees whose work is
+// neither known done nor ordered before si's.
+func (p *pool) unordered(si, j slot) bool {
+	st := &p.streams[j]
+	return j != si && st.live && st.last > st.safe && st.last > p.orderedAfter(si, j)
+}
+
+// pendingOthers reports whether any stream is unordered for slot si.
 func (p *pool) pendingOthers(si slot) bool {
 	for j := range p.streams {
-		st := &p.streams[j]
-		if slot(j) != si && st.live && st.last > st.safe && st.last > p.orderedAfter(si, slot(j)) {
+		if p.unordered(si, slot(j)) {
 			return true
 		}
 	}
 	return false
 }
+
+// errNoWait: orderAfter cannot make a stream wait (no events, a capture
+// under way, or Config.NoStreamWaits).
+var errNoWait = errors.New("gpumem: no stream wait here")
 
 // orderAfter makes stream slot si's future work wait on the GPU for the
 // work enqueued so far on every other stream whose frees are neither
@@ -264,14 +273,14 @@ func (p *pool) pendingOthers(si slot) bool {
 func (p *pool) orderAfter(si slot) error {
 	a := p.a
 	if a.ev == nil || a.capturing() || si < 0 || a.cfg.NoStreamWaits {
-		return errCapturing
+		return errNoWait
 	}
 	me := &p.streams[si]
 	for j := range p.streams {
-		st := &p.streams[j]
-		if slot(j) == si || !st.live || st.last <= st.safe || st.last <= p.orderedAfter(si, slot(j)) {
+		if !p.unordered(si, slot(j)) {
 			continue
 		}
+		st := &p.streams[j]
 		e, err := p.event()
 		if err != nil {
 			return err
