@@ -101,9 +101,11 @@ type Allocator struct {
 	noSplit bool
 
 	closed      atomic.Bool
-	closedClean bool        // Close gave everything back (guarded by mu)
-	broken      atomic.Bool // the books no longer match the device (ErrBroken): an invariant violated, or a split that lost live memory
-	multi       atomic.Bool // more than one pool: frees publish at once
+	closedClean bool                  // Close gave everything back (guarded by mu)
+	broken      atomic.Bool           // the books no longer match the device (ErrBroken): an invariant violated, or a split that lost live memory
+	multi       atomic.Bool           // more than one pool: frees publish at once
+	gate        atomic.Pointer[Gate]  // SetGate (gate.go); nil: none
+	gateErr     atomic.Pointer[error] // why the gate last refused to close; nil: it never did
 	stopIdle    chan struct{}
 	idleDone    chan struct{}
 }
@@ -115,7 +117,7 @@ type counters struct {
 	setAccess, reserves, fences            atomic.Uint64
 	handoffs, orders, ooms, retries, trims atomic.Uint64
 	splits, copies, copiedBytes            atomic.Uint64
-	splitNanos                             atomic.Uint64
+	splitNanos, gateRefusals               atomic.Uint64
 }
 
 // New makes an allocator over dev.
@@ -167,8 +169,8 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 		}
 	}
 	a.compact = cfg.Compact && a.mode == ModeVirtual
-	if c, ok := device.AsCopier(dev); ok && (cfg.Defrag || cfg.Gather) && a.mode == ModeVirtual && !a.compact {
-		a.defrag, a.gather, a.copier = cfg.Defrag, cfg.Gather, c
+	if c, ok := device.AsCopier(dev); ok && a.mode == ModeVirtual && !a.compact {
+		a.defrag, a.gather, a.copier = cfg.Defrag, cfg.Gather, c // a copier for a gate too (SetGate)
 	}
 	span := cfg.SpanSize
 	if span == 0 {

@@ -162,7 +162,7 @@ func (p *pool) split(i int32, runs [][2]int, moves []stagedMove) error {
 	if len(runs) == 0 {
 		return fmt.Errorf("gpumem: span at 0x%x counts %d live chunks but no live block overlaps it", s.seg.chunkAddr(int(s.c0), a.gran), s.occupied)
 	}
-	if moves != nil && p.a.gather && p.tooTight(runs) {
+	if moves != nil && p.a.gathers() && p.tooTight(runs) {
 		err := p.splitReleasing(i, runs, moves)
 		if err == nil {
 			a.c.splits.Add(1)
@@ -262,15 +262,22 @@ func (p *pool) tooTight(runs [][2]int) bool {
 	return need > p.a.headroom()
 }
 
-// timedSplit splits span i as placement planned it (splitPlan), counting
-// the time in Stats.SplitNanos. A failed split changes nothing and reports
+// timedSplit splits span i as placement planned it (splitPlan), with the
+// allocator's gate closed where it has one (gate.go: no split where it
+// refuses), counting the time in Stats.SplitNanos. A failed split changes
+// nothing and reports
 // false; only one that left a live span without memory returns its error
 // (the allocator is broken).
 func (p *pool) timedSplit(i int32, runs [][2]int, moves []stagedMove) (bool, error) {
 	a := p.a
+	open, ok := a.closeGate()
+	if !ok {
+		return false, nil
+	}
 	t0 := time.Now()
 	err := p.split(i, runs, moves)
 	a.c.splitNanos.Add(uint64(time.Since(t0)))
+	open()
 	if err != nil && a.broken.Load() {
 		return false, err
 	}

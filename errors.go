@@ -166,7 +166,10 @@ type OutOfMemoryError struct {
 
 	noVM     bool // the device has no virtual memory (WithVirtual is AnswerNo)
 	suggestC bool // fragmentation in ModeVirtual without Config.Compact: say it exists
-	suggestG bool // and idle memory in spans with live buffers, without Config.Gather: name it and its risk
+	suggestG bool // and idle memory in spans with live buffers, neither Config.Gather nor a gate: name them and the risk
+	// gateRefused: why the gate (gate.go) refused to close, so that no
+	// live chunk moved out of those spans; "" if it never did.
+	gateRefused string
 }
 
 // Error is one paragraph: the cause with its numbers, then what would have
@@ -227,10 +230,14 @@ func (e *OutOfMemoryError) Error() string {
 				// The risk in the same breath as the setting: a move while
 				// another host thread launches loses that work's writes
 				// with no error (config.go, Gather).
-				b.WriteString("; Config.Gather, GPUMEM_CONFIG=gather=true, moves live chunks out of the idle spans before failing (gpumem fit --policy gpumem-gather), " +
+				b.WriteString("; under `gpumem run`, which sees every launch, gpumem moves live chunks out of the idle spans before failing (gpumem fit --policy gpumem-gather); " +
+					"elsewhere Config.Gather, GPUMEM_CONFIG=gather=true, does, " +
 					"but if another host thread launches work meanwhile, that work's writes to the moved memory are lost with no error (wrong results): " +
 					"turn it on only where all GPU work, libraries' included, is launched from one thread at a time " +
 					"(PyTorch's autograd engine, NCCL, DataLoader pin threads and serving frameworks launch from threads of their own)")
+			}
+			if e.gateRefused != "" {
+				fmt.Fprintf(&b, "; no live chunk was moved out of them: %s", strings.TrimPrefix(e.gateRefused, "gpumem: "))
 			}
 		} else {
 			fmt.Fprintf(&b, "in use; blocked by %s", map[Cause]string{CauseLimit: "the limit", CauseDevice: "the device's free memory"}[e.Cause])

@@ -86,7 +86,10 @@ func (a *Allocator) oomError(size uint64, s device.Stream, sh *shortage) *OutOfM
 		e.WithVirtual = AnswerNotApplicable
 		e.PinnedInChunks = e.Pinned - min(a.idleInLiveSpans(), e.Pinned)
 		e.suggestC = e.Cause == CauseFragmentation && !a.compact
-		e.suggestG = e.suggestC && !a.gather && e.Pinned > e.PinnedInChunks
+		e.suggestG = e.suggestC && !a.gathers() && e.Pinned > e.PinnedInChunks
+		if ge := a.gateErr.Load(); ge != nil && a.gated() && e.Pinned > e.PinnedInChunks {
+			e.gateRefused = (*ge).Error()
+		}
 	} else if vm, ok := device.AsVirtualMemory(a.dev); !ok || vm.Granularity() == 0 {
 		e.WithVirtual, e.noVM = AnswerNo, true
 	} else {

@@ -87,7 +87,7 @@ func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 	if !errors.As(err, &sh) {
 		return nil, err
 	}
-	for a.gather {
+	for a.gathers() {
 		split, gerr := p.gather()
 		if gerr != nil {
 			return nil, gerr

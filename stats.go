@@ -79,6 +79,10 @@ type Stats struct {
 	// SplitNanos, the wall time the splits took, driver calls and device
 	// synchronizes included.
 	Splits, Copies, CopiedBytes, SplitNanos uint64
+	// GateRefusals counts the splits not made because the gate refused to
+	// close (SetGate: moves off in the process, or a call that did not
+	// return in time).
+	GateRefusals uint64
 }
 
 // DeviceCalls is the number of memory-management calls made to the driver.
@@ -172,6 +176,7 @@ func (a *Allocator) Stats() Stats {
 	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
 	s.Reserves, s.Fences, s.Handoffs, s.Orders = c.reserves.Load(), c.fences.Load(), c.handoffs.Load(), c.orders.Load()
 	s.Splits, s.Copies, s.CopiedBytes, s.SplitNanos = c.splits.Load(), c.copies.Load(), c.copiedBytes.Load(), c.splitNanos.Load()
+	s.GateRefusals = c.gateRefusals.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s
 }

@@ -132,25 +132,15 @@ func (e *env) run(args []string) int {
 			cfg = joinConfig(cfg, kv)
 		}
 	}
-	parsed, err := host.ParseConfig(cfg)
-	if err != nil {
+	if _, err := host.ParseConfig(cfg); err != nil {
 		fmt.Fprintf(e.stderr, "gpumem run: %v\n", err)
 		return ExitUsage
 	}
-	for _, move := range []struct {
-		on   bool
-		name string
-	}{{parsed.Alloc.Defrag, "defrag=true"}, {parsed.Alloc.Gather, "gather=true"}} {
-		if move.on {
-			// A move unmaps live memory for a moment after a synchronize;
-			// XLA enqueues work from several threads, so a kernel could
-			// find its memory gone or lose its writes, with no error
-			// (gpumem.Config.Defrag, Config.Gather). Until the shim gates
-			// every launch (issue 41), the program cannot promise it.
-			fmt.Fprintf(e.stderr, "gpumem run: GPUMEM_CONFIG %s is not supported here: it needs a program that launches GPU work from one thread at a time, and XLA and TensorFlow launch from several (another thread's writes to moved memory would be lost with no error)\n", move.name)
-			return ExitUsage
-		}
-	}
+	// defrag=true and gather=true move live memory: under the shim each
+	// move closes its launch gate (shim/c/gate.c, gpumem.Gate), so that no
+	// thread of XLA's, TensorFlow's or PyTorch's launches meanwhile, and
+	// where the gate cannot see every launch, no move is made. The default
+	// gathers on the way to an out-of-memory by itself.
 	lib, err := findLibrary(*library, "GPUMEM_LIBRARY", "libgpumem.so")
 	if err == nil {
 		*shim, err = findLibrary(*shim, "GPUMEM_PRELOAD", "libgpumem_preload.so")

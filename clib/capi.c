@@ -279,5 +279,7 @@ EXPORT const char *gpumem_status_name(gpumem_status s) {
 	return names[s];
 }
 
+EXPORT int gpumem_owns(const void *ptr) { return gpumemGo_owns((uintptr_t)ptr); }
+
 EXPORT const char *gpumem_version(void) { return gpumemGo_version(); }
 EXPORT int gpumem_api_version(void) { return GPUMEM_API_VERSION; }

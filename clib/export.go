@@ -31,7 +31,11 @@ import (
 // theHost is the process's host, made at the first call: GPUMEM_CONFIG is
 // read then (as the environment was when the library was loaded).
 var theHost = sync.OnceValue(func() *host.Host {
-	return host.New(os.Getenv("GPUMEM_CONFIG"), nil)
+	h := host.New(os.Getenv("GPUMEM_CONFIG"), nil)
+	if g, ok := shimGate(); ok {
+		h.SetGate(g)
+	}
+	return h
 })
 
 // fail records err as the calling thread's last error and returns its
@@ -395,7 +399,7 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		device_allocs: C.uint64_t(s.DeviceAllocs), device_frees: C.uint64_t(s.DeviceFrees),
 		pool_reserved:     C.uint64_t(h.PoolReserved(int(device))),
 		peak_live_buffers: C.uint64_t(s.PeakLiveBuffers), peak_segments: C.uint64_t(s.PeakSegments),
-		fences: C.uint64_t(s.Fences),
+		fences: C.uint64_t(s.Fences), gate_refusals: C.uint64_t(s.GateRefusals),
 	}
 	return 0
 }
@@ -509,4 +513,37 @@ func gpumemGo_import_snapshot(in, out *C.char) C.gpumem_status {
 	}
 	_, err := host.ImportSnapshot(C.GoString(in), C.GoString(out))
 	return status(err, -1)
+}
+
+// cGate is the preload shim's launch gate (shim/c/gate.c) as a
+// gpumem.Gate: `gpumem run` preloads the shim, which sees every driver
+// call that submits work.
+type cGate struct{ close, open C.uintptr_t }
+
+func (g cGate) Close() error {
+	if C.gpumem_call_gate_close(g.close) != 0 {
+		return errGateRefused
+	}
+	return nil
+}
+
+func (g cGate) Open() { C.gpumem_call_gate_open(g.open) }
+
+var errGateRefused = errors.New("gpumem: the launch gate refused to close (moves are off in this process, or a driver call did not return)")
+
+// shimGate finds the shim's gate in the process, if it is there.
+func shimGate() (gpumem.Gate, bool) {
+	c, o := C.gpumem_shim_gate(0), C.gpumem_shim_gate(1)
+	if c == 0 || o == 0 {
+		return nil, false
+	}
+	return cGate{close: c, open: o}, true
+}
+
+//export gpumemGo_owns
+func gpumemGo_owns(ptr C.uintptr_t) C.int {
+	if theHost().Owns(uint64(ptr)) {
+		return 1
+	}
+	return 0
 }

@@ -172,6 +172,9 @@ typedef struct gpumem_stats {
 	 * waits for streams' work (fences: before memory is unmapped or
 	 * released). */
 	uint64_t peak_live_buffers, peak_segments, fences;
+	/* Splits not made because the launch gate of `gpumem run`'s shim
+	 * refused to close (moves off in the process: it says why on stderr). */
+	uint64_t gate_refusals;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------
@@ -272,6 +275,10 @@ gpumem_status gpumem_get_stats(int device, gpumem_stats *out, size_t size);
  * what could still be allocated (the cache plus what the driver can still
  * give within the limit). */
 gpumem_status gpumem_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
+/* 1 if ptr lies in memory gpumem holds on any device (in use or not),
+ * else 0: what the preload shim asks before an export of an address (an
+ * RDMA or NCCL registration) turns moves off. */
+int gpumem_owns(const void *ptr);
 /* The allocator's state as JSON: segments, spans and blocks (snapshot), or
  * the statistics with every field (stats). The string is the caller's, to
  * free with gpumem_string_free; NULL on failure (see gpumem_last_error). */

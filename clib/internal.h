@@ -32,6 +32,12 @@ __attribute__((visibility("hidden"))) void gpumem_last_verdict(gpumem_oom *out);
 void *gpumem_call_alloc(uintptr_t fn, size_t size, int device, uintptr_t stream);
 void gpumem_call_free(uintptr_t fn, uintptr_t ptr, size_t size, int device, uintptr_t stream);
 
+/* callout.c: the preload shim's launch gate, if it is in the process (0
+ * otherwise): its close (open 0) or open (open 1), and their calls. */
+uintptr_t gpumem_shim_gate(int open);
+int gpumem_call_gate_close(uintptr_t fn);
+void gpumem_call_gate_open(uintptr_t fn);
+
 /* torch_errors.c: whether PyTorch's exceptions were enabled, and the raise
  * itself, which does not return. */
 int gpumem_torch_enabled(void);

@@ -11,6 +11,6 @@ mkdir -p build
 CGO_ENABLED=1 go build -buildmode=c-shared -trimpath -ldflags="-s -w" -o build/libgpumem.so ./clib
 rm -f build/libgpumem.h # cgo's generated header; users include clib/gpumem.h
 cp clib/gpumem.h build/gpumem.h
-cc -O2 -Wall -fPIC -shared -o build/libgpumem_preload.so shim/c/preload.c -ldl -lpthread
+cc -O2 -Wall -fPIC -shared -o build/libgpumem_preload.so shim/c/preload.c shim/c/gate.c -ldl -lpthread
 cp build/libgpumem.so build/gpumem.h python/gpumem/
 echo "built build/libgpumem.so ($(du -h build/libgpumem.so | cut -f1)), copied into python/gpumem/, and build/libgpumem_preload.so"

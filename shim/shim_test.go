@@ -13,7 +13,7 @@ import (
 // built is what the tests run: the shim, gpumem's library, the stand-in
 // driver (as libcuda.so.1 in its own directory) and the C programs.
 type built struct {
-	shim, lib, driverDir, tfalloc, paths, shimbench string
+	shim, lib, driverDir, tfalloc, paths, shimbench, gatecheck string
 }
 
 // buildDir holds what build made, once for all the tests (TestMain removes
@@ -63,6 +63,7 @@ func buildAll() (b built, failure string, skip bool) {
 		tfalloc:   filepath.Join(dir, "tfalloc"),
 		paths:     filepath.Join(dir, "paths"),
 		shimbench: filepath.Join(dir, "shimbench"),
+		gatecheck: filepath.Join(dir, "gatecheck"),
 	}
 	if err := os.Mkdir(b.driverDir, 0o755); err != nil {
 		return b, err.Error(), false
@@ -77,13 +78,14 @@ func buildAll() (b built, failure string, skip bool) {
 			failure = fmt.Sprintf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 		}
 	}
-	run(cc, "-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-o", b.shim, "c/preload.c", "-ldl", "-lpthread")
+	run(cc, "-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-o", b.shim, "c/preload.c", "c/gate.c", "-ldl", "-lpthread")
 	// -Bsymbolic: the stand-in's calls to its own functions stay its own,
 	// as the driver's do, rather than reaching the shim's exported names.
 	run(cc, "-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-Wl,-Bsymbolic", "-o", filepath.Join(b.driverDir, "libcuda.so.1"), "c/fakecuda.c")
 	run(cc, "-O2", "-Wall", "-Werror", "-o", b.tfalloc, "c/tfalloc.c", "-ldl")
 	run(cc, "-O2", "-Wall", "-Werror", "-o", b.paths, "c/paths.c", "-ldl", "-lpthread")
 	run(cc, "-O2", "-Wall", "-Werror", "-o", b.shimbench, "c/shimbench.c", "-ldl")
+	run(cc, "-O2", "-Wall", "-Werror", "-o", b.gatecheck, "c/gatecheck.c", "-ldl", "-lpthread")
 	run("go", "build", "-buildmode=c-shared", "-o", b.lib, "../clib")
 	return b, failure, false
 }
@@ -341,5 +343,91 @@ func TestShimbench(t *testing.T) {
 	}
 	if _, _, code := output(t, b.command(nil, b.shimbench, "0")); code != 2 {
 		t.Errorf("shimbench 0: exit %d, want 2 (a usage error)", code)
+	}
+}
+
+// TestLaunchGate: the launch gate's contracts (c/gatecheck.c): launches
+// found every way a program finds them pass the gate with their arguments
+// intact, none reaches the driver while it is closed, closing waits for
+// one inside the driver; a lookup the shim cannot classify, or an export
+// of gpumem's memory, turns moves off, said in one line.
+func TestLaunchGate(t *testing.T) {
+	b := build(t)
+	for _, c := range []struct {
+		name, stderr string
+		oks          int
+	}{
+		{"gate", "", 4},
+		{"unknown", "gpumem: preload: an unclassified driver entry point, cuBrandNewCall: gpumem will not move live memory in this process (an out-of-memory stays one)\n", 1},
+		{"export", "gpumem: preload: an export of gpumem's memory by cuMemRetainAllocationHandle: gpumem will not move live memory in this process (an out-of-memory stays one)\n", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := b.command([]string{"GPUMEM_CONFIG=device=sim,capacity=4GiB"}, b.gatecheck, c.name)
+			stdout, stderr, code := output(t, cmd)
+			if code != 0 || strings.Count(stdout, "ok: ") != c.oks || stderr != c.stderr {
+				t.Errorf("gatecheck %s: exit %d, want 0 with %d ok lines and stderr %q\nstdout:\n%sstderr:\n%s", c.name, code, c.oks, c.stderr, stdout, stderr)
+			}
+		})
+	}
+}
+
+// TestGateGathersByDefault: under the shim, whose gate gpumem finds, the
+// default moves live chunks on the way to an out-of-memory and serves a
+// request that fits only so; without the shim the same program gets the
+// out-of-memory and nothing moves; gather=false turns the moves off under
+// the shim too.
+func TestGateGathersByDefault(t *testing.T) {
+	b := build(t)
+	const cfg = "GPUMEM_CONFIG=device=sim,capacity=4GiB,limit=128MiB,span_size=16MiB,check=true"
+	for _, c := range []struct {
+		name, config string
+		shim         bool
+		want         string
+	}{
+		{"under the shim", cfg, true, "served"},
+		{"without the shim", cfg, false, "out of memory, 0 splits"},
+		{"gather=false", cfg + ",gather=false", true, "out of memory, 0 splits"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := exec.Command(b.gatecheck, "gather")
+			cmd.Env = append(os.Environ(), "GPUMEM_LIBRARY="+b.lib, c.config)
+			if c.shim {
+				cmd = b.command([]string{c.config}, b.gatecheck, "gather")
+			}
+			stdout, stderr, code := output(t, cmd)
+			if code != 0 || !strings.HasPrefix(stdout, c.want) || stderr != "" {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want %q", code, stdout, stderr, c.want)
+			}
+			if c.want == "served" && strings.HasPrefix(stdout, "served, 0 splits") {
+				t.Errorf("served with no split: the request did not need a move, the test proves nothing")
+			}
+		})
+	}
+}
+
+// BenchmarkLaunchGate: what the launch gate adds to a launch (c/gatecheck.c
+// bench): a stand-in cuLaunchKernel that returns at once, called directly
+// and through the shim's thunk, by 1 to 8 threads at once. Reported per
+// thread count: the direct and gated ns per call (the slowest thread's,
+// median of five runs) and their difference. Each iteration runs the
+// whole C program.
+func BenchmarkLaunchGate(b *testing.B) {
+	t := &testing.T{}
+	bt := build(t)
+	for i := 0; i < b.N; i++ {
+		out, err := bt.command(nil, bt.gatecheck, "bench").Output()
+		if err != nil {
+			b.Fatalf("gatecheck bench: %v\n%s", err, out)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			var k int
+			var direct, gated float64
+			if _, err := fmt.Sscanf(line, "%d threads: direct %f ns, gated %f ns", &k, &direct, &gated); err != nil {
+				b.Fatalf("gatecheck bench: %q: %v", line, err)
+			}
+			b.ReportMetric(direct, fmt.Sprintf("direct-ns/%dthreads", k))
+			b.ReportMetric(gated, fmt.Sprintf("gated-ns/%dthreads", k))
+			b.ReportMetric(gated-direct, fmt.Sprintf("gate-ns/%dthreads", k))
+		}
 	}
 }

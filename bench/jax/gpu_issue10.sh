@@ -35,7 +35,7 @@ build() {
 	CGO_ENABLED=0 go build -ldflags="-s -w" -o "$dir/gpumem" ./cmd/gpumem
 	CGO_ENABLED=1 go build -buildmode=c-shared -trimpath -ldflags="-s -w" -o "$dir/libgpumem.so" ./clib
 	rm -f "$dir/libgpumem.h"
-	cc -O2 -Wall -fPIC -shared -o "$dir/libgpumem_preload.so" shim/c/preload.c -ldl -lpthread
+	cc -O2 -Wall -fPIC -shared -o "$dir/libgpumem_preload.so" shim/c/preload.c shim/c/gate.c -ldl -lpthread
 	cc -O2 -Wall -o "$dir/shimbench" shim/c/shimbench.c -ldl
 	git describe --always --dirty >"$dir/COMMIT" 2>/dev/null || true
 	du -sh "$dir"

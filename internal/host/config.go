@@ -39,10 +39,13 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	                   least memory, at more driver calls (gpumem.Config.Compact)
 //	defrag             true or false: move live chunks out of sparse spans
 //	                   rather than grow (gpumem.Config.Defrag); only for
-//	                   programs that launch from one thread at a time
+//	                   programs that launch from one thread at a time, or
+//	                   under `gpumem run` (its launch gate, Host.SetGate)
 //	gather             true or false: before an out-of-memory, move live
 //	                   chunks out of sparse spans until the request fits
-//	                   (gpumem.Config.Gather); the same proviso
+//	                   (gpumem.Config.Gather); the same proviso. Under
+//	                   `gpumem run` the default gathers through the gate;
+//	                   false turns that off too
 //	stream_waits       true (default) or false: a stream that would map
 //	                   more while other streams' frees are pending waits
 //	                   for their work on the GPU and reuses the memory
@@ -66,6 +69,9 @@ type Config struct {
 	Alloc         gpumem.Config
 	// Serve is the address to serve over HTTP (serve=), "" for none.
 	Serve string
+	// NoMoves: gather=false was said, so the allocator moves no live
+	// memory even where the process has a launch gate (Host.SetGate).
+	NoMoves bool
 }
 
 // defaultSimCapacity is the simulated device's memory when capacity is not
@@ -161,6 +167,7 @@ func (c *Config) set(key, val string) error {
 		c.Alloc.Defrag, err = strconv.ParseBool(val)
 	case "gather":
 		c.Alloc.Gather, err = strconv.ParseBool(val)
+		c.NoMoves = err == nil && !c.Alloc.Gather
 	case "stream_waits":
 		var on bool
 		on, err = strconv.ParseBool(val)

@@ -50,6 +50,8 @@ type Host struct {
 	captureReuse bool
 
 	devs [MaxDevices]atomic.Pointer[Device]
+
+	gate gpumem.Gate // the process's launch gate (SetGate), nil for none; under mu
 }
 
 // Device is one device's allocator and what the host keeps beside it.
@@ -171,6 +173,9 @@ func (h *Host) Device(ordinal int) (*Device, error) {
 		return nil, fmt.Errorf("gpumem: device %d: %w", ordinal, err)
 	}
 	a.SetCaptureReuse(h.captureReuse)
+	if h.gate != nil && !h.cfg.NoMoves {
+		a.SetGate(h.gate)
+	}
 	d := &Device{Ordinal: ordinal, Alloc: a, dev: dev, closeFn: closeFn}
 	h.devs[ordinal].Store(d)
 	h.started = true
@@ -179,6 +184,42 @@ func (h *Host) Device(ordinal int) (*Device, error) {
 		d.measureOutside() // before its first allocation: nothing reserved yet
 	}
 	return d, nil
+}
+
+// SetGate gives every device's allocator, made or to be made, the
+// process's launch gate (gpumem.Gate: `gpumem run`'s preload shim sees
+// every launch), unless the configuration says gather=false. Private pools
+// (CUDA graphs' memory) get none: a graph's addresses are fixed in it.
+func (h *Host) SetGate(g gpumem.Gate) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gate = g
+	if h.cfg.NoMoves {
+		return
+	}
+	for i := range h.devs {
+		if d := h.devs[i].Load(); d != nil {
+			d.Alloc.SetGate(g)
+		}
+	}
+}
+
+// Owns reports whether address ptr lies in memory of gpumem's, in use or
+// not, on any device (private pools included): the shim asks before it
+// turns moves off for an export of an address (an RDMA or NCCL
+// registration, say).
+func (h *Host) Owns(ptr uint64) bool {
+	for _, d := range h.Devices() {
+		if d.Alloc.Holds(device.Ptr(ptr), 1) {
+			return true
+		}
+		for _, a := range d.privates() {
+			if a.Holds(device.Ptr(ptr), 1) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // existing returns the device if its allocator has been made, else nil.

@@ -11,9 +11,11 @@
  * cuStreamBeginCapture marks a stream as capturing and cuStreamEndCapture
  * ends it; ending a stream that is not capturing is CUDA_ERROR_ILLEGAL_STATE,
  * as the driver's. */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -109,6 +111,47 @@ CUresult cuMemPoolGetAttribute(void *pool, int a, void *v) { (void)pool; (void)a
 CUresult cuMemPoolTrimTo(void *pool, size_t k) { (void)pool; (void)k; return 0; }
 CUresult cuMemPoolSetAccess(void *pool, const void *m, size_t c) { (void)pool; (void)m; (void)c; return 0; }
 
+/* Launches, for the launch gate's tests (gatecheck.c): each checks that
+ * its eleven arguments arrived as the caller passed them (argument k is
+ * 0x100 + k, except gridDimX, which is a command), counts itself, and with
+ * gridDimX 2 sleeps 200 ms inside the "driver" first. fake_launch_args
+ * reports the launches whose arguments did not arrive intact. gridDimX 3
+ * returns at once (gatecheck's benchmark). */
+static atomic_int launches, bad_args;
+int fake_launches(void) { return atomic_load(&launches); }
+int fake_launch_args(void) { return atomic_load(&bad_args); }
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, CUstream s, void **params, void **extra) {
+	if (gx == 3) return 0; /* the benchmark's: nothing shared between threads */
+	uintptr_t want[11] = {0x100, 0, 0x102, 0x103, 0x104, 0x105, 0x106, 0x107, 0x108, 0x109, 0x10a};
+	uintptr_t got[11] = {(uintptr_t)f, gx, gy, gz, bx, by, bz, shared, (uintptr_t)s, (uintptr_t)params, (uintptr_t)extra};
+	for (int k = 0; k < 11; k++)
+		if (k != 1 && got[k] != want[k]) {
+			atomic_fetch_add(&bad_args, 1);
+			break;
+		}
+	if (gx == 2) {
+		struct timespec t = {0, 200 * 1000 * 1000};
+		nanosleep(&t, NULL);
+	}
+	atomic_fetch_add(&launches, 1);
+	return 0;
+}
+CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                             unsigned shared, CUstream s, void **params, void **extra) {
+	return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+}
+/* The stand-in's own cuLaunchKernel, past any shim: the benchmark's
+ * baseline. */
+void *fake_launch_fn(void) { return (void *)cuLaunchKernel; }
+/* A driver function the shim has never heard of (a newer driver's). */
+CUresult cuBrandNewCall(int x) { return x; }
+/* An export: the physical memory behind an address. */
+CUresult cuMemRetainAllocationHandle(unsigned long long *h, void *addr) {
+	*h = (unsigned long long)(uintptr_t)addr;
+	return 0;
+}
+
 /* cuGetProcAddress from a fixed table: not through dlsym, which the shim
  * wraps. The per-thread-stream flag picks the _ptsz variant where there is
  * one. */
@@ -124,6 +167,7 @@ static const struct { const char *name; void *fn, *ptsz; } procs[] = {
 	{"cuMemAlloc", (void *)cuMemAlloc_v2, NULL}, {"cuMemFree", (void *)cuMemFree_v2, NULL},
 	{"cuMemGetInfo", (void *)cuMemGetInfo_v2, NULL}, {"cuStreamDestroy", (void *)cuStreamDestroy_v2, NULL},
 	{"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2, (void *)cuStreamBeginCapture_v2_ptsz},
+	P(cuLaunchKernel), F(cuBrandNewCall), F(cuMemRetainAllocationHandle),
 };
 
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status) {

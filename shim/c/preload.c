@@ -51,7 +51,15 @@
  *
  * Lookups made by libgpumem itself (its CUDA backend resolves the driver
  * with dlsym too) get the real functions: the shim tells them apart by the
- * caller's address. */
+ * caller's address.
+ *
+ * Every other driver name a program looks up goes to the launch gate
+ * (gate.c): the calls that submit work get thunks that pass the gate, so
+ * that gpumem can move live memory with no other thread's work in flight
+ * (libgpumem finds the gate by name: gpumem_preload_gate_close and _open,
+ * below); a name the gate cannot classify, or an export of gpumem's
+ * memory, turns moves off. With GPUMEM_PRELOAD_LOOKUPS=1 each lookup is
+ * said on stderr with its class; the report adds the gated calls. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -62,6 +70,7 @@
 #include <string.h>
 
 #include "../../clib/gpumem.h"
+#include "gate.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -197,7 +206,10 @@ static int passthrough; /* GPUMEM_PRELOAD_PASSTHROUGH=1 */
 static void report(void) {
 	unsigned long total = 0;
 	for (int i = 0; i < N_COUNTED; i++) total += atomic_load(&counts[i]);
-	if (total == 0) return;
+	if (total == 0) {
+		gate_report();
+		return;
+	}
 	if (passthrough)
 		fprintf(stderr, "gpumem: preload: passthrough (GPUMEM_PRELOAD_PASSTHROUGH=1), every call went to the driver; %ld stream captures begun\n",
 		        atomic_load(&captures_begun));
@@ -213,6 +225,7 @@ static void report(void) {
 		sep = ", ";
 	}
 	fprintf(stderr, "\n");
+	gate_report();
 }
 
 /* A child starts its counts over: what its parent counted is the parent's
@@ -228,9 +241,13 @@ static int env_is_1(const char *name) {
 	return v && strcmp(v, "1") == 0;
 }
 
+static int owns_addr(const void *p);
+
 __attribute__((constructor)) static void read_env(void) {
 	counting = env_is_1("GPUMEM_PRELOAD_REPORT");
 	passthrough = env_is_1("GPUMEM_PRELOAD_PASSTHROUGH");
+	gate_init(counting, env_is_1("GPUMEM_PRELOAD_LOOKUPS"));
+	gate_set_owner(owns_addr);
 	if (counting) {
 		pthread_atfork(NULL, NULL, zero_counts);
 		atexit(report);
@@ -238,6 +255,28 @@ __attribute__((constructor)) static void read_env(void) {
 }
 
 static void forked_child(void) { atomic_store(&gm_state, -2); }
+
+/* Whether gpumem owns address p, for the gate's exports: asked of the
+ * library at $GPUMEM_LIBRARY, whoever loaded it (the shim, or PyTorch's
+ * pluggable allocator under `gpumem run`, by the same path). Not loaded:
+ * gpumem holds nothing in this process. Loaded without gpumem_owns: it
+ * cannot say, and the address counts as gpumem's. */
+static int owns_addr(const void *p) {
+	static int (*_Atomic owns)(const void *);
+	int (*o)(const void *) = atomic_load(&owns);
+	if (!o) {
+		const char *path = getenv("GPUMEM_LIBRARY");
+		if (!path || !*path) path = "libgpumem.so";
+		void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+		if (!h) return 0;
+		resolve_real_dlsym();
+		o = (int (*)(const void *))real_dlsym(h, "gpumem_owns");
+		dlclose(h); /* NOLOAD took a reference */
+		if (!o) return 1;
+		atomic_store(&owns, o);
+	}
+	return o(p);
+}
 
 static void load_gpumem(void) {
 	resolve_real_dlsym();
@@ -747,7 +786,11 @@ static void *take_over(const char *name, void *fn, int ptds, int version) {
 		}
 		return e->wrapper;
 	}
-	return fn;
+	if (is_own(fn)) { /* an interposed reference to the shim's gated definition (below) */
+		fn = driver_symbol(name);
+		if (!fn || is_own(fn)) return NULL;
+	}
+	return gate_lookup(name, fn);
 }
 
 /* Fills every slot from libcuda, for a program that calls the shim's
@@ -770,8 +813,9 @@ static int from_gpumem(void *caller) {
 EXPORT void *dlsym(void *handle, const char *name) {
 	resolve_real_dlsym();
 	void *fn = real_dlsym(handle, name);
-	if (!fn || name[0] != 'c' || name[1] != 'u' || from_gpumem(__builtin_return_address(0))) return fn;
-	return take_over(name, fn, -1, 0);
+	if (!fn || from_gpumem(__builtin_return_address(0))) return fn;
+	if (name[0] == 'c' && name[1] == 'u') return take_over(name, fn, -1, 0);
+	return gate_watches(name) ? gate_lookup(name, fn) : fn; /* RDMA and NCCL registrations */
 }
 
 /* --- the shim's functions under the driver's names ---------------------------
@@ -818,3 +862,67 @@ DEFINE(CUresult, cuStreamEndCapture, (CUstream s, void **g), (s, g))
 DEFINE(CUresult, cuStreamEndCapture_ptsz, (CUstream s, void **g), (s, g))
 DEFINE(CUresult, cuGetProcAddress, (const char *s, void **f, int v, cuuint64_t fl), (s, f, v, fl))
 DEFINE(CUresult, cuGetProcAddress_v2, (const char *s, void **f, int v, cuuint64_t fl, void *st), (s, f, v, fl, st))
+
+/* --- the gate's entry points under the driver's names ------------------------
+ * For a program linked to libcuda.so.1: each gated function the driver
+ * exports, as a thunk of the launch gate (gate.c) over libcuda's own. The
+ * words are passed through as gate.c's thunks pass them. */
+
+typedef uint64_t W;
+typedef W (*fn12)(W, W, W, W, W, W, W, W, W, W, W, W);
+
+#define GATED_EXPORT(name)                                                                 \
+	EXPORT W name(W a, W b, W c, W d, W e, W f, W g, W h, W i, W j, W k, W l) {            \
+		static void *_Atomic fn;                                                           \
+		void *t = atomic_load_explicit(&fn, memory_order_acquire);                         \
+		if (!t) {                                                                          \
+			resolve_real_dlsym();                                                          \
+			void *real = driver_symbol(#name);                                             \
+			if (!real || is_own(real)) return CUDA_ERROR_NOT_FOUND;                        \
+			t = gate_lookup(#name, real);                                                  \
+			atomic_store_explicit(&fn, t, memory_order_release);                           \
+		}                                                                                  \
+		return ((fn12)t)(a, b, c, d, e, f, g, h, i, j, k, l);                              \
+	}
+#define PT(name) GATED_EXPORT(name) GATED_EXPORT(name##_ptsz)
+#define PD(name) GATED_EXPORT(name) GATED_EXPORT(name##_ptds)
+
+PT(cuLaunchKernel) PT(cuLaunchKernelEx) PT(cuLaunchCooperativeKernel) PT(cuLaunchHostFunc)
+GATED_EXPORT(cuLaunchCooperativeKernelMultiDevice)
+PD(cuMemcpy) PT(cuMemcpyAsync) PD(cuMemcpyPeer) PT(cuMemcpyPeerAsync)
+PD(cuMemcpyHtoD_v2) PD(cuMemcpyDtoH_v2) PD(cuMemcpyDtoD_v2)
+PT(cuMemcpyHtoDAsync_v2) PT(cuMemcpyDtoHAsync_v2) PT(cuMemcpyDtoDAsync_v2)
+PD(cuMemcpy2D_v2) PT(cuMemcpy2DAsync_v2) PD(cuMemcpy2DUnaligned_v2)
+PD(cuMemcpy3D_v2) PT(cuMemcpy3DAsync_v2) PD(cuMemcpy3DPeer) PT(cuMemcpy3DPeerAsync)
+PT(cuMemcpyBatchAsync) PT(cuMemcpy3DBatchAsync)
+PD(cuMemsetD8_v2) PD(cuMemsetD16_v2) PD(cuMemsetD32_v2)
+PD(cuMemsetD2D8_v2) PD(cuMemsetD2D16_v2) PD(cuMemsetD2D32_v2)
+PT(cuMemsetD8Async) PT(cuMemsetD16Async) PT(cuMemsetD32Async)
+PT(cuMemsetD2D8Async) PT(cuMemsetD2D16Async) PT(cuMemsetD2D32Async)
+PT(cuGraphLaunch) PT(cuGraphUpload)
+PT(cuStreamWaitValue32_v2) PT(cuStreamWaitValue64_v2) PT(cuStreamWriteValue32_v2)
+PT(cuStreamWriteValue64_v2) PT(cuStreamBatchMemOp_v2)
+PT(cuMemPrefetchAsync) PT(cuMemPrefetchAsync_v2)
+
+/* The gate, for libgpumem: it looks these up (dlsym of the process) when
+ * it starts, and moves live memory only where it finds them. */
+EXPORT int gpumem_preload_gate_close(void) { return gate_close(); }
+EXPORT void gpumem_preload_gate_open(void) { gate_open(); }
+
+/* NCCL's registrations, for a program linked to libnccl (PyTorch): the
+ * gate's export thunks over NCCL's own. */
+#define NEXT_EXPORT(name)                                                                  \
+	EXPORT W name(W a, W b, W c, W d, W e, W f, W g, W h, W i, W j, W k, W l) {            \
+		static void *_Atomic fn;                                                           \
+		void *t = atomic_load_explicit(&fn, memory_order_acquire);                         \
+		if (!t) {                                                                          \
+			resolve_real_dlsym();                                                          \
+			void *real = real_dlsym(RTLD_NEXT, #name);                                     \
+			if (!real) return 3; /* ncclInternalError: no NCCL to register with */         \
+			t = gate_lookup(#name, real);                                                  \
+			atomic_store_explicit(&fn, t, memory_order_release);                           \
+		}                                                                                  \
+		return ((fn12)t)(a, b, c, d, e, f, g, h, i, j, k, l);                              \
+	}
+NEXT_EXPORT(ncclCommRegister)
+NEXT_EXPORT(ncclCommWindowRegister)
