@@ -340,6 +340,14 @@ void *gate_lookup(const char *name, void *fn) {
 	return fn;
 }
 
+unsigned long gate_calls(void) {
+	unsigned long total = 0;
+	pthread_mutex_lock(&slots_mu);
+	for (int i = 0; i < nslots; i++) total += atomic_load(&slots[i].calls);
+	pthread_mutex_unlock(&slots_mu);
+	return total;
+}
+
 void gate_report(void) {
 	int n;
 	pthread_mutex_lock(&slots_mu);

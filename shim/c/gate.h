@@ -26,7 +26,9 @@ void gate_set_owner(int (*owns)(const void *));
 /* Why moves are off, or NULL while the gate is complete. */
 const char *gate_off_reason(void);
 
-/* The counts of the gated calls, for the shim's report. */
+/* The counts of the gated calls, for the shim's report; their total so
+ * far (0 unless counting). */
 void gate_report(void);
+unsigned long gate_calls(void);
 
 #endif

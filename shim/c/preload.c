@@ -909,6 +909,10 @@ PT(cuMemPrefetchAsync) PT(cuMemPrefetchAsync_v2)
 EXPORT int gpumem_preload_gate_close(void) { return gate_close(); }
 EXPORT void gpumem_preload_gate_open(void) { gate_open(); }
 
+/* The gated calls made so far (with GPUMEM_PRELOAD_REPORT=1; 0 without):
+ * what a test compares with a profiler's count of kernels launched. */
+EXPORT unsigned long gpumem_preload_gated_calls(void) { return gate_calls(); }
+
 /* NCCL's registrations, for a program linked to libnccl (PyTorch): the
  * gate's export thunks over NCCL's own. */
 #define NEXT_EXPORT(name)                                                                  \
