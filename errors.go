@@ -230,8 +230,7 @@ func (e *OutOfMemoryError) Error() string {
 				// The risk in the same breath as the setting: a move while
 				// another host thread launches loses that work's writes
 				// with no error (config.go, Gather).
-				b.WriteString("; under `gpumem run`, which sees every launch, gpumem moves live chunks out of the idle spans before failing (gpumem fit --policy gpumem-gather); " +
-					"elsewhere Config.Gather, GPUMEM_CONFIG=gather=true, does, " +
+				b.WriteString("; Config.Gather, GPUMEM_CONFIG=gather=true, moves live chunks out of the idle spans before failing (gpumem fit --policy gpumem-gather), " +
 					"but if another host thread launches work meanwhile, that work's writes to the moved memory are lost with no error (wrong results): " +
 					"turn it on only where all GPU work, libraries' included, is launched from one thread at a time " +
 					"(PyTorch's autograd engine, NCCL, DataLoader pin threads and serving frameworks launch from threads of their own)")

@@ -4,9 +4,12 @@ package gpumem
 // allocator moves live memory (issue 41). Moving a live buffer copies its
 // bytes to new physical memory and maps that at the same address; a kernel
 // another thread launches meanwhile on the old memory would have its
-// writes lost with no error. `gpumem run`'s preload shim sees every
-// driver entry point that submits work (shim/c/gate.c) and gives gpumem a
-// gate over them.
+// writes lost with no error. `gpumem run`'s preload shim hands out every
+// driver entry point that submits work through a gate (shim/c/gate.c) and
+// gives gpumem that gate. It refuses to close in a process that reaches
+// the driver other than by name: the CUDA runtime (so PyTorch, cuBLAS,
+// cuDNN, NCCL) launches through cuGetExportTable's private tables, which
+// it cannot see into, so there no move is ever made.
 //
 // With a gate the allocator gathers on the way to an out-of-memory as
 // Config.Gather does, each split with the gate closed, without being asked

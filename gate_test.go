@@ -60,8 +60,8 @@ func (d gateCopies) Copy(dst, src device.Ptr, n uint64) error {
 // move with the gate closed, closing it once per split and opening it
 // after; the bytes moved read back. A gate that refuses to close makes no
 // move: the out-of-memory stays, counted in Stats.GateRefusals, and its
-// verdict still names gpumem run. Without a gate the default moves
-// nothing, as before.
+// verdict says why nothing moved. Without a gate the default moves
+// nothing, as before, and the verdict names gather=true.
 func TestGateGathers(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct {
@@ -107,7 +107,7 @@ func TestGateGathers(t *testing.T) {
 				if c.refusing {
 					wantIn(t, err.Error(), "no live chunk was moved out of them: refused")
 				} else {
-					wantIn(t, err.Error(), "under `gpumem run`, which sees every launch")
+					wantIn(t, err.Error(), "GPUMEM_CONFIG=gather=true")
 				}
 			}
 			if g.closed {

@@ -138,9 +138,11 @@ func (e *env) run(args []string) int {
 	}
 	// defrag=true and gather=true move live memory: under the shim each
 	// move closes its launch gate (shim/c/gate.c, gpumem.Gate), so that no
-	// thread of XLA's, TensorFlow's or PyTorch's launches meanwhile, and
-	// where the gate cannot see every launch, no move is made. The default
-	// gathers on the way to an out-of-memory by itself.
+	// other thread launches meanwhile, and where the gate cannot see every
+	// launch (any program that uses the CUDA runtime, which reaches the
+	// driver through cuGetExportTable) no move is made and the shim says
+	// why. Where it sees them all, the default gathers on the way to an
+	// out-of-memory by itself.
 	lib, err := findLibrary(*library, "GPUMEM_LIBRARY", "libgpumem.so")
 	if err == nil {
 		*shim, err = findLibrary(*shim, "GPUMEM_PRELOAD", "libgpumem_preload.so")

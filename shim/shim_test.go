@@ -349,8 +349,9 @@ func TestShimbench(t *testing.T) {
 // TestLaunchGate: the launch gate's contracts (c/gatecheck.c): launches
 // found every way a program finds them pass the gate with their arguments
 // intact, none reaches the driver while it is closed, closing waits for
-// one inside the driver; a lookup the shim cannot classify, or an export
-// of gpumem's memory, turns moves off, said in one line.
+// one inside the driver; a lookup the shim cannot classify, a lookup of
+// cuGetExportTable (the CUDA runtime's private way to the driver), or an
+// export of gpumem's memory, turns moves off, said in one line.
 func TestLaunchGate(t *testing.T) {
 	b := build(t)
 	for _, c := range []struct {
@@ -360,6 +361,7 @@ func TestLaunchGate(t *testing.T) {
 		{"gate", "", 4},
 		{"unknown", "gpumem: preload: an unclassified driver entry point, cuBrandNewCall: gpumem will not move live memory in this process (an out-of-memory stays one)\n", 1},
 		{"export", "gpumem: preload: an export of gpumem's memory by cuMemRetainAllocationHandle: gpumem will not move live memory in this process (an out-of-memory stays one)\n", 1},
+		{"opaque", "gpumem: preload: launches the gate cannot see, through cuGetExportTable: gpumem will not move live memory in this process (an out-of-memory stays one)\n", 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cmd := b.command([]string{"GPUMEM_CONFIG=device=sim,capacity=4GiB"}, b.gatecheck, c.name)

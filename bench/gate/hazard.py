@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--per-worker", type=int, default=25)
-    ap.add_argument("--big-mib", type=int, default=700)
+    ap.add_argument("--big-mib", type=int, default=1000)
     args = ap.parse_args()
     if args.use:
         os.environ["GPUMEM_CONFIG"] = args.config
@@ -60,14 +60,14 @@ def main():
     wrong = wrong_elems = checked = served = 0
     for _ in range(args.rounds):
         # Strand: each worker tensor alone in its span, beside freed filler.
-        groups = []
+        groups, filler = [], []
         for w in range(args.workers):
             ts = []
             for i in range(args.per_worker):
                 ts.append(torch.full((n,), float(i), device=dev))
-                filler = [torch.empty(2 * MIB, dtype=torch.uint8, device=dev) for _ in range(7)]
-                del filler
+                filler += [torch.empty(2 * MIB, dtype=torch.uint8, device=dev) for _ in range(7)]
             groups.append(ts)
+        del filler  # all at once: freed one by one, the next tensor would reuse it
         torch.cuda.synchronize()
         stop = threading.Event()
         threads, adds, starts = [], [], []

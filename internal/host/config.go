@@ -44,7 +44,8 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	gather             true or false: before an out-of-memory, move live
 //	                   chunks out of sparse spans until the request fits
 //	                   (gpumem.Config.Gather); the same proviso. Under
-//	                   `gpumem run` the default gathers through the gate;
+//	                   `gpumem run`, in a program whose every launch its
+//	                   gate sees, the default gathers through the gate;
 //	                   false turns that off too
 //	stream_waits       true (default) or false: a stream that would map
 //	                   more while other streams' frees are pending waits

@@ -5,7 +5,7 @@
 /* What the program gets for the driver function fn it looked up by name
  * (dlsym or cuGetProcAddress): fn itself, or a thunk that passes the gate
  * (a call that submits work) or notes an export of memory. Also notes a
- * name it cannot classify, which turns moves off. */
+ * name it cannot classify, or cuGetExportTable, which turn moves off. */
 void *gate_lookup(const char *name, void *fn);
 
 /* Whether name is one the gate hands out thunks for (the shim's dlsym

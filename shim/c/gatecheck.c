@@ -12,6 +12,9 @@
  *                      is closed, all of them do in the end
  *   gatecheck unknown  a lookup of a driver function the shim cannot
  *                      classify turns moves off: the gate refuses to close
+ *   gatecheck opaque   a lookup of cuGetExportTable (the CUDA runtime's way
+ *                      to the driver, which the gate cannot see) turns
+ *                      moves off
  *   gatecheck export   the physical handle of an address that is not
  *                      gpumem's leaves moves on; of one of gpumem's, off
  *   gatecheck bench    the gate's cost per launch (see bench, below)
@@ -190,6 +193,17 @@ static void unknown(void) {
 	ok("an unclassified lookup turns moves off");
 }
 
+static void opaque(void) {
+	CHECK(gate_close() == 0, "the gate did not close before cuGetExportTable");
+	gate_open();
+	void *f = NULL;
+	int st = 0;
+	getproc("cuGetExportTable", &f, 13000, 0, &st);
+	CHECK(f != NULL, "cuGetExportTable not found");
+	CHECK(gate_close() != 0, "the gate closed after cuGetExportTable, whose launches it cannot see");
+	ok("a lookup of cuGetExportTable turns moves off");
+}
+
 static void export(void) {
 	void *f = NULL;
 	int st = 0;
@@ -329,10 +343,12 @@ int main(int argc, char **argv) {
 		unknown();
 	else if (strcmp(what, "export") == 0)
 		export();
+	else if (strcmp(what, "opaque") == 0)
+		opaque();
 	else if (strcmp(what, "bench") == 0)
 		bench();
 	else {
-		fprintf(stderr, "usage: gatecheck gate|unknown|export|gather|bench\n");
+		fprintf(stderr, "usage: gatecheck gate|unknown|opaque|export|gather|bench\n");
 		return 2;
 	}
 	return failures ? 1 : 0;

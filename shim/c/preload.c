@@ -810,11 +810,26 @@ static int from_gpumem(void *caller) {
 	return gm.base && dladdr(caller, &info) && info.dli_fbase == gm.base;
 }
 
+/* Whether fn is libcuda's: the gate classifies the driver's names only,
+ * not other libraries' that share its prefix (cudnnCreate, cudaMalloc). */
+static int in_driver(void *fn) {
+	static void *_Atomic base;
+	Dl_info info;
+	void *b = atomic_load(&base);
+	if (!b) {
+		void *init = driver_symbol("cuInit");
+		if (!init || !dladdr(init, &info)) return 0;
+		b = info.dli_fbase;
+		atomic_store(&base, b);
+	}
+	return dladdr(fn, &info) && info.dli_fbase == b;
+}
+
 EXPORT void *dlsym(void *handle, const char *name) {
 	resolve_real_dlsym();
 	void *fn = real_dlsym(handle, name);
 	if (!fn || from_gpumem(__builtin_return_address(0))) return fn;
-	if (name[0] == 'c' && name[1] == 'u') return take_over(name, fn, -1, 0);
+	if (name[0] == 'c' && name[1] == 'u' && (in_driver(fn) || is_own(fn))) return take_over(name, fn, -1, 0);
 	return gate_watches(name) ? gate_lookup(name, fn) : fn; /* RDMA and NCCL registrations */
 }
 
