@@ -84,6 +84,13 @@ def main():
     lengths = random.Random(program).choices(range(lo, 1025), k=args.steps)
     g = torch.Generator(device="cuda").manual_seed(rank)
     times, losses = [], []
+    # gpumem's driver work per step (creates, fences, stream waits,
+    # releases), to tell growth steps and host waits from the rest.
+    per_step = {"Creates": [], "Fences": [], "Orders": [], "Releases": []}
+    counts = (lambda: gpumem.library().stats_json(local)) if args.allocator == "gpumem" else None
+    if counts:
+        import json
+        before = json.loads(counts())
     for n in lengths:
         t0 = time.perf_counter()
         x = torch.randint(0, 50257, (8, n), device="cuda", generator=g)
@@ -95,6 +102,11 @@ def main():
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss.detach()))
+        if counts:
+            now = json.loads(counts())
+            for k in per_step:
+                per_step[k].append(now[k] - before[k])
+            before = now
     if args.allocator == "gpumem":
         st = gpumem.torch.stats()
         peak_reserved = st["peak_reserved"]
@@ -109,10 +121,11 @@ def main():
     rec = {"program": program, "allocator": args.allocator, "tag": args.tag, "rank": rank, "world": world,
            "steps": args.steps, "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": peak_reserved,
            "median_step_ms": statistics.median(times[warm:]), "step_ms": times, "losses": losses,
-           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+           "lengths": lengths, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.allocator == "gpumem":
         import json
         rec["gpumem_stats"] = json.loads(gpumem.library().stats_json(local))
+        rec["gpumem_per_step"] = per_step
     dist.barrier()
     dist.destroy_process_group()
     emit(rec, args.out)
