@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--per-worker", type=int, default=25)
     ap.add_argument("--big-mib", type=int, default=1000)
+    ap.add_argument("--quiet", action="store_true",
+                    help="the workers start after the big request: the moves alone, no launch beside them")
     args = ap.parse_args()
     if args.use:
         os.environ["GPUMEM_CONFIG"] = args.config
@@ -71,6 +73,19 @@ def main():
         torch.cuda.synchronize()
         stop = threading.Event()
         threads, adds, starts = [], [], []
+
+        def request():
+            nonlocal served
+            try:
+                big = torch.empty(args.big_mib * MIB, dtype=torch.uint8, device=dev)
+                big.fill_(1)
+                served += 1
+                del big
+            except torch.cuda.OutOfMemoryError as e:
+                print(f"hazard: out of memory: {str(e).splitlines()[0][:300]}", file=sys.stderr)
+
+        if args.quiet:
+            request()
         for w in range(args.workers):
             a = [0] * args.per_worker
             s = torch.cuda.Stream()
@@ -82,13 +97,8 @@ def main():
             starts.append(st)
         for st in starts:
             st.wait()
-        try:
-            big = torch.empty(args.big_mib * MIB, dtype=torch.uint8, device=dev)
-            big.fill_(1)
-            served += 1
-            del big
-        except torch.cuda.OutOfMemoryError as e:
-            print(f"hazard: out of memory: {str(e).splitlines()[0][:300]}", file=sys.stderr)
+        if not args.quiet:
+            request()
         stop.set()
         for th in threads:
             th.join()
