@@ -84,6 +84,10 @@ def main():
             except torch.cuda.OutOfMemoryError as e:
                 print(f"hazard: out of memory: {str(e).splitlines()[0][:300]}", file=sys.stderr)
 
+        import gpumem as gm
+        shape = gm.stats(0)
+        print(f"hazard: stranded: reserved {shape['reserved'] >> 20} MiB, active {shape['active'] >> 20} MiB, "
+              f"limit {shape['limit'] >> 20} MiB", file=sys.stderr)
         if args.quiet:
             request()
         for w in range(args.workers):

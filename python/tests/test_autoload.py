@@ -130,3 +130,36 @@ def test_gpumem_run_makes_gpumem_pytorchs_allocator():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["pluggable", "True", "True", "True", str(float(64 << 20))], (r.stdout, r.stderr)
+
+
+@needs_gpu
+def test_gpumem_run_out_of_memory_is_pytorchs_error():
+    """Under `gpumem run` the shim is in the process beside the pluggable
+    allocator, which it did not load: gpumem's own driver calls must still
+    reach the driver (a cuMemGetInfo through the shim's wrapper asks gpumem
+    again, without end). A request over the limit is PyTorch's
+    OutOfMemoryError with gpumem's verdict, the program goes on, and a 1 GiB
+    request (one that asks the device's free memory) is served."""
+    torch = pytest.importorskip("torch")
+    del torch
+    cmd = _gpumem_command()
+    if cmd is None:
+        pytest.skip("no gpumem command built (scripts/gpu.sh build, or the wheel's gpumem/_bin)")
+    program = textwrap.dedent("""
+        import torch
+        keep = [torch.empty(256 << 20, dtype=torch.uint8, device="cuda") for _ in range(6)]
+        try:
+            torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+            print("served")
+        except torch.cuda.OutOfMemoryError as e:
+            print("oom", "gpumem" in str(e))
+        del keep
+        x = torch.ones(1 << 28, device="cuda")
+        print(float(x.sum()))
+    """)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    env.pop("GPUMEM_AUTOLOAD", None)
+    r = subprocess.run([cmd, "run", "--limit", "2GiB", "--", sys.executable, "-c", program], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["oom", "True", str(float(1 << 28))], (r.stdout, r.stderr[-3000:])

@@ -805,9 +805,27 @@ static void fill_from_driver(void) {
 
 /* --- dlsym ------------------------------------------------------------------ */
 
+/* Whether caller lies in libgpumem: the one the shim loaded (gm.base), or
+ * one the program loaded itself (PyTorch's pluggable allocator under
+ * `gpumem run` loads it through ctypes, and the shim never does): an
+ * object that defines gpumem_api_version. gpumem's own lookups must get
+ * the driver's functions: through the shim's wrappers, its cuMemGetInfo
+ * would ask gpumem, which asks the driver, without end (a crash on the
+ * first out-of-memory of a PyTorch program under `gpumem run`). */
 static int from_gpumem(void *caller) {
+	static void *_Atomic known; /* the base of a libgpumem the program loaded */
 	Dl_info info;
-	return gm.base && dladdr(caller, &info) && info.dli_fbase == gm.base;
+	if (!dladdr(caller, &info) || !info.dli_fbase) return 0;
+	if (info.dli_fbase == gm.base || info.dli_fbase == atomic_load(&known)) return 1;
+	if (!info.dli_fname || !*info.dli_fname) return 0;
+	void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+	if (!h) return 0;
+	void *api = real_dlsym(h, "gpumem_api_version");
+	dlclose(h);
+	Dl_info in;
+	if (!api || !dladdr(api, &in) || in.dli_fbase != info.dli_fbase) return 0; /* another object's, found through h's scope */
+	atomic_store(&known, info.dli_fbase);
+	return 1;
 }
 
 /* Whether fn is libcuda's: the gate classifies the driver's names only,
@@ -828,9 +846,10 @@ static int in_driver(void *fn) {
 EXPORT void *dlsym(void *handle, const char *name) {
 	resolve_real_dlsym();
 	void *fn = real_dlsym(handle, name);
-	if (!fn || from_gpumem(__builtin_return_address(0))) return fn;
-	if (name[0] == 'c' && name[1] == 'u' && (in_driver(fn) || is_own(fn))) return take_over(name, fn, -1, 0);
-	return gate_watches(name) ? gate_lookup(name, fn) : fn; /* RDMA and NCCL registrations */
+	int driver_name = name[0] == 'c' && name[1] == 'u';
+	if (!fn || !(driver_name || gate_watches(name)) || from_gpumem(__builtin_return_address(0))) return fn;
+	if (driver_name) return in_driver(fn) || is_own(fn) ? take_over(name, fn, -1, 0) : fn;
+	return gate_lookup(name, fn); /* RDMA and NCCL registrations */
 }
 
 /* --- the shim's functions under the driver's names ---------------------------
