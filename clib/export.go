@@ -18,7 +18,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"runtime/debug"
 	"sync"
 	"unsafe"
@@ -29,14 +28,28 @@ import (
 )
 
 // theHost is the process's host, made at the first call: GPUMEM_CONFIG is
-// read then (as the environment was when the library was loaded).
+// read then, from the process's environment as it is (getenv): os.Getenv
+// reads the Go runtime's copy, which in a c-shared library is the
+// environment the process started with, and missed what a Python program
+// put in os.environ before its first gpumem call (measured: the config
+// was ignored with no error).
 var theHost = sync.OnceValue(func() *host.Host {
-	h := host.New(os.Getenv("GPUMEM_CONFIG"), nil)
+	h := host.New(getenv("GPUMEM_CONFIG"), nil)
 	if g, ok := shimGate(); ok {
 		h.SetGate(g)
 	}
 	return h
 })
+
+// getenv reads the process's environment as it is now (C's getenv).
+func getenv(name string) string {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	if v := C.getenv(cs); v != nil {
+		return C.GoString(v)
+	}
+	return ""
+}
 
 // fail records err as the calling thread's last error and returns its
 // status.

@@ -104,6 +104,21 @@ def installed():
     return _state["installed"]
 
 
+def _nccl_hook_refusal(env):
+    """The one line use() fails with where PyTorch would register its own
+    allocator's segments with NCCL (TORCH_NCCL_USE_TENSOR_REGISTER_
+    ALLOCATOR_HOOK): through a pluggable allocator the process aborts
+    ("terminate called without an active exception") in its first NCCL
+    collective (PyTorch 2.11, H200, one rank and two; bench/gate/ncclhook.py).
+    None where it is off."""
+    v = env.get("TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK", "").strip().lower()
+    if v in ("", "0", "false", "no", "off"):
+        return None
+    return ("gpumem: TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=" + env["TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK"] +
+            " registers PyTorch's own allocator's segments with NCCL, which a pluggable allocator cannot serve "
+            "(the process would abort at its first collective): unset it to train on gpumem")
+
+
 def use(limit=None, *, config=None):
     """Makes gpumem PyTorch's CUDA allocator. Call it before PyTorch
     initializes its allocator: before the first CUDA allocation,
@@ -119,6 +134,9 @@ def use(limit=None, *, config=None):
     if _state["installed"]:
         configure(config, limit=limit)
         return
+    refusal = _nccl_hook_refusal(os.environ)
+    if refusal:
+        raise RuntimeError(refusal)
     lib = _lib.load()
     configure(config, limit=limit)
     # NCCL must not rely on record_stream from C++, which a pluggable

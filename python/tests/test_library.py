@@ -50,6 +50,23 @@ def test_foreign_library_is_refused():
 
 
 @needs_library
+@needs_library
+def test_config_set_in_os_environ_is_read():
+    """GPUMEM_CONFIG put in os.environ by the program, before its first
+    gpumem call, is the configuration (the Go runtime's own copy of the
+    environment is the one the process started with, which does not have
+    it: the limit was silently ignored)."""
+    p = run("""
+        import os
+        os.environ["GPUMEM_CONFIG"] = "device=sim,capacity=4GiB,limit=1600MiB"
+        import gpumem
+        lib = gpumem.library()
+        lib.allocate(1 << 20, 0, 0)
+        print(gpumem.stats(0)["limit"] >> 20)
+    """, env={"GPUMEM_CONFIG": ""})
+    assert p.stdout.split() == ["1600"], p.stdout
+
+
 def test_allocate_free_stats():
     run("""
         import gpumem
@@ -538,3 +555,17 @@ def test_pool_create_refuses_gpumems_own_functions():
             raise AssertionError("accepted")
         print("ok")
     """, config=SIM)
+
+
+def test_nccl_registration_hook_is_refused_at_once():
+    """TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK on: use() fails at once
+    with one line naming the variable (through the pluggable allocator the
+    process aborted at its first collective); off or unset: nothing."""
+    from gpumem import torch as gt
+    for v in ("", "0", "false"):
+        assert gt._nccl_hook_refusal({"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": v}) is None
+    assert gt._nccl_hook_refusal({}) is None
+    for v in ("1", "true"):
+        msg = gt._nccl_hook_refusal({"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": v})
+        assert msg and "\n" not in msg and "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=" + v in msg
+        assert "unset it" in msg
