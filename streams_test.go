@@ -1,6 +1,7 @@
 package gpumem_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/gpumem/gpumem"
@@ -306,46 +307,72 @@ func TestStreamsPollJustRecordedEpoch(t *testing.T) {
 		lag   int
 		order bool
 	}{{0, false}, {4, false}, {1000, true}} {
-		dev := sim.MustNew(sim.Config{Capacity: 8 << 30, QueryLag: c.lag})
-		a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
-		sa, _ := dev.NewStream()
-		sb, _ := dev.NewStream()
-		keep, err := a.Alloc(64*miB, sa) // a live neighbour
-		if err != nil {
-			t.Fatal(err)
+		// The polling is bounded in time too (epochPollTime, 20 µs): on a
+		// loaded machine under the race detector four queries can take
+		// longer, and b is ordered where it need not be. So a lag within
+		// the bound gets up to five tries, and fails only if every try
+		// ordered (the CI failed once so, beside another test's load).
+		tries := 1
+		if c.lag > 0 && !c.order {
+			tries = 5
 		}
-		x, err := a.Alloc(96*miB, sa)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := a.Alloc(miB, sb); err != nil { // stream b's own memory
-			t.Fatal(err)
-		}
-		if err := a.Free(x); err != nil {
-			t.Fatal(err)
-		}
-		before := a.Stats()
-		y, err := a.Alloc(96*miB, sb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		after := a.Stats()
-		if after.Reserved != before.Reserved || y.Ptr() != x.Ptr() {
-			t.Errorf("query lag %d: stream b got 0x%x, reserved %d -> %d; want a's free 0x%x, no growth",
-				c.lag, y.Ptr(), before.Reserved, after.Reserved, x.Ptr())
-		}
-		if ordered := after.Orders > before.Orders; ordered != c.order {
-			t.Errorf("query lag %d: stream b waited on the GPU for a's work: %v, want %v", c.lag, ordered, c.order)
-		}
-		if err := dev.CheckHandoff(y.Ptr(), 96*miB, sb); err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range []gpumem.Buffer{keep, y} {
-			if err := a.Free(b); err != nil {
-				t.Fatal(err)
+		var why string
+		for try := 0; try < tries; try++ {
+			if why = pollJustRecorded(t, c.lag, c.order); why == "" {
+				break
 			}
 		}
+		if why != "" {
+			t.Error(why)
+		}
 	}
+}
+
+// pollJustRecorded runs TestStreamsPollJustRecordedEpoch's case with the
+// given query lag and returns what went wrong about the order ("" if
+// nothing); other failures are fatal.
+func pollJustRecorded(t *testing.T, lag int, order bool) string {
+	t.Helper()
+	dev := sim.MustNew(sim.Config{Capacity: 8 << 30, QueryLag: lag})
+	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
+	sa, _ := dev.NewStream()
+	sb, _ := dev.NewStream()
+	keep, err := a.Alloc(64*miB, sa) // a live neighbour
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := a.Alloc(96*miB, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Alloc(miB, sb); err != nil { // stream b's own memory
+		t.Fatal(err)
+	}
+	if err := a.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats()
+	y, err := a.Alloc(96*miB, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := a.Stats()
+	if after.Reserved != before.Reserved || y.Ptr() != x.Ptr() {
+		t.Errorf("query lag %d: stream b got 0x%x, reserved %d -> %d; want a's free 0x%x, no growth",
+			lag, y.Ptr(), before.Reserved, after.Reserved, x.Ptr())
+	}
+	if err := dev.CheckHandoff(y.Ptr(), 96*miB, sb); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []gpumem.Buffer{keep, y} {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ordered := after.Orders > before.Orders; ordered != order {
+		return fmt.Sprintf("query lag %d: stream b waited on the GPU for a's work: %v, want %v", lag, ordered, order)
+	}
+	return ""
 }
 
 // TestStreamsMoveOnlyTheirOwnEmptySpans: a span emptied by a stream whose

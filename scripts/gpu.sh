@@ -335,21 +335,22 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 			local n
 			n=$(nvidia-smi -L | wc -l)
 			GPUMEM_CONFIG=serve=127.0.0.1:0 python3 -m torch.distributed.run --nproc_per_node "$n" \
-				bench/train/ddp.py gpumem --fsdp --steps 40 --out "$out/ranks.jsonl" >"$out/ranks.log" 2>&1 &
+				bench/train/ddp.py gpumem --fsdp --steps 60 --out "$out/ranks.jsonl" >"$out/ranks.log" 2>&1 &
 			local train=$! i
 			"$bin/gpumem" serve --listen 127.0.0.1:9464 >>"$out/ranks.log" 2>&1 &
 			local served=$!
-			for i in $(seq 60); do # until every rank announces its pool, at most a minute
-				sleep 1
-				[ "$("$bin/gpumem" top --once 2>/dev/null | awk '/^gpumem pools/ { f = 1; next } f && /^[0-9]/ { k++ } END { print k + 0 }')" -ge "$n" ] && break
+			local run_dir=${GPUMEM_RUN_DIR:-${TMPDIR:-/tmp}/gpumem-$(id -u)}
+			for i in $(seq 120); do # until every rank announces its pool (internal/announce), at most a minute
+				sleep 0.5
+				[ "$(ls "$run_dir" 2>/dev/null | grep -c '^[0-9][0-9]*$')" -ge "$n" ] && break
 			done
-			sleep 5 # into the steps
+			sleep 25 # into the steps (model building and the first step take about 20 s)
 			"$bin/gpumem" top --once >"$out/top.txt" 2>&1 || true
 			python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=30).read().decode())' \
 				>"$out/metrics.txt" 2>&1 || true
 			wait "$train" || echo "FAIL: the FSDP run" | tee -a "$out/ranks.log" >&2
 			kill "$served" 2>/dev/null || true
-			echo "pools in top: $(awk '/^gpumem pools/ { f = 1; next } f && /^[0-9]/ { k++ } END { print k + 0 }' "$out/top.txt"), pids in metrics: $(grep '^gpumem_' "$out/metrics.txt" | grep -o 'pid="[0-9]*"' | sort -u | wc -l) (ranks: $n)" | tee -a "$out/ranks.log" >&2
+			echo "pools in top: $(grep -c '^ *[0-9][0-9]* ' "$out/top.txt"), pids in metrics: $(grep '^gpumem_' "$out/metrics.txt" | grep -o 'pid="[0-9]*"' | sort -u | wc -l) (ranks: $n)" | tee -a "$out/ranks.log" >&2
 			;;
 		pathcost)
 			# What an allocation costs on the real device: the C caller's
