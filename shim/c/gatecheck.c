@@ -35,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #include "../../clib/gpumem.h"
 
 typedef int CUresult;
@@ -42,26 +44,9 @@ typedef CUresult (*getproc_t)(const char *, void **, int, unsigned long long, in
 typedef CUresult (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                              void **, void **);
 
-static int failures;
 static int (*fake_launches)(void), (*fake_launch_args)(void);
 static int (*gate_close)(void);
 static void (*gate_open)(void);
-
-#define CHECK(cond, ...)                                         \
-	do {                                                         \
-		if (!(cond)) {                                           \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                        \
-			fprintf(stderr, "\n");                               \
-			failures++;                                          \
-		}                                                        \
-	} while (0)
-
-static void ok(const char *what) {
-	static int reported;
-	if (failures == reported) printf("ok: %s\n", what);
-	reported = failures;
-}
 
 static void sleep_ms(int ms) {
 	struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};

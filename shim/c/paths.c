@@ -28,6 +28,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check.h"
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
@@ -35,7 +37,6 @@ typedef CUresult (*getproc_t)(const char *, void **, int, unsigned long long, in
 
 static getproc_t getproc;
 static int (*fake_calls)(const char *);
-static int failures;
 
 typedef struct {
 	uint64_t allocated, peak_allocated, active, peak_active, reserved, peak_reserved, cached, releasable,
@@ -44,23 +45,6 @@ typedef struct {
 	uint64_t live_buffers, allocs, frees, device_calls, ooms, trims, limit;
 } gm_stats;
 static int (*gm_get_stats)(int, gm_stats *, size_t);
-
-#define CHECK(cond, ...)                                           \
-	do {                                                           \
-		if (!(cond)) {                                             \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);   \
-			fprintf(stderr, __VA_ARGS__);                          \
-			fprintf(stderr, "\n");                                 \
-			failures++;                                            \
-		}                                                          \
-	} while (0)
-
-/* Prints "ok: what" if no check failed since the last ok. */
-static void ok(const char *what) {
-	static int reported;
-	if (failures == reported) printf("ok: %s\n", what);
-	reported = failures;
-}
 
 static void *proc_flags(const char *name, unsigned long long flags) {
 	void *fn = NULL;

@@ -905,19 +905,32 @@ DEFINE(CUresult, cuGetProcAddress_v2, (const char *s, void **f, int v, cuuint64_
 typedef uint64_t W;
 typedef W (*fn12)(W, W, W, W, W, W, W, W, W, W, W, W);
 
-#define GATED_EXPORT(name)                                                                 \
+/* A thunk of the gate over find(name) under name itself, resolved at its
+ * first call; missing is the answer when find has none. */
+#define THUNKED_EXPORT(name, find, missing)                                                \
 	EXPORT W name(W a, W b, W c, W d, W e, W f, W g, W h, W i, W j, W k, W l) {            \
 		static void *_Atomic fn;                                                           \
 		void *t = atomic_load_explicit(&fn, memory_order_acquire);                         \
 		if (!t) {                                                                          \
 			resolve_real_dlsym();                                                          \
-			void *real = driver_symbol(#name);                                             \
-			if (!real || is_own(real)) return CUDA_ERROR_NOT_FOUND;                        \
+			void *real = find(#name);                                                      \
+			if (!real) return missing;                                                     \
 			t = gate_lookup(#name, real);                                                  \
 			atomic_store_explicit(&fn, t, memory_order_release);                           \
 		}                                                                                  \
 		return ((fn12)t)(a, b, c, d, e, f, g, h, i, j, k, l);                              \
 	}
+
+/* libcuda's own function of that name (not the shim's). */
+static void *driver_own(const char *name) {
+	void *fn = driver_symbol(name);
+	return fn && !is_own(fn) ? fn : NULL;
+}
+
+/* The next object's function of that name (NCCL's, past the shim). */
+static void *next_own(const char *name) { return real_dlsym(RTLD_NEXT, name); }
+
+#define GATED_EXPORT(name) THUNKED_EXPORT(name, driver_own, CUDA_ERROR_NOT_FOUND)
 #define PT(name) GATED_EXPORT(name) GATED_EXPORT(name##_ptsz)
 #define PD(name) GATED_EXPORT(name) GATED_EXPORT(name##_ptds)
 
@@ -949,18 +962,6 @@ EXPORT unsigned long gpumem_preload_gated_calls(void) { return gate_calls(); }
 
 /* NCCL's registrations, for a program linked to libnccl (PyTorch): the
  * gate's export thunks over NCCL's own. */
-#define NEXT_EXPORT(name)                                                                  \
-	EXPORT W name(W a, W b, W c, W d, W e, W f, W g, W h, W i, W j, W k, W l) {            \
-		static void *_Atomic fn;                                                           \
-		void *t = atomic_load_explicit(&fn, memory_order_acquire);                         \
-		if (!t) {                                                                          \
-			resolve_real_dlsym();                                                          \
-			void *real = real_dlsym(RTLD_NEXT, #name);                                     \
-			if (!real) return 3; /* ncclInternalError: no NCCL to register with */         \
-			t = gate_lookup(#name, real);                                                  \
-			atomic_store_explicit(&fn, t, memory_order_release);                           \
-		}                                                                                  \
-		return ((fn12)t)(a, b, c, d, e, f, g, h, i, j, k, l);                              \
-	}
+#define NEXT_EXPORT(name) THUNKED_EXPORT(name, next_own, 3) /* ncclInternalError: no NCCL to register with */
 NEXT_EXPORT(ncclCommRegister)
 NEXT_EXPORT(ncclCommWindowRegister)

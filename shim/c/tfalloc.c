@@ -16,13 +16,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "check.h"
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
 typedef CUresult (*getproc_t)(const char *, void **, int, unsigned long long, int *);
 
 static getproc_t getproc;
-static int failures;
 
 static void *proc(const char *name) {
 	void *fn = NULL;
@@ -33,16 +34,6 @@ static void *proc(const char *name) {
 	}
 	return fn;
 }
-
-#define CHECK(cond, ...)                                       \
-	do {                                                       \
-		if (!(cond)) {                                         \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                      \
-			fprintf(stderr, "\n");                             \
-			failures++;                                        \
-		}                                                      \
-	} while (0)
 
 int main(int argc, char **argv) {
 	unsigned long long limit = argc > 1 ? strtoull(argv[1], NULL, 10) : 0;
