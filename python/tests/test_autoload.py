@@ -106,17 +106,26 @@ def _gpumem_command():
     return None
 
 
+def _run_under_gpumem(program, limit="2GiB"):
+    """Runs program (dedented) under `gpumem run --limit limit` with PyTorch
+    and the package importable, as a user would; skips without torch or a
+    built gpumem command. Returns the CompletedProcess."""
+    pytest.importorskip("torch")
+    cmd = _gpumem_command()
+    if cmd is None:
+        pytest.skip("no gpumem command built (scripts/gpu.sh build, or the wheel's gpumem/_bin)")
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    env.pop("GPUMEM_AUTOLOAD", None)
+    return subprocess.run([cmd, "run", "--limit", limit, "--", sys.executable, "-c", textwrap.dedent(program)],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
 @needs_gpu
 def test_gpumem_run_makes_gpumem_pytorchs_allocator():
     """The real thing: `gpumem run -- python -c ...` with no gpumem call in
     the program; PyTorch's allocations land in gpumem's pool, under the
     command's limit."""
-    torch = pytest.importorskip("torch")
-    del torch
-    cmd = _gpumem_command()
-    if cmd is None:
-        pytest.skip("no gpumem command built (scripts/gpu.sh build, or the wheel's gpumem/_bin)")
-    program = textwrap.dedent("""
+    r = _run_under_gpumem("""
         import torch
         x = torch.ones(64 << 20, device="cuda")
         import gpumem
@@ -124,10 +133,6 @@ def test_gpumem_run_makes_gpumem_pytorchs_allocator():
         print(torch.cuda.memory.get_allocator_backend(), s["live_buffers"] >= 1, s["active"] >= 256 << 20,
               torch.cuda.memory_allocated() == s["active"], float(x.sum()))
     """)
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
-    env.pop("GPUMEM_AUTOLOAD", None)
-    r = subprocess.run([cmd, "run", "--limit", "2GiB", "--", sys.executable, "-c", program], env=env,
-                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["pluggable", "True", "True", "True", str(float(64 << 20))], (r.stdout, r.stderr)
 
@@ -140,12 +145,7 @@ def test_gpumem_run_out_of_memory_is_pytorchs_error():
     again, without end). A request over the limit is PyTorch's
     OutOfMemoryError with gpumem's verdict, the program goes on, and a 1 GiB
     request (one that asks the device's free memory) is served."""
-    torch = pytest.importorskip("torch")
-    del torch
-    cmd = _gpumem_command()
-    if cmd is None:
-        pytest.skip("no gpumem command built (scripts/gpu.sh build, or the wheel's gpumem/_bin)")
-    program = textwrap.dedent("""
+    r = _run_under_gpumem("""
         import torch
         keep = [torch.empty(256 << 20, dtype=torch.uint8, device="cuda") for _ in range(6)]
         try:
@@ -157,9 +157,5 @@ def test_gpumem_run_out_of_memory_is_pytorchs_error():
         x = torch.ones(1 << 28, device="cuda")
         print(float(x.sum()))
     """)
-    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
-    env.pop("GPUMEM_AUTOLOAD", None)
-    r = subprocess.run([cmd, "run", "--limit", "2GiB", "--", sys.executable, "-c", program], env=env,
-                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["oom", "True", str(float(1 << 28))], (r.stdout, r.stderr[-3000:])
