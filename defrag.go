@@ -265,9 +265,8 @@ func (p *pool) tooTight(runs [][2]int) bool {
 // timedSplit splits span i as placement planned it (splitPlan), with the
 // allocator's gate closed where it has one (gate.go: no split where it
 // refuses), counting the time in Stats.SplitNanos. A failed split changes
-// nothing and reports
-// false; only one that left a live span without memory returns its error
-// (the allocator is broken).
+// nothing and reports false; only one that left a live span without memory
+// returns its error (the allocator is broken).
 func (p *pool) timedSplit(i int32, runs [][2]int, moves []stagedMove) (bool, error) {
 	a := p.a
 	open, ok := a.closeGate()

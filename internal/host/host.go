@@ -187,8 +187,9 @@ func (h *Host) Device(ordinal int) (*Device, error) {
 }
 
 // SetGate gives every device's allocator, made or to be made, the
-// process's launch gate (gpumem.Gate: `gpumem run`'s preload shim sees
-// every launch), unless the configuration says gather=false. Private pools
+// process's launch gate (gpumem.Gate: the one of `gpumem run`'s preload
+// shim, which refuses to close where it cannot see every launch), unless
+// the configuration says gather=false. Private pools
 // (CUDA graphs' memory) get none: a graph's addresses are fixed in it.
 func (h *Host) SetGate(g gpumem.Gate) {
 	h.mu.Lock()
