@@ -203,7 +203,10 @@
 // (an event waited on by the host) on every stream that freed memory since
 // its last fence, because unmapping is not stream-ordered; and an empty
 // span is moved or released for one stream only if that needs no host wait
-// for another stream's work (stalls). Buffers used on several streams are
+// for another stream's work (stalls), or, for a move where moved spans
+// leave dormant mappings, behind an order: the stream waits for that work
+// on the GPU and the old mapping is unmapped only after a fence
+// (orderedMove). Buffers used on several streams are
 // reused only after RecordStream's events.
 //
 // The allocator records events on the streams it holds memory for, so a

@@ -156,7 +156,7 @@ func (p *pool) revivableAt(seg *segment, r0 int, k int32, asker slot) int32 {
 	}
 	dm := &p.dormants[d]
 	o := &p.spans[dm.owner]
-	if int(dm.c0) != r0 || o.occupied != 0 || o.prealloc || p.stalls(dm.owner, asker) {
+	if int(dm.c0) != r0 || o.occupied != 0 || o.prealloc || !p.movable(dm.owner, asker) {
 		return -1
 	}
 	if dm.n == k || (dm.n > k && dm.n <= p.roomAt(seg, r0)) {

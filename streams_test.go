@@ -473,3 +473,74 @@ func TestStreamsNoStreamWaits(t *testing.T) {
 	}
 	mustCheck(t, a, "the frees")
 }
+
+// TestStreamsMoveSpanBehindAnOrder: an empty span another stream emptied,
+// its work pending, moves for a stream that needs a span of its size
+// elsewhere: behind a wait on the GPU for that work (an order), leaving
+// its old mapping dormant, rather than a host wait or new memory. The
+// dormant mapping is unmapped only after a fence, which the simulated
+// device checks (it refuses to unmap memory that pending work uses).
+func TestStreamsMoveSpanBehindAnOrder(t *testing.T) {
+	for _, compact := range []bool{false, true} {
+		testMoveSpanBehindAnOrder(t, compact)
+	}
+}
+
+func testMoveSpanBehindAnOrder(t *testing.T, compact bool) {
+	dev := newSim(8 << 30)
+	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual, Compact: compact, CheckInvariants: true})
+	sa, _ := dev.NewStream()
+	sb, _ := dev.NewStream()
+	const span = 16 * miB // the default span
+	var keep []gpumem.Buffer
+	alloc := func(n uint64, s device.Stream) gpumem.Buffer {
+		t.Helper()
+		b, err := a.Alloc(n, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	keep = append(keep, alloc(span, sa))
+	x := alloc(span, sa) // a span of its own, between two live ones
+	keep = append(keep, alloc(span, sa), alloc(miB, sb))
+	dev.Hold(sa)
+	if err := dev.Touch(sa, x.Ptr(), span); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats()
+	y := alloc(span+span/2, sb) // does not fit x's place: x's span moves under it
+	after := a.Stats()
+	if err := dev.CheckHandoff(y.Ptr(), span+span/2, sb); err != nil {
+		t.Fatalf("b uses a's memory, not ordered after a's work: %v", err)
+	}
+	if after.Fences != before.Fences || after.Orders == before.Orders || after.DormantMappings == 0 {
+		t.Errorf("compact %v: fences +%d, orders +%d, dormant mappings %d: want the span moved behind an order, its old mapping dormant, no host wait",
+			compact, after.Fences-before.Fences, after.Orders-before.Orders, after.DormantMappings)
+	}
+	if grew := after.Reserved - before.Reserved; grew > span {
+		t.Errorf("compact %v: reserved grew by %d for a request of %d with a %d span empty: want the span moved", compact, grew, span+span/2, span)
+	}
+	mustCheck(t, a, "a move behind an order")
+	// Giving the cache back unmaps the dormant mapping: a fence first,
+	// while a's work is still held (the host wait completes it).
+	if err := a.Free(y); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Trim(); err != nil {
+		t.Fatalf("trim with a dormant mapping whose work was pending: %v", err)
+	}
+	if st := a.Stats(); st.DormantMappings != 0 || st.Fences == after.Fences {
+		t.Errorf("after Trim: %d dormant mappings, fences %d -> %d; want none left, a fence taken", st.DormantMappings, after.Fences, st.Fences)
+	}
+	dev.Drain(sa)
+	for _, b := range keep {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCheck(t, a, "the frees")
+}

@@ -442,7 +442,7 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int, asker slot) error {
 	size := uint64(k) * a.gran
 	if a.dormancy() {
 		if i := p.revivableAt(seg, r0, k, asker); i >= 0 {
-			return p.moveSpan(i, p, seg, r0, c1)
+			return p.moveSpan(i, p, seg, r0, c1, asker)
 		}
 	}
 	if p.slack(size) {
@@ -460,14 +460,14 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int, asker slot) error {
 		p.churn.refused++
 	}
 	if q, i := p.findEmpty(k, asker); q != nil {
-		err := q.moveSpan(i, p, seg, r0, c1)
+		err := q.moveSpan(i, p, seg, r0, c1, asker)
 		if q != p {
 			q.mu.Unlock()
 		}
 		return err
 	}
 	if i := p.emptyToStretch(seg, r0, k, asker); i >= 0 {
-		return p.moveSpan(i, p, seg, r0, c1)
+		return p.moveSpan(i, p, seg, r0, c1, asker)
 	}
 	if a.defrag && p.churn.level == 0 { // not against the churn guard's slack (defrag.go)
 		if err := p.defrag(size, asker); err != nil {
@@ -559,7 +559,7 @@ func (p *pool) emptyToStretch(seg *segment, r0 int, k int32, asker slot) int32 {
 	best := int32(-1)
 	for i := p.empty.head; i >= 0; i = p.spans[i].next {
 		s := &p.spans[i]
-		if s.n > k && s.n <= room && !s.prealloc && (best < 0 || s.n < p.spans[best].n) && !p.stalls(i, asker) {
+		if s.n > k && s.n <= room && !s.prealloc && (best < 0 || s.n < p.spans[best].n) && p.movable(i, asker) {
 			best = i
 		}
 	}
@@ -606,6 +606,26 @@ func (p *pool) stalls(i int32, asker slot) bool {
 	return false
 }
 
+// movable reports whether empty span i may move for stream slot asker
+// without a host wait for another stream's work: it does not stall, or
+// asker may be ordered after that work instead (orderedMove).
+func (p *pool) movable(i int32, asker slot) bool {
+	return !p.stalls(i, asker) || p.orderedMove(asker)
+}
+
+// orderedMove reports whether a span that stalls may move for stream slot
+// asker all the same: asker then waits for the other streams' work on the
+// GPU (orderAfter) and the span's mapping turns dormant, so that nothing
+// is unmapped before a fence (dormant.seq). Only where segments keep
+// dormant mappings (Compact, or the default that tightens) and a stream
+// may wait (events, no capture, Config.NoStreamWaits unset). So how far the
+// host runs ahead no longer decides whether a span is reused or memory
+// taken anew.
+func (p *pool) orderedMove(asker slot) bool {
+	a := p.a
+	return asker >= 0 && (a.compact || a.tightens) && a.ev != nil && !a.capturing() && !a.cfg.NoStreamWaits
+}
+
 // findEmpty finds an empty span of exactly k chunks, in this pool or
 // another (which it returns locked), not preallocated, for a request of
 // this pool's slot asker.
@@ -627,7 +647,7 @@ func (p *pool) findEmpty(k int32, asker slot) (*pool, int32) {
 
 func (p *pool) emptyOfSize(k int32, asker slot) int32 {
 	for i := p.empty.head; i >= 0; i = p.spans[i].next {
-		if s := &p.spans[i]; s.n == k && !s.prealloc && !p.stalls(i, asker) {
+		if s := &p.spans[i]; s.n == k && !s.prealloc && p.movable(i, asker) {
 			return i
 		}
 	}
@@ -635,9 +655,12 @@ func (p *pool) emptyOfSize(k int32, asker slot) int32 {
 }
 
 // moveSpan moves empty span i of q over chunks [r0, r0+n) of seg, as a
-// span of p, whose chunks up to c1 are live (see attach). q's streams are
-// fenced first if the span emptied after the last fence (unmapping is not
-// stream-ordered, and the memory changes hands).
+// span of p, whose chunks up to c1 are live (see attach), for p's stream
+// slot asker. q's streams are fenced first if the span emptied after the
+// last fence (unmapping is not stream-ordered, and the memory changes
+// hands); or, where that would wait for another stream's work (stalls),
+// asker is ordered after that work on the GPU instead and the old mapping
+// turns dormant, unmapped only after a fence (movable).
 //
 // By default (and between pools) the handle is unmapped where it was and
 // mapped there. Under Config.Compact, within a pool, its old mapping stays,
@@ -646,8 +669,9 @@ func (p *pool) emptyOfSize(k int32, asker slot) int32 {
 // mapped there, after the dormant mappings in the way are unmapped, and on
 // failure the span is back where it was, empty. (If the mapping fails
 // after an unmap, the handle is released.)
-func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
-	if q != p || !p.a.dormancy() {
+func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int, asker slot) error {
+	ordered := q == p && p.stalls(i, asker) && p.orderedMove(asker)
+	if q != p || !p.a.dormancy() && !ordered {
 		s := q.spans[i]
 		if err := q.dropDormant(i); err != nil {
 			return err
@@ -659,7 +683,13 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int) error {
 	}
 	a := p.a
 	s := &p.spans[i]
-	if p.live > 1 || a.capturing() {
+	// Other streams' work may be on the memory: asker waits for it on
+	// the GPU, and its mapping here turns dormant, not unmapped; if the
+	// wait cannot be made, the host waits (fenceEmptied) as before.
+	if ordered && p.orderAfter(asker) != nil {
+		ordered = false
+	}
+	if !ordered && (p.live > 1 || a.capturing()) {
 		// Another stream's work may be on the memory: it must be done
 		// before this stream's. With one stream, stream order suffices:
 		// its mapping here turns dormant and is not unmapped yet.
