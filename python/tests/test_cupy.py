@@ -50,9 +50,11 @@ CAPTURE = """
         g = s.end_capture()
     # Arrays made after the capture, each with its own value.
     keep = [cupy.full(n << 16, float(i + 5), dtype=cupy.float32) for i, n in enumerate((16, 4, 16, 1, 8, 32))]
+    cupy.cuda.Device().synchronize()  # what the null stream made (x, keep) is done before s's work reads it
     ok = True
     for k in range(3):
-        x += 1                # new input each launch
+        with s:
+            x += 1            # new input each launch, in s's order (the null stream is not: s is non-blocking)
         g.launch(stream=s)
         s.synchronize()
         want = (cupy.arange(1 << 20, dtype=cupy.float32) + k + 1) * 2 + 1
