@@ -336,3 +336,57 @@ func TestDormantOneStreamDefersTheFence(t *testing.T) {
 		mustCheck(t, a, "the frees")
 	}
 }
+
+// TestDormantWaitsForItsOwnWork: a mapping that turned dormant without a
+// fence (one stream) is unmapped, when its chunks are wanted, with no host
+// wait once the work enqueued before it turned dormant is done (here:
+// drained), and after a fence while that work is pending.
+func TestDormantWaitsForItsOwnWork(t *testing.T) {
+	for _, drained := range []bool{false, true} {
+		dev := sim.MustNew(sim.Config{Capacity: 256 * miB})
+		a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual, Compact: true, Limit: 64 * miB, SpanSize: 2 * miB})
+		var s device.Stream
+		dev.Hold(s)
+		alloc := func(n uint64) gpumem.Buffer {
+			t.Helper()
+			b, err := a.Alloc(n, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dev.Touch(s, b.Ptr(), n); err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		a1, a2 := alloc(2*miB), alloc(2*miB)
+		if err := a.Free(a1); err != nil { // its span empties, a1's touch pending
+			t.Fatal(err)
+		}
+		b := alloc(4 * miB) // past a2: a1's empty span moves there, its mapping dormant
+		if st := a.Stats(); st.DormantMappings != 1 || st.Fences != 0 {
+			t.Fatalf("after the move: %d dormant mappings, %d fences; want 1 and 0 (the test's layout is not the allocator's)", st.DormantMappings, st.Fences)
+		}
+		if drained {
+			dev.Drain(s)
+			dev.Hold(s)
+		}
+		c := alloc(2 * miB) // at a1's old place: a new span there unmaps the dormant mapping first
+		st := a.Stats()
+		if st.DormantMappings != 0 || c.Ptr() != a1.Ptr() {
+			t.Fatalf("drained %v: %d dormant mappings, c at %#x (a1 was at %#x): the dormant mapping was not in the way", drained, st.DormantMappings, c.Ptr(), a1.Ptr())
+		}
+		switch {
+		case drained && st.Fences != 0:
+			t.Errorf("its work done, the unmap still waited (%d fences)", st.Fences)
+		case !drained && st.Fences != 1:
+			t.Errorf("its work pending: %d host waits, want 1", st.Fences)
+		}
+		dev.Drain(s)
+		for _, x := range []gpumem.Buffer{a2, b, c} {
+			if err := a.Free(x); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mustCheck(t, a, "the frees")
+	}
+}

@@ -48,12 +48,14 @@ import "github.com/gpumem/gpumem/device"
 // have finished), or, in a pool that serves one stream, without it: that
 // stream's later work on the handle, wherever it is mapped, is ordered
 // after its earlier work, and the fence is taken before the dormant
-// mapping is unmapped (dormant.seq). No block lies over a dormant chunk (it is not ready,
-// so neither a cache hit nor a search places anything there without first
-// giving it a span). Nothing reads or writes through a dormant mapping
-// until it is revived; then its chunks are the span's again, as if mapped
-// anew (internal/gputest's TestGPUCompactDataReadsBack checks the data of
-// every live buffer through moves and revivals on a GPU). A dormant mapping
+// mapping is unmapped (dormant.seq), unless an event recorded on the
+// stream when it turned dormant has completed by then (markDormant). No
+// block lies over a dormant chunk (it is not ready, so neither a cache hit
+// nor a search places anything there without first giving it a span).
+// Nothing reads or writes through a dormant mapping until it is revived;
+// then its chunks are the span's again, as if mapped anew
+// (internal/gputest's TestGPUCompactDataReadsBack checks the data of every
+// live buffer through moves and revivals on a GPU). A dormant mapping
 // stays in its own pool: a span taken by another pool unmaps all of its
 // handle's mappings first.
 //
@@ -71,7 +73,9 @@ type dormant struct {
 	next   int32 // the next older mapping of the handle, or the free list; -1 for none
 	access bool  // granted: revived, it is ready at once
 	inUse  bool
-	seq    uint64 // the span's empty stamp (span.seq) when it turned dormant: unmapped only once fenced past it
+	seq    uint64       // the span's empty stamp (span.seq) when it turned dormant: unmapped only once fenced past it, or once ev has completed
+	ev     device.Event // recorded on the moving stream when it turned dormant without a fence (hasEv; markDormant)
+	hasEv  bool
 }
 
 // maxDormant bounds the dormant mappings one handle keeps. A later pass
@@ -178,6 +182,9 @@ func (p *pool) unlink(k, prev int32) {
 	for j := d.c0; j < d.c0+d.n; j++ {
 		d.seg.dormant[j] = 0
 	}
+	if d.hasEv {
+		p.spareEvents = append(p.spareEvents, d.ev)
+	}
 	*d = dormant{next: p.freeDormant - 1}
 	p.freeDormant = k + 1
 	p.nDormant--
@@ -188,9 +195,9 @@ func (p *pool) unlink(k, prev int32) {
 func (p *pool) unlinkAndUnmap(k, prev int32) error {
 	d := &p.dormants[k]
 	if d.seq > p.fencedSeq {
-		// Turned dormant without a fence (moveSpan, one stream): its
-		// work may still read it.
-		if err := p.fence(); err != nil {
+		// Turned dormant without a fence (moveSpan, one stream, or a
+		// stream ordered after the others): its work may still read it.
+		if err := p.waitDormant(d); err != nil {
 			return err
 		}
 	}
@@ -200,6 +207,49 @@ func (p *pool) unlinkAndUnmap(k, prev int32) error {
 	p.a.c.unmaps.Add(1)
 	p.unlink(k, prev)
 	return nil
+}
+
+// markDormant records an event on stream slot asker's stream for span i's
+// newest dormant mapping, which turned dormant without a fence: the work
+// that used it was enqueued before the event (on asker's stream, or on
+// streams asker was just ordered after, orderAfter), so once the event has
+// completed the mapping is unmapped with no host wait (waitDormant): by
+// the time a later request wants its chunks the GPU has often passed it.
+// Without events, during a capture, or if the record fails, the mapping
+// waits for a fence, as before.
+func (p *pool) markDormant(i int32, asker slot) {
+	a := p.a
+	k := p.chains[i] - 1
+	if k < 0 || asker < 0 || a.ev == nil || a.capturing() {
+		return
+	}
+	e, err := p.event()
+	if err != nil {
+		return
+	}
+	if a.ev.Record(e, p.streams[asker].s) != nil {
+		p.spareEvents = append(p.spareEvents, e)
+		return
+	}
+	p.dormants[k].ev, p.dormants[k].hasEv = e, true
+}
+
+// waitDormant waits until the work that may read dormant mapping d, which
+// turned dormant without a fence, has completed, so that it may be
+// unmapped: nothing to wait for once its event (markDormant) has
+// completed, else a fence. (Waiting for that event alone leaves the work
+// enqueued since on the GPU, but covers no other mapping: on the corpus
+// under Compact at 5 ms run-ahead it made three times the host waits and
+// raised two peaks, since a fence is what lets empty spans move freely,
+// stalls; docs/EXPERIMENTS.md, "Dormant mappings wait for their own
+// work".)
+func (p *pool) waitDormant(d *dormant) error {
+	if d.hasEv && !p.a.capturing() {
+		if done, err := p.a.ev.Query(d.ev); err == nil && done {
+			return nil
+		}
+	}
+	return p.fence()
 }
 
 // evictOver unmaps every dormant mapping over chunks [r0, r1) of seg, so

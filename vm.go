@@ -722,8 +722,12 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int, asker slot) 
 		}
 	}
 	oldSeg, oldC0 := s.seg, int(s.c0)
+	unfenced := s.seq > p.fencedSeq && !s.clean
 	p.removeEmpty(i)
 	p.retire(i)
+	if unfenced {
+		p.markDormant(i, asker)
+	}
 	if d >= 0 {
 		access := p.dormants[d].access
 		p.unlink(d, p.chainPrev(d))
