@@ -223,7 +223,49 @@ def _patch_mempool(torch, lib):
             segs = _state["history"].snapshot()["segments"]
             return [seg for seg in segs if tuple(seg["segment_pool_id"]) == self._id]
 
+    MemPool._gpumem = True
     _put((torch.cuda, getattr(torch.cuda, "memory", None)), "MemPool", MemPool)
+    try:
+        from torch._C._distributed_c10d import ProcessGroupNCCL
+    except ImportError:  # PyTorch built without NCCL
+        return
+    _refuse_nccl_pool_registration(ProcessGroupNCCL)
+
+
+def _nccl_pool_refusal(what):
+    """The one line ProcessGroupNCCL's register_mem_pool and
+    deregister_mem_pool fail with under gpumem.torch.use() (what: the
+    method's name)."""
+    return (f"gpumem: ProcessGroupNCCL.{what}(pool) registers a PyTorch MemPool's segments with NCCL, and "
+            "PyTorch cannot make one for a pluggable allocator: NCCL's registration of user buffers is not "
+            "supported under gpumem (collectives on gpumem's memory work without it); use PyTorch's allocator "
+            "for this program to register them")
+
+
+def _refuse_nccl_pool_registration(cls):
+    """cls.register_mem_pool and cls.deregister_mem_pool (ProcessGroupNCCL)
+    made to fail at once with gpumem's line for a MemPool of gpumem's: the
+    binding takes only PyTorch's own MemPool, and refused gpumem's with a
+    TypeError listing C++ signatures (PyTorch 2.11, H200: bench/nccl/
+    register_probe.py). Anything else goes to PyTorch's method as before."""
+    for name in ("register_mem_pool", "deregister_mem_pool"):
+        orig = getattr(cls, name, None)
+        if orig is None or getattr(orig, "_gpumem", False):
+            continue
+
+        def method(self, pool, *args, _orig=orig, _name=name, **kwargs):
+            if getattr(type(pool), "_gpumem", False):
+                raise RuntimeError(_nccl_pool_refusal(_name))
+            return _orig(self, pool, *args, **kwargs)
+
+        method._gpumem = True
+        method.__name__ = method.__qualname__ = name
+        method.__doc__ = getattr(orig, "__doc__", None)
+        try:
+            setattr(cls, name, method)
+        except (AttributeError, TypeError):
+            continue  # a class that takes no new attributes: PyTorch's TypeError stays
+        _patched[(cls.__module__ + "." + cls.__name__, name)] = orig
 
 
 def _own_function(lib, name):

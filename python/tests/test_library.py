@@ -5,6 +5,8 @@ import gzip
 import json
 import os
 
+import pytest
+
 from conftest import library_path, needs_library, run
 
 SIM = "device=sim,capacity=4GiB,check=true"
@@ -569,3 +571,36 @@ def test_nccl_registration_hook_is_refused_at_once():
         msg = gt._nccl_hook_refusal({"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": v})
         assert msg and "\n" not in msg and "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=" + v in msg
         assert "unset it" in msg
+
+
+def test_nccl_pool_registration_is_refused_for_gpumem_pools():
+    """ProcessGroupNCCL.register_mem_pool / deregister_mem_pool with a
+    MemPool of gpumem's fail at once with gpumem's one line (PyTorch's
+    binding refused it with a TypeError listing C++ signatures); any other
+    pool goes to PyTorch's method; patching twice wraps once."""
+    from gpumem import _torch_graphs as g
+    calls = []
+
+    class ProcessGroup:  # a stand-in for ProcessGroupNCCL
+        def register_mem_pool(self, pool):
+            calls.append(("register", pool))
+            return "registered"
+
+        def deregister_mem_pool(self, pool):
+            calls.append(("deregister", pool))
+            return "deregistered"
+
+    class Ours:
+        _gpumem = True
+
+    g._refuse_nccl_pool_registration(ProcessGroup)
+    g._refuse_nccl_pool_registration(ProcessGroup)
+    pg = ProcessGroup()
+    for name in ("register_mem_pool", "deregister_mem_pool"):
+        with pytest.raises(RuntimeError) as e:
+            getattr(pg, name)(Ours())
+        msg = str(e.value)
+        assert msg.startswith("gpumem: ProcessGroupNCCL." + name + "(pool)") and "\n" not in msg, msg
+    other = object()
+    assert pg.register_mem_pool(other) == "registered" and pg.deregister_mem_pool(other) == "deregistered"
+    assert calls == [("register", other), ("deregister", other)]
