@@ -236,10 +236,9 @@ def _nccl_pool_refusal(what):
     """The one line ProcessGroupNCCL's register_mem_pool and
     deregister_mem_pool fail with under gpumem.torch.use() (what: the
     method's name)."""
-    return (f"gpumem: ProcessGroupNCCL.{what}(pool) registers a PyTorch MemPool's segments with NCCL, and "
-            "PyTorch cannot make one for a pluggable allocator: NCCL's registration of user buffers is not "
-            "supported under gpumem (collectives on gpumem's memory work without it); use PyTorch's allocator "
-            "for this program to register them")
+    return (f"gpumem: ProcessGroupNCCL.{what}(pool) takes a PyTorch MemPool, which PyTorch cannot make for a "
+            "pluggable allocator: NCCL's registration of user buffers is not supported under gpumem (collectives "
+            "on gpumem's memory work without it); use PyTorch's allocator for this program to register them")
 
 
 def _refuse_nccl_pool_registration(cls):
