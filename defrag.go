@@ -76,81 +76,8 @@ import (
 // between, each run is tried again alone, and if that fails too the
 // allocator is marked broken, the error saying where the bytes wait.
 
-// defragShare: growth past peak active bytes plus 1/defragShare of them
-// moves live chunks first (Config.Defrag).
-const defragShare = 100
-
 // scratchMin is the least address space the scratch range reserves.
 const scratchMin = 64 << 20
-
-// defrag frees physical memory by splitting sparse spans of p before size
-// bytes are taken from the device, while growth would take the allocator
-// past its bound: first empty spans go (makeRoom, as newSpan does again
-// before it creates, for size bytes each time), then live chunks move.
-// Errors from a split stop it (the growth goes on); only a split that
-// could not restore a live span returns its error.
-func (p *pool) defrag(size uint64, asker slot) error {
-	a := p.a
-	if a.capturing() {
-		return nil // a split synchronizes the device (capture.go)
-	}
-	live := max(a.peakActive.Load(), p.peakActive, p.active)
-	bound := min(live+live/defragShare, a.limit.Load())
-	if a.reserved.Load()+size <= bound {
-		return nil
-	}
-	p.makeRoom(size, asker)
-	for a.reserved.Load()+size > bound {
-		// Bytes in flight during a copy stay under the peak already
-		// reached, or the bound.
-		room := int64(max(bound, a.peakReserved.Load())) - int64(a.reserved.Load())
-		i := p.sparsest(room)
-		if i < 0 {
-			return nil
-		}
-		runs, moves := p.splitPlan(i)
-		if ok, err := p.timedSplit(i, runs, moves); !ok {
-			return err
-		}
-	}
-	return nil
-}
-
-// sparsest picks the span to split: among the sparse spans (some chunks
-// live, some empty) whose live chunks fit in room bytes, the one that gives
-// back the most net of what it copies; if none fits, the one that copies
-// least. -1 if no span is sparse. Spans the current back placed are left
-// alone (its undo list names them), and so are shared ones (share.go).
-func (p *pool) sparsest(room int64) int32 {
-	best, bestScore := int32(-1), int64(-1<<62)
-	g := int64(p.a.gran)
-	for i := range p.spans {
-		s := &p.spans[i]
-		if !s.inUse || s.prealloc || s.shares > 0 || s.occupied == 0 || s.occupied == s.n || !s.access || p.placedNow(int32(i)) {
-			continue
-		}
-		live, empty := int64(s.occupied), int64(s.n-s.occupied)
-		var score int64
-		if live*g <= room {
-			score = 1<<40 + (empty-live)<<20 + empty
-		} else {
-			score = -live<<20 + empty
-		}
-		if score > bestScore {
-			best, bestScore = int32(i), score
-		}
-	}
-	return best
-}
-
-func (p *pool) placedNow(i int32) bool {
-	for _, m := range p.made {
-		if m == i {
-			return true
-		}
-	}
-	return false
-}
 
 // split moves the live runs of sparse span i to handles of their own at the
 // same addresses and releases the span's handle (see the overview above).

@@ -27,29 +27,34 @@
 //
 // # Layers
 //
-// One request goes down through three layers, each in files of its own,
+// One request goes down through four layers, each in files of its own,
 // and the calls go one way, down:
 //
 //	placement   which free block, and where in it: pool.go (allocate,
 //	            carve, release, coalescing), index.go (the free index),
 //	            block.go, place.go (where in a virtual arena, and a
 //	            split's plan).
-//	mapping     what backs the chosen range: vm.go (chunks, spans,
-//	            handles: back, newSpan, moveSpan, releaseSpan),
+//	growth and  what the chosen range's unmapped chunks get, and what
+//	pressure    happens as memory gets short: pressure.go (back: the
+//	            span sizes, the frontier's bet, the tightening; newSpan:
+//	            revive, slack, move, stretch, split, release, create;
+//	            feasible, makeRoom, allocSlow's ladder, gather).
+//	mapping     the mechanics it orders: vm.go (chunks, spans, handles:
+//	            occupy, createSpan, moveSpan, grant, releaseSpan),
 //	            readymap.go, dormant.go, defrag.go (splitting a span).
 //	device      package device: the driver, or the simulated one.
 //
 // Beside them, stream ordering (pool.go: stream slots, tags, events,
-// fences), which both use, and the pressure policy, pressure.go: what
-// happens as memory gets short, with the steps that live elsewhere
-// named there. A shortage goes back up as an error (*shortage) to
-// pool.allocSlow, which decides; what backing made ready goes back up as
-// back's result, and pool.allocate voids placement's caches (readyNear).
-// The requesting stream comes down with the request (back's asker, for
-// stalls). A split of a span (Defrag, Gather) is planned by placement
-// (splitPlan in place.go: the chunks live blocks cover, and the free
-// memory their bytes may wait in) and the plan handed down to mapping's
-// split by the policy that chose the span: no call goes up.
+// fences), which all use; the churn guard (churn.go), which growth asks.
+// A shortage goes back up as an error (*shortage) to pool.allocSlow,
+// which decides; what backing made ready goes back up as back's result,
+// and pool.allocate voids placement's caches (readyNear). The requesting
+// stream comes down with the request (back's asker, for stalls), and
+// whether a moved span's mapping turns dormant comes down to moveSpan
+// from growth's policy. A split of a span (Defrag, Gather) is planned by
+// placement (splitPlan in place.go: the chunks live blocks cover, and the
+// free memory their bytes may wait in) and the plan handed down to
+// mapping's split by the policy that chose the span: no call goes up.
 //
 // # Modes
 //
@@ -59,7 +64,7 @@
 // only
 // the chunks under live blocks, in spans of at most Config.SpanSize (twice
 // that, and filled ahead, where a grown allocator extends its arena: see
-// runEnd in vm.go). When a block is freed, a span left without live chunks
+// runEnd in pressure.go). When a block is freed, a span left without live chunks
 // stays mapped on the pool's empty list: reused in place it costs nothing.
 // When a block needs backing, the allocator first looks for a free place
 // already backed (a cache hit, or on a miss a search over every fitting free
@@ -77,7 +82,7 @@
 // Config.Compact trades driver calls for memory in ModeVirtual: a request
 // goes to the start of its best fit whether memory is mapped there or not,
 // spans start at 4 MiB and grow with the allocator (at most 1/512 of
-// what it has held, up to 32 MiB; spanMost in vm.go), and moved spans
+// what it has held, up to 32 MiB; spanMost in pressure.go), and moved spans
 // leave dormant mappings to come back to at no cost (dormant.go).
 // Placement no longer depends on what is mapped, so a program that repeats
 // itself repeats its layout and holds no more over many passes than over

@@ -55,7 +55,7 @@ type pool struct {
 	backing             *block      // the block the current back backs (live, not yet marked so)
 	stageBuf            []freePiece // defrag's staging search, reused (defrag.go)
 	churn               churnGuard  // slack against moving spans on every few requests (churn.go)
-	spanLimit           int         // the most chunks a new span may have: Config.SpanSize's, grown under Compact (vm.go, spanMost)
+	spanLimit           int         // the most chunks a new span may have: Config.SpanSize's, grown under Compact (pressure.go, spanMost)
 	// dormants are mappings left behind by moved spans (dormant.go);
 	// chains[i] is the newest of span slot i's handle + 1 (0: none), kept
 	// beside spans rather than in them (the span stays 48 bytes for the

@@ -9,14 +9,18 @@ import (
 	"github.com/gpumem/gpumem/device"
 )
 
-// Memory pressure: what the allocator does as memory gets short, in the
-// order it does it. This file holds the steps that act only when memory
-// is short; the others live beside the structure they change, and are
-// named here so that the whole policy can be read from one place.
+// Growth and memory pressure: how a placed block gets its memory (at the
+// end of this file: back, runEnd, spanMost, newSpan), and what the
+// allocator does as memory gets short, in the order it does it. The
+// steps that act only when memory is short are here too; the others live
+// beside the structure they change (placement in place.go, the mechanics
+// of mapping in vm.go and dormant.go), and are named here so that the
+// whole policy can be read from one place. Calls go down from here to
+// mapping, never up.
 //
 // While memory is plentiful:
 //   - placement prefers memory already mapped (place.go), and growth at
-//     the frontier takes spans ahead of the request (runEnd, vm.go);
+//     the frontier takes spans ahead of the request (runEnd, below);
 //   - a program that moves spans every few requests gets a slack of
 //     memory beside its empty spans instead (churn.go).
 // As the allocator nears its limit:
@@ -26,14 +30,14 @@ import (
 //     (feasible, below);
 //   - growth first moves an empty span of the right size, or releases
 //     empty spans, oldest first, this pool's and then others', before the
-//     device is asked for memory (newSpan in vm.go, makeRoom below);
+//     device is asked for memory (newSpan and makeRoom, below);
 //   - under Config.Defrag, growth past peak active + 1% splits sparse
 //     spans first (defrag.go).
 // When a request does not fit (a shortage, pool.allocSlow below):
 //  1. pending frees are waited for and the streams fenced
 //     (Allocator.makeRoomFor; with several pools every pool's cache goes
 //     back to the device, Allocator.reclaim) and the request is tried
-//     again. The spans a failed attempt mapped stay, empty (back, vm.go):
+//     again. The spans a failed attempt mapped stay, empty (back, below):
 //     the retry reuses them, and releases empty spans only as far as it
 //     needs;
 //  2. under Config.Gather, sparse spans are split one at a time, the
@@ -313,6 +317,82 @@ func (a *Allocator) headroom() int64 {
 	return room
 }
 
+// Config.Defrag's trigger and the choice of span to split (the split
+// itself is mapping's: defrag.go).
+
+// defragShare: growth past peak active bytes plus 1/defragShare of them
+// moves live chunks first (Config.Defrag).
+const defragShare = 100
+
+// defrag frees physical memory by splitting sparse spans of p before size
+// bytes are taken from the device, while growth would take the allocator
+// past its bound: first empty spans go (makeRoom, as newSpan does again
+// before it creates, for size bytes each time), then live chunks move.
+// Errors from a split stop it (the growth goes on); only a split that
+// could not restore a live span returns its error.
+func (p *pool) defrag(size uint64, asker slot) error {
+	a := p.a
+	if a.capturing() {
+		return nil // a split synchronizes the device (capture.go)
+	}
+	live := max(a.peakActive.Load(), p.peakActive, p.active)
+	bound := min(live+live/defragShare, a.limit.Load())
+	if a.reserved.Load()+size <= bound {
+		return nil
+	}
+	p.makeRoom(size, asker)
+	for a.reserved.Load()+size > bound {
+		// Bytes in flight during a copy stay under the peak already
+		// reached, or the bound.
+		room := int64(max(bound, a.peakReserved.Load())) - int64(a.reserved.Load())
+		i := p.sparsest(room)
+		if i < 0 {
+			return nil
+		}
+		runs, moves := p.splitPlan(i)
+		if ok, err := p.timedSplit(i, runs, moves); !ok {
+			return err
+		}
+	}
+	return nil
+}
+
+// sparsest picks the span to split: among the sparse spans (some chunks
+// live, some empty) whose live chunks fit in room bytes, the one that gives
+// back the most net of what it copies; if none fits, the one that copies
+// least. -1 if no span is sparse. Spans the current back placed are left
+// alone (its undo list names them), and so are shared ones (share.go).
+func (p *pool) sparsest(room int64) int32 {
+	best, bestScore := int32(-1), int64(-1<<62)
+	g := int64(p.a.gran)
+	for i := range p.spans {
+		s := &p.spans[i]
+		if !s.inUse || s.prealloc || s.shares > 0 || s.occupied == 0 || s.occupied == s.n || !s.access || p.placedNow(int32(i)) {
+			continue
+		}
+		live, empty := int64(s.occupied), int64(s.n-s.occupied)
+		var score int64
+		if live*g <= room {
+			score = 1<<40 + (empty-live)<<20 + empty
+		} else {
+			score = -live<<20 + empty
+		}
+		if score > bestScore {
+			best, bestScore = int32(i), score
+		}
+	}
+	return best
+}
+
+func (p *pool) placedNow(i int32) bool {
+	for _, m := range p.made {
+		if m == i {
+			return true
+		}
+	}
+	return false
+}
+
 // Tightening as memory runs short (issue 40): the default places as it
 // does while memory is plentiful (over what is mapped, in 16 MiB spans,
 // with a bet ahead at the frontier), and past half its limit (or the
@@ -364,4 +444,250 @@ func (p *pool) tightSpan() int {
 		n = min(n, int(compactSpanSize/a.gran))
 	}
 	return max(n, 1)
+}
+
+// Growth: backing a placed block. Placement chose where a block goes
+// (place.go); what its unmapped chunks get is decided here, above mapping
+// (vm.go), which only performs it: how many chunks each new span takes
+// (runEnd, spanMost: the span size, the frontier's bet, the tightening's
+// smaller spans) and where its memory comes from (newSpan: a dormant
+// mapping revived, the churn guard's slack, an empty span moved or
+// stretched, a split under Defrag, empty spans released, then the
+// device).
+
+// back occupies b's chunks and gives every run of unmapped chunks under it
+// a span (the growth step of ModeVirtual), and access to any span that
+// lacks it, for a request of stream slot asker (stalls). On failure b's
+// chunks are vacated and the spans this call made or moved stay where
+// they are, empty, on the empty list: the retry that follows a shortage
+// (pool.allocSlow) finds them mapped, where releasing them made it create
+// them again, and under a tight limit made every pass give back and remake
+// its spans (ckpt_grad_accum under Gather at 12,130 MiB: 32,021 creates in
+// the later passes of ten, 1,736 now; docs/EXPERIMENTS.md, "A failed
+// backing keeps its spans"). What a request that ends in an out-of-memory
+// leaves is given back there (allocSlow). grew says whether it set out to
+// map or grant anything: then chunks beside b may have become ready, which
+// the caller tells placement (readyNear).
+func (p *pool) back(b *block, asker slot) (grew bool, err error) {
+	a := p.a
+	seg := b.seg
+	c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
+	ch := seg.chunks
+	// Count b in the spans already under it first, so that making spans
+	// for the rest cannot move or release them.
+	p.occupy(b)
+	missing := p.unmappedIn(seg, b.addr, b.size, c1-c0+1)
+	if missing == 0 {
+		return false, nil
+	}
+	if err := p.feasible(uint64(missing) * a.gran); err != nil {
+		p.vacate(b)
+		return false, err
+	}
+	p.made = p.made[:0] // place records the spans this call creates or moves here
+	p.backing = b
+	defer func() { p.backing = nil }()
+	for i := c0; i <= c1 && err == nil; {
+		c := &ch[i]
+		switch {
+		case c.ready:
+			i++
+		case c.span >= 0: // mapped, but a failure left it without access
+			s := &p.spans[c.span]
+			err = p.grant(c.span)
+			i = int(s.c0 + s.n)
+		default:
+			r1 := p.runEnd(seg, i, c1)
+			err = p.newSpan(seg, i, r1, c1, asker)
+			i = r1
+		}
+	}
+	if err != nil {
+		p.vacate(b) // the spans made stay, empty (see above)
+		for _, si := range p.made {
+			if s := &p.spans[si]; s.inUse && s.occupied == 0 {
+				// Made or moved (after a fence) for b, whose request
+				// has not returned: no stream's work is on it, so
+				// moving or releasing it waits for none (stalls).
+				s.clean = true
+			}
+		}
+		return true, fmt.Errorf("gpumem: backing %d bytes at 0x%x: %w", b.size, b.addr, err)
+	}
+	return true, nil
+}
+
+// runEnd returns the end of the next span of a block whose chunks up to c1
+// need backing, from its unmapped chunk i: the run of unmapped chunks from
+// i, cut at the span size.
+//
+// Growth at the frontier (past every chunk any span has covered, in an
+// allocator that already holds frontierAfter spans' worth) is where a
+// program's first pass spends its driver time, so a span starting there may
+// be twice the span size, and a span that ends the block there also takes
+// the chunks ahead of it, up to the span size: the requests that follow at
+// the frontier find memory mapped. The frontier holds at most one such
+// partly used span, and the threshold keeps small programs, for which a few
+// spans are a large share, on exact spans. Measured (docs/EXPERIMENTS.md,
+// "Growth at the frontier"): about half the creates of a first pass on the
+// shipped traces and five synthetic families, every shipped ratio at most
+// 1.0153; the cost is fit on programs that free at random (up to 2%).
+//
+// Under Config.Compact the threshold is compactFrontierAfter: its user
+// chose memory over driver calls, so the bet waits until it is a small
+// share of what is held.
+func (p *pool) runEnd(seg *segment, i, c1 int) int {
+	a := p.a
+	ch := seg.chunks
+	base := p.spanMost()
+	limit := base
+	after := uint64(frontierAfter)
+	if a.compact {
+		after = compactFrontierAfter
+	}
+	grown := a.reserved.Load() >= after*uint64(a.spanChunks)*a.gran
+	if grown && i > int(seg.hiSpan) && !a.tight() {
+		limit *= 2
+	}
+	limit = max(limit, p.churnSpan())
+	r1 := i + 1
+	for r1 <= c1 && ch[r1].span < 0 && r1-i < limit {
+		r1++
+	}
+	if grown && r1 == c1+1 && r1 > int(seg.hiSpan) {
+		// Past hiSpan every chunk is unmapped and holds nothing. The
+		// chunks ahead are a bet on the next requests, and a lost bet is
+		// memory held idle beside a live chunk: near the limit it is what
+		// fails a later block. So the bet takes at most 1/aheadShare of
+		// the room left under the limit, and shrinks as the device fills.
+		ahead := base
+		if l, r := a.limit.Load(), a.reserved.Load(); l > r {
+			ahead = min(ahead, int((l-r)/a.gran)/aheadShare)
+		} else {
+			ahead = 0
+		}
+		for r1 < len(ch) && r1-i < ahead {
+			r1++
+		}
+	}
+	return r1
+}
+
+// spanMost returns the most chunks a new span may have: Config.SpanSize,
+// or under Compact without one, 4 MiB growing with the allocator: the
+// largest power-of-two multiple of it up to 1/compactSpanShare of the most
+// the allocator has reserved, at most compactSpanMax (p.spanLimit, which
+// never shrinks).
+//
+// Compact's fit comes from small spans: a span partly under live blocks
+// holds all of its memory, so what a layout strands is about the number
+// of partly used spans times their size. Its cost is one create, map and
+// access grant per span, tens of microseconds whatever the size
+// (docs/BENCHMARKS.md, "What the driver costs"), so a fixed 4 MiB makes a
+// large program pay a call per 4 MiB it grows. A span of at most 1/512 of
+// what is held keeps the stranding a fixed share of the program's size:
+// measured on 40 real programs (docs/EXPERIMENTS.md, "Compact: spans that
+// grow with the allocator"), every one still within 1.02 of its peak on
+// the first pass and over ten, with about a quarter fewer driver calls in
+// a first pass (geometric mean; a third to two thirds on the largest
+// programs), and a third of them on programs that free at random. Never shrinking
+// keeps a program's later passes on the span sizes of its first.
+//
+// The default's base span (Config.SpanSize unset) is at most
+// 1/compactSpanShare of the limit, and compactSpanSize once tight
+// (pressure.go; runEnd may still double it while not tight, or take the
+// churn guard's larger spans).
+func (p *pool) spanMost() int {
+	a := p.a
+	if a.spanGrow {
+		held := a.reserved.Load() / (compactSpanShare * a.gran)
+		for uint64(p.spanLimit)*2 <= held && uint64(p.spanLimit)*2*a.gran <= compactSpanMax {
+			p.spanLimit *= 2
+		}
+	}
+	if a.tightens {
+		return p.tightSpan()
+	}
+	return p.spanLimit
+}
+
+// compactSpanShare and compactSpanMax bound Compact's growing spans
+// (spanMost): a span is at most 1/compactSpanShare of the most the
+// allocator has held, and at most compactSpanMax bytes.
+const (
+	compactSpanShare = 512
+	compactSpanMax   = 32 << 20
+)
+
+// frontierAfter is how many spans' worth an allocator must hold before
+// growth at the frontier takes larger spans (runEnd).
+const frontierAfter = 16
+
+// compactFrontierAfter is frontierAfter under Config.Compact: 256 of its
+// 4 MiB spans, 1 GiB. A frontier bet holds at most a doubled span and a
+// span ahead (12 MiB; three of the grown spans past 2 GiB, at most 3/512
+// of what is held: spanMost), so from there it is under 1.2% of what is
+// held.
+// With 16 (64 MiB) the bet was what the two smallest programs of the
+// corpus held beyond 1.02 times their peak: infer_server (952 MiB live)
+// 1.0221 and streaming_kv (604 MiB) 1.0338, against 1.0179 and 1.0173
+// with 256. Of the 36 other real programs 33 held the same or less and
+// none more than 0.0022 more (gpt2_generate), for 2-36% more driver calls
+// in a first pass (docs/EXPERIMENTS.md, "Compact on small programs").
+const compactFrontierAfter = 256
+
+// aheadShare: the chunks a frontier span maps ahead of its block take at
+// most 1/aheadShare of the room left under the limit (runEnd). Far from the
+// limit it changes nothing; near it the bet shrinks to nothing. Measured
+// with `gpumem fit` on gpt2_generate (docs/EXPERIMENTS.md, "A tight
+// device"): 940 MiB without the bound, 930 MiB with 8 or 16.
+const aheadShare = 16
+
+// newSpan backs chunks [r0, r1) of seg, all unmapped, with one span (the
+// chunks up to c1 lie under the block being backed and count it as live;
+// those after, ahead of it at the frontier, are free): an empty span of
+// exactly that size moved here (remap), else a larger empty span stretched
+// over the unmapped chunks after r1, else new memory from the device after
+// releasing what empty spans hold. asker is the requesting stream's slot
+// (stalls).
+func (p *pool) newSpan(seg *segment, r0, r1, c1 int, asker slot) error {
+	a := p.a
+	k := int32(r1 - r0)
+	size := uint64(k) * a.gran
+	if a.dormancy() {
+		if i := p.revivableAt(seg, r0, k, asker); i >= 0 {
+			return p.moveSpan(i, p, seg, r0, c1, asker, a.dormancy())
+		}
+	}
+	if p.slack(size) {
+		// New memory beside the empty spans, which stay where they are
+		// (churn.go); if the device or the limit refuses it, an empty
+		// span moves after all.
+		var sh *shortage
+		err := p.createSpan(seg, r0, r1, c1, size)
+		if !errors.As(err, &sh) {
+			if err == nil {
+				p.churn.taken++
+			}
+			return err
+		}
+		p.churn.refused++
+	}
+	if q, i := p.findEmpty(k, asker); q != nil {
+		err := q.moveSpan(i, p, seg, r0, c1, asker, a.dormancy())
+		if q != p {
+			q.mu.Unlock()
+		}
+		return err
+	}
+	if i := p.emptyToStretch(seg, r0, k, asker); i >= 0 {
+		return p.moveSpan(i, p, seg, r0, c1, asker, a.dormancy())
+	}
+	if a.defrag && p.churn.level == 0 { // not against the churn guard's slack (defrag.go)
+		if err := p.defrag(size, asker); err != nil {
+			return err
+		}
+	}
+	p.makeRoom(size, asker)
+	return p.createSpan(seg, r0, r1, c1, size)
 }
