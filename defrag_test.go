@@ -10,6 +10,7 @@ import (
 	"github.com/gpumem/gpumem"
 	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/device/sim"
+	"github.com/gpumem/gpumem/internal/longtest"
 )
 
 // marked is a live buffer and the words written at its first and last
@@ -250,6 +251,7 @@ func TestDefragChurn(t *testing.T) {
 // is the injected one or out of memory, every live buffer keeps its bytes,
 // the books hold, and after the faults are cleared everything goes back.
 func TestDefragFaults(t *testing.T) {
+	longtest.Skip(t, "Defrag under a fault at each of 80 driver calls, under the checker")
 	const mib = 1 << 20
 	var splits [9]uint64 // by stranded spans
 	for _, op := range []string{"Create", "Map", "SetAccess", "Synchronize", "Copy", "Unmap", "Release", "Reserve"} {
