@@ -17,7 +17,7 @@ def test_train_and_give_back():
         import gc, torch, gpumem.torch
         gpumem.torch.use()
         assert gpumem.torch.installed()
-        free0, total0 = torch.cuda.mem_get_info()
+        total0 = torch.cuda.mem_get_info()[1]
         model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)).cuda()
         opt = torch.optim.Adam(model.parameters())
         for _ in range(5):
@@ -33,7 +33,9 @@ def test_train_and_give_back():
         table = torch.cuda.memory_summary()  # PyTorch's table layout, gpumem's figures
         assert table.startswith("|====") and "gpumem CUDA memory summary" in table, table
         free1, total1 = torch.cuda.mem_get_info()
-        assert total1 == total0 and free1 <= free0
+        # The device's free memory, which other processes on the GPU move too
+        # (this failed beside other work on an H200): its bounds only.
+        assert total1 == total0 and 0 < free1 <= total1
         del model, opt, loss
         gc.collect()
         before = torch.cuda.mem_get_info()
