@@ -69,6 +69,25 @@ def test_config_set_in_os_environ_is_read():
     assert p.stdout.split() == ["1600"], p.stdout
 
 
+def test_run_dir_set_in_os_environ_is_read(tmp_path):
+    """GPUMEM_RUN_DIR put in os.environ by the program, after the library
+    loaded and before its first allocation, is where a served pool
+    announces itself for gpumem top and gpumem serve (internal/announce
+    reads it with os.Getenv, which sees it: checked, 2026-11-29)."""
+    run_dir = tmp_path / "announce"
+    p = run(f"""
+        import os
+        import gpumem
+        lib = gpumem.library()
+        os.environ["GPUMEM_RUN_DIR"] = {str(run_dir)!r}
+        os.environ["GPUMEM_CONFIG"] = "device=sim,capacity=4GiB,serve=127.0.0.1:0"
+        lib.allocate(1 << 20, 0, 0)
+        print(os.getpid())
+    """, env={"GPUMEM_CONFIG": "", "GPUMEM_RUN_DIR": ""})
+    pid = p.stdout.split()[-1]
+    assert (run_dir / pid).read_text().startswith("127.0.0.1:"), list(run_dir.iterdir()) if run_dir.exists() else p.stderr
+
+
 def test_allocate_free_stats():
     run("""
         import gpumem
