@@ -51,7 +51,7 @@ type pool struct {
 	empty               spanList
 	mappedChunks        int
 	emptySeq, fencedSeq uint64      // span emptyings so far / covered by the last fence
-	made                []int32     // spans placed by the current back (vm.go)
+	made                []int32     // spans placed by the current back (pressure.go)
 	backing             *block      // the block the current back backs (live, not yet marked so)
 	stageBuf            []freePiece // defrag's staging search, reused (defrag.go)
 	churn               churnGuard  // slack against moving spans on every few requests (churn.go)
