@@ -168,19 +168,39 @@ def run_torch(tr, opts, res):
     OOM = torch.cuda.OutOfMemoryError
     kinds, ids, sizes, n_ids = tr.kinds, tr.ids, tr.sizes, tr.n_ids
 
+    trims = tr.trims
+    res["trims"] = len(trims)
+
     def one_pass():
         live = [None] * n_ids
         ooms = 0
         gc.disable()
         t0 = perf_counter_ns()
-        for k, i, s in zip(kinds, ids, sizes):
-            if k:
-                try:
-                    live[i] = empty(s, dtype=u8, device=dev)
-                except OOM:
-                    ooms += 1
-            else:
-                live[i] = None
+        if not trims:
+            for k, i, s in zip(kinds, ids, sizes):
+                if k:
+                    try:
+                        live[i] = empty(s, dtype=u8, device=dev)
+                    except OOM:
+                        ooms += 1
+                else:
+                    live[i] = None
+        else:
+            # The program's empty_cache calls where it made them (the
+            # trace's "t" lines), as gpumem replay trims there.
+            at, next_trim = 0, trims[0]
+            for n, (k, i, s) in enumerate(zip(kinds, ids, sizes)):
+                while n == next_trim:
+                    torch.cuda.empty_cache()
+                    at += 1
+                    next_trim = trims[at] if at < len(trims) else -1
+                if k:
+                    try:
+                        live[i] = empty(s, dtype=u8, device=dev)
+                    except OOM:
+                        ooms += 1
+                else:
+                    live[i] = None
         t1 = perf_counter_ns()
         gc.enable()
         return t1 - t0, ooms, live

@@ -55,8 +55,18 @@ def test_parser(tmp):
     t2 = tracefile.load(q)
     check(t2.name == "tiny2" and t2.kinds == tr.kinds and t2.peak_live_bytes == 700,
           "plain-text trace")
+    # "t" lines (the program's empty_cache) are not events: where they lie.
+    w = os.path.join(tmp, "trims.trace")
+    with open(w, "w") as f:
+        f.writelines([tracefile.HEADER + "\n", "t 0\n", "a 0 10 0 1\n", "f 0 2\n", "t 3\n",
+                      "a 1 20 0 4\n", "t 5\n"])
+    tw = tracefile.load(w)
+    check(len(tw) == 3 and tw.trims == [0, 2, 3], "trims %r" % tw.trims)
+    check(tw.truncated(2).trims == [0], "truncated trims %r" % tw.truncated(2).trims)
+    check(tr.trims == [], "no trims")
     for bad, why in [
         (["# not a trace\n"], "header"),
+        ([tracefile.HEADER + "\n", "t\n"], "trim without time"),
         ([tracefile.HEADER + "\n", "a 0 10 0 0\n", "a 0 10 0 1\n"], "duplicate ID"),
         ([tracefile.HEADER + "\n", "f 3 0\n"], "free of unknown ID"),
         ([tracefile.HEADER + "\n", "a 0 10 0 0\n", "f 0 1\n", "f 0 2\n"], "double free"),

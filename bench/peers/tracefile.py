@@ -6,6 +6,7 @@ The format is described in testdata/traces/README.md:
     a ID SIZE STREAM T_US [SITE]   the program asked for SIZE bytes, named ID
     f ID T_US                      the program freed request ID
     s SITE TEXT                    call site SITE is the call stack TEXT
+    t T_US                         the program emptied its allocator's cache
 
 (package trace's doc.go has the whole of it, call sites included).
 
@@ -18,7 +19,10 @@ event, so that a replay loop does no parsing while it is timed:
 
 and checks the file on the way (header, unique IDs, no free of an unknown or
 already freed ID, sites defined once and before use). Call sites play no part in
-a replay; their texts are kept in Trace.sites (site number -> TEXT). peak_live()
+a replay; their texts are kept in Trace.sites (site number -> TEXT). A "t" line
+(torch.cuda.empty_cache in the recorded program) is not an event: Trace.trims
+holds, for each, the number of events before it, and the PyTorch peers empty
+their cache there as the program did. peak_live()
 gives the largest sum of SIZE over requests alive at the same moment, for the
 whole trace or for a prefix of it.
 
@@ -45,13 +49,16 @@ class TraceError(ValueError):
 class Trace:
     """A parsed trace. See the module docstring for the meaning of the lists."""
 
-    def __init__(self, name, kinds, ids, sizes, streams, sites=None):
+    def __init__(self, name, kinds, ids, sizes, streams, sites=None, trims=None):
         self.name = name
         self.kinds = kinds
         self.ids = ids
         self.sizes = sizes
         self.streams = streams  # set of STREAM values seen (as strings)
         self.sites = sites if sites is not None else {}  # SITE -> TEXT
+        # Where the program emptied its allocator's cache ("t" lines): the
+        # number of events before each, ascending.
+        self.trims = trims if trims is not None else []
         self.n_ids = (max(ids) + 1) if ids else 0
         self.peak_live_bytes = peak_live(kinds, ids, sizes)
 
@@ -63,7 +70,8 @@ class Trace:
         if max_events is None or max_events <= 0 or max_events >= len(self.kinds):
             return self
         return Trace(self.name, self.kinds[:max_events], self.ids[:max_events],
-                     self.sizes[:max_events], self.streams, self.sites)
+                     self.sizes[:max_events], self.streams, self.sites,
+                     [t for t in self.trims if t < max_events])
 
     @property
     def allocations(self):
@@ -92,7 +100,7 @@ def _open_text(path):
 
 def load(path):
     """Parse the trace at path. Raises TraceError on a malformed file."""
-    kinds, ids, sizes = [], [], []
+    kinds, ids, sizes, trims = [], [], [], []
     streams = set()
     sites = {}
     size_of = {}  # live request ID -> SIZE, to check frees
@@ -134,6 +142,11 @@ def load(path):
                     kinds.append(0)
                     ids.append(rid)
                     sizes.append(0)
+                elif op == "t":
+                    if len(p) != 2:
+                        raise TraceError("want 't T_US'")
+                    int(p[1])
+                    trims.append(len(kinds))
                 elif op == "s":
                     m = _SITE.match(line)
                     if not m:
@@ -148,7 +161,7 @@ def load(path):
                 raise TraceError("%s: line %d: %s" % (path, lineno, e)) from None
             except ValueError as e:
                 raise TraceError("%s: line %d: %s" % (path, lineno, e)) from None
-    return Trace(trace_name(path), kinds, ids, sizes, streams, sites)
+    return Trace(trace_name(path), kinds, ids, sizes, streams, sites, trims)
 
 
 def peak_live(kinds, ids, sizes, upto=None):
