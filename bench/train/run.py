@@ -54,8 +54,9 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-watch", action="store_true", help="no NVML polling (its peak is then 0)")
     ap.add_argument("--profile", action="store_true", help="cProfile the steps; the top 30 functions go to stderr")
-    ap.add_argument("--record", metavar="TRACE", help="gpumem only: record the whole run's allocations "
-                    "(gpumem.torch.record), both rounds, for gpumem fit and replay")
+    ap.add_argument("--record", metavar="TRACE", help="record the whole run's allocations "
+                    "(gpumem.torch.record: gpumem's recorder, or under PyTorch's allocators its memory "
+                    "history converted), both rounds, for gpumem fit and replay")
     args = ap.parse_args()
 
     if args.allocator == "expandable":
@@ -68,7 +69,11 @@ def main():
     recording = None
     if args.record:
         if args.allocator != "gpumem":
-            ap.error("--record needs the gpumem allocator")
+            # The request sequence under PyTorch's own allocator, which
+            # may differ from the one under gpumem (what the program asks
+            # can depend on the allocator: cuDNN's workspaces, say).
+            sys.path.insert(0, os.path.join(ROOT, "python"))
+            import gpumem.torch
         recording = gpumem.torch.record(args.record)
         recording.__enter__()
     sys.path.insert(0, HERE)
