@@ -50,7 +50,15 @@ import "math/bits"
 // 8 GiB.
 //
 // Guarded by the pool's mu. Not used under Config.Compact, whose user
-// chose memory over driver calls. Under Config.Defrag, a raised slack
+// chose memory over driver calls, nor while the default is tight (past half
+// its limit, pressure.go), which places and sizes spans as Compact does to
+// hold less: the slack's new memory undid that, so that a limit with room
+// held more than no limit at all (maskrcnn_train at 1.5 times its fit:
+// 22,410 MiB against 21,294 unlimited, from 1,613 slack creates; bench/synth's
+// rand programs at 1.3 times their peak: 11,264 against 9,936-10,052 MiB
+// without the slack). The price is driver calls there: a random-free
+// program under such a limit makes about three times the calls it made
+// with the slack (docs/EXPERIMENTS.md, "The churn guard while tight"). Under Config.Defrag, a raised slack
 // stops the splits (defrag.go): the two would work against each other.
 //
 // Invariants (checked by checkPool): 0 <= level <= churnMaxLevel; the
@@ -110,7 +118,7 @@ func (p *pool) churnSpan() int {
 // the empty spans held.
 func (p *pool) slack(size uint64) bool {
 	a := p.a
-	if a.compact || a.noChurn || p.empty.n == 0 {
+	if a.compact || a.noChurn || p.empty.n == 0 || a.tight() {
 		return false
 	}
 	g := &p.churn
