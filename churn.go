@@ -57,9 +57,10 @@ import "math/bits"
 // 22,410 MiB against 21,294 unlimited, from 1,613 slack creates; bench/synth's
 // rand programs at 1.3 times their peak: 11,264 against 9,936-10,052 MiB
 // without the slack). The price is driver calls there: a random-free
-// program under such a limit makes about three times the calls it made
-// with the slack (docs/EXPERIMENTS.md, "The churn guard while tight"). Under Config.Defrag, a raised slack
-// stops the splits (defrag.go): the two would work against each other.
+// program under such a limit makes three to seven times the calls it made
+// with the slack (docs/EXPERIMENTS.md, "The churn guard while tight").
+// Under Config.Defrag, a raised slack stops the splits (defrag.go): the
+// two would work against each other.
 //
 // Invariants (checked by checkPool): 0 <= level <= churnMaxLevel; the
 // window starts at or before the pool's allocation count; under Compact
@@ -83,7 +84,8 @@ const (
 
 // churnSpan is the most chunks a span under the block being backed may
 // have while the slack is at its top level (0 when it is not, or the block
-// is small, or the limit is near): an eighth of the block, rounded down to
+// is small, or the limit is near, or the default is tight): an eighth of
+// the block, rounded down to
 // a power of two of chunks. A miss of a large request in such a program
 // needs about 100 MiB of new backing (docs/EXPERIMENTS.md, "Programs that
 // free at random"), which spans of Config.SpanSize bring in six or seven
@@ -103,7 +105,7 @@ const (
 // reserved.
 func (p *pool) churnSpan() int {
 	b, a := p.backing, p.a
-	if b == nil || p.churn.level < churnMaxLevel || b.size < churnBigBlock {
+	if b == nil || p.churn.level < churnMaxLevel || b.size < churnBigBlock || a.tight() {
 		return 0
 	}
 	if r := a.reserved.Load() + b.size; r+r/4 > a.limit.Load() {

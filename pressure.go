@@ -403,9 +403,10 @@ func (p *pool) placedNow(i int32) bool {
 // limit gets small spans from the start: a span partly under live blocks
 // holds all of its memory, and what a layout strands is about the number
 // of partly used spans times their size. (The base span, spanMost: while
-// not tight the frontier may still double it, and the churn guard's large
-// spans, churnSpan, apply up to 0.8 of the limit, tight or not; the fit
-// figures in docs/BENCHMARKS.md were measured so.)
+// not tight the frontier may still double it. The churn guard, its slack
+// and its large spans, churnSpan, take no part while tight: its memory
+// undid the tightening's, so that a limit with room held more than none;
+// docs/EXPERIMENTS.md, "The churn guard while tight".)
 //
 // Why half: tightening at the first shortage changes nothing (the layout
 // that strands memory is made by then), and past 0.8 of the limit is too
