@@ -141,6 +141,49 @@ func TestChurnGuardOffWhileTight(t *testing.T) {
 	}
 }
 
+// TestChurnSpanOffWhileTight: the guard's large spans (churnSpan) follow
+// its slack: none while the default is tight, though the slack's level and
+// the room under the limit would allow them.
+func TestChurnSpanOffWhileTight(t *testing.T) {
+	a, err := New(sim.MustNew(sim.Config{}), Config{Limit: 8 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	small, err := a.Alloc(1<<20, 0) // makes the pool
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Free(small)
+	p := a.allPools()[0]
+	p.mu.Lock()
+	p.churn.level = churnMaxLevel
+	p.backing = &block{size: 256 << 20}
+	before := p.churnSpan()
+	p.backing = nil
+	p.mu.Unlock()
+	if before == 0 {
+		t.Fatal("not tight, at the top level, a 256 MiB block got no large span: the test no longer tells")
+	}
+	b, err := a.Alloc(5<<30, 0) // past half the limit; 5.25 GiB and a quarter more still fit under 8
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Free(b)
+	if !a.tight() {
+		t.Fatalf("holding %d bytes under a limit of %d: not tight", a.reserved.Load(), a.limit.Load())
+	}
+	p.mu.Lock()
+	p.churn.level = churnMaxLevel
+	p.backing = &block{size: 256 << 20}
+	after := p.churnSpan()
+	p.backing = nil
+	p.mu.Unlock()
+	if after != 0 {
+		t.Errorf("while tight churnSpan gave %d chunks (%d before): want 0", after, before)
+	}
+}
+
 // TestChurnGuardDefrag: under Config.Defrag a random-free program splits
 // only until the guard rises: the slack holds more than defrag's bound by
 // design, and splitting spans to stay under that bound undid the slack's
