@@ -85,13 +85,12 @@ const (
 // churnSpan is the most chunks a span under the block being backed may
 // have while the slack is at its top level (0 when it is not, or the block
 // is small, or the limit is near, or the default is tight): an eighth of
-// the block, rounded down to
-// a power of two of chunks. A miss of a large request in such a program
-// needs about 100 MiB of new backing (docs/EXPERIMENTS.md, "Programs that
-// free at random"), which spans of Config.SpanSize bring in six or seven
-// moves of some 75 us each on an H100, whatever their size; spans sized
-// by the block bring the same bytes in fewer, larger moves. The rounding keeps
-// the sizes few, so that an empty span is likely to match a later request
+// the block, rounded down to a power of two of chunks. A miss of a large
+// request in such a program needs about 100 MiB of new backing
+// (docs/EXPERIMENTS.md, "Programs that free at random"), which spans of
+// Config.SpanSize bring in six or seven moves of some 75 us each on an
+// H100, whatever their size; spans sized by the block bring the same bytes
+// in fewer, larger moves. The rounding keeps the sizes few, so that an empty span is likely to match a later request
 // exactly (findEmpty). The slack, not the span size, sets what such a
 // program holds: on bench/synth's rand the ratio is unchanged (1.1848
 // against 1.1849) and the maps and creates fall from 118 to 84 per 1000
