@@ -10,6 +10,9 @@ the repository root:
 - sim_vs_gpu.py: runs replayed the same way here agree (exit 0), and a run
   whose recorded calls differ is named (exit 1). Needs build/gpumem
   (skipped, saying so, without it).
+- limits_ab.py: fit figures read from `gpumem fit`'s lines; a peak higher
+  under the new build, one above its unlimited peak, and OOMs that differ
+  are each named; the later passes' calls summed.
 """
 import contextlib
 import io
@@ -26,6 +29,7 @@ GPUMEM = os.path.join(ROOT, "build", "gpumem")
 TRACE = os.path.join(ROOT, "testdata", "traces", "resnet50_train.trace.gz")
 sys.path.insert(0, HERE)
 
+import limits_ab  # noqa: E402
 import tight_table  # noqa: E402 (bench/core, beside this file)
 
 
@@ -96,6 +100,30 @@ class SimVsGPU(unittest.TestCase):
         r = self.check(line)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("resnet50_train.trace.gz gather: simulated", r.stdout)
+
+
+
+class LimitsAB(unittest.TestCase):
+    def test_parse_fits(self):
+        fits = limits_ab.parse_fits(["resnet50_train 2.92 GiB 1.003\n", "gpt2_generate 910.00 MiB 1.003\n",
+                                     "garbage line\n", "x notanumber GiB\n"])
+        self.assertEqual(fits, {"resnet50_train": int(2.92 * (1 << 30)), "gpt2_generate": 910 << 20})
+
+    def test_compare(self):
+        M = 1 << 20
+        rows = {
+            "same": {"base": (100 * M, 0, 10), "new": (100 * M, 0, 12), "unl_base": (100 * M, 0, 0), "unl_new": (100 * M, 0, 0)},
+            "up": {"base": (100 * M, 0, 0), "new": (104 * M, 1, 5), "unl_base": (102 * M, 0, 0), "unl_new": (102 * M, 0, 0)},
+            "down": {"base": (200 * M, 0, 0), "new": (190 * M, 0, 0), "unl_base": (195 * M, 0, 0), "unl_new": (195 * M, 0, 0)},
+        }
+        out = "\n".join(limits_ab.compare(rows, 1.3))
+        self.assertIn("x1.3: 3 traces", out)
+        self.assertIn("peak higher under NEW (MiB): [('up', 4)]", out)
+        self.assertIn("peak lower under NEW (MiB): [('down', -10)]", out)
+        self.assertIn("above their unlimited peak, BASE: [('down', 5)]", out)
+        self.assertIn("above their unlimited peak, NEW: [('up', 2)]", out)
+        self.assertIn("OOMs that differ (BASE, NEW): [('up', 0, 1)]", out)
+        self.assertIn("later passes' VMM calls: BASE 10, NEW 17", out)
 
 
 if __name__ == "__main__":
