@@ -52,6 +52,7 @@ type pool struct {
 	mappedChunks        int
 	emptySeq, fencedSeq uint64      // span emptyings so far / covered by the last fence
 	made                []int32     // spans placed by the current back (pressure.go)
+	carried             []int32     // of made, those moved with work possibly still on their handles (moveSpan)
 	backing             *block      // the block the current back backs (live, not yet marked so)
 	stageBuf            []freePiece // defrag's staging search, reused (defrag.go)
 	churn               churnGuard  // slack against moving spans on every few requests (churn.go)

@@ -5,6 +5,7 @@ package gpumem
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -486,6 +487,7 @@ func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 		return false, err
 	}
 	p.made = p.made[:0] // place records the spans this call creates or moves here
+	p.carried = p.carried[:0]
 	p.backing = b
 	defer func() { p.backing = nil }()
 	for i := c0; i <= c1 && err == nil; {
@@ -506,10 +508,13 @@ func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 	if err != nil {
 		p.vacate(b) // the spans made stay, empty (see above)
 		for _, si := range p.made {
-			if s := &p.spans[si]; s.inUse && s.occupied == 0 {
-				// Made or moved (after a fence) for b, whose request
+			if s := &p.spans[si]; s.inUse && s.occupied == 0 && !slices.Contains(p.carried, si) {
+				// Made, or moved after a fence, for b, whose request
 				// has not returned: no stream's work is on it, so
-				// moving or releasing it waits for none (stalls).
+				// moving or releasing it waits for none (stalls). Not
+				// a span moved without a fence (carried): the work of
+				// the streams that used it may still be running; only
+				// b's stream was ordered after it, and b is gone.
 				s.clean = true
 			}
 		}

@@ -497,7 +497,9 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int, asker slot, 
 		access := p.dormants[d].access
 		p.unlink(d, p.chainPrev(d))
 		p.nRevived++
-		return p.attach(i, seg, r0, c1, access)
+		err := p.attach(i, seg, r0, c1, access)
+		p.carry(i, unfenced)
+		return err
 	}
 	if err := a.vm.Map(device.Ptr(seg.chunkAddr(r0, a.gran)), uint64(n)*a.gran, s.h); err != nil {
 		// Back where it was: revive the mapping just retired.
@@ -511,7 +513,19 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int, asker slot, 
 		return err
 	}
 	a.c.maps.Add(1)
-	return p.attach(i, seg, r0, c1, false)
+	err := p.attach(i, seg, r0, c1, false)
+	p.carry(i, unfenced)
+	return err
+}
+
+// carry records span i, just moved by back, as carried if it moved
+// without a fence (unfenced): the streams that used its handle may still
+// have work on it (an ordered move orders only the asking stream after
+// that work), so a failed back does not mark it clean (pressure.go).
+func (p *pool) carry(i int32, unfenced bool) {
+	if unfenced && p.backing != nil {
+		p.carried = append(p.carried, i)
+	}
 }
 
 // fenceEmptied fences q's streams if empty span i emptied after the last
