@@ -1,7 +1,7 @@
 import json, subprocess, sys, glob, os
 bins = sys.argv[1:3]
 rows = []
-for f in sorted(glob.glob('/tmp/fitB/*.txt')):
+for f in sorted(glob.glob('build/fitB/*.txt')):
     n = os.path.basename(f)[:-4]
     line = [l for l in open(f) if l.startswith('gpumem ')]
     if not line: continue
