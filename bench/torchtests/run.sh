@@ -217,5 +217,30 @@ for sel in "$@"; do
 	fi
 done
 
+# What the run wrote names no path of this machine (results are kept in
+# bench/results): the repository's root goes, Python's site-packages and
+# standard library become site-packages/ and python3.X/.
+"$PY" - "$OUT" "$REPO" <<'PY'
+import os, site, sys, sysconfig
+out, repo = sys.argv[1], sys.argv[2]
+subs = [(repo.rstrip("/") + "/", "")]
+for p in set(site.getsitepackages() + [site.getusersitepackages()]):
+    subs.append((p.rstrip("/") + "/", "site-packages/"))
+std = sysconfig.get_paths()["stdlib"].rstrip("/")
+subs.append((std + "/", os.path.basename(std) + "/"))
+subs.sort(key=lambda s: -len(s[0]))
+for d, _, names in os.walk(out):
+    for n in names:
+        if n.endswith((".xml", ".log", ".jsonl", ".txt")):
+            f = os.path.join(d, n)
+            with open(f, encoding="utf-8", errors="surrogateescape") as fh:
+                text = fh.read()
+            new = text
+            for a, b in subs:
+                new = new.replace(a, b)
+            if new != text:
+                with open(f, "w", encoding="utf-8", errors="surrogateescape") as fh:
+                    fh.write(new)
+PY
 "$PY" bench/torchtests/compare.py "$OUT" | tee "$OUT/compare.txt"
 exit "$status"
