@@ -13,12 +13,21 @@ import "fmt"
 //     small pool and kLargeBuffer (20 MiB) in the large one
 //     (find_expandable_block, ExpandableSegment::map).
 //   - A request first takes the best-fitting free mapped block of its
-//     stream and pool (get_free_block, as shipped). Failing that,
+//     stream and pool (get_free_block), where the free block at the
+//     segment's end counts as large as the segment could grow (its size
+//     plus the unmapped address space after it): it is taken only when no
+//     other free block fits. Failing that,
 //     try_allocate_expandable_block maps pages at the segment's end, as many
 //     as the rounded request needs beyond the free block at the end, and
 //     serves the request from there.
-//   - Splitting (small: at least 512 B left; large: more than 1 MiB left)
-//     and merging on free are those of the shipped allocator.
+//   - A block is split whenever at least 512 B are left, in both pools
+//     (should_split: with expandable segments the large pool splits as the
+//     small one does; the shipped allocator's large pool keeps remainders
+//     of up to 1 MiB in the block). Merging on free is the shipped one.
+//     Until 2026-11-29 this emulation split the large pool as the shipped
+//     allocator does, which held 40 MiB more than the real allocator on
+//     beam_search_decode (854 against 814 MiB: bench/train/history_probe.py
+//     compares a real run's memory history with a replay).
 //   - Pages are unmapped only when a mapping fails (release_cached_blocks on
 //     the OOM retry, unmap_block) or with empty_cache.
 //
@@ -59,6 +68,15 @@ func (t *torchExpandable) Alloc(size, stream uint64) (uint64, error) {
 		t.free[k] = fs
 	}
 	b := fs.bestFit(n)
+	if e := t.segs[k]; b != nil && e != nil && b == e.tail {
+		// get_free_block under expandable segments: a block followed by
+		// unmapped address space counts, for the best fit, as large as it
+		// could grow, so the free end is taken only when no other free
+		// block fits (the next larger one in size order, if any).
+		if i := fs.search(b.size, b.addr); i+1 < len(fs.b) {
+			b = fs.b[i+1]
+		}
+	}
 	if b == nil {
 		var err error
 		if b, err = t.grow(k, page, n, size); err != nil {
@@ -67,7 +85,7 @@ func (t *torchExpandable) Alloc(size, stream uint64) (uint64, error) {
 	}
 	fs.remove(b)
 	rest := b.size - n
-	if k.kind == poolSmall && rest >= torchMinBlock || k.kind == poolLarge && rest > torchSmallSize {
+	if rest >= torchMinBlock {
 		r := split(b, n)
 		fs.insert(r)
 		if t.segs[k].tail == b {

@@ -126,6 +126,55 @@ func TestTorchExpandableGrowsInPages(t *testing.T) {
 	}
 }
 
+// TestTorchExpandableBestFit checks get_free_block and should_split under
+// expandable segments: the free end of a segment counts as large as it could
+// grow, so a larger hole is taken before it; and a large block is split
+// whenever 512 bytes or more are left (the shipped allocator leaves up to
+// 1 MiB in the block). Both decide where beam_search_decode's requests go
+// in a real run (bench/train/history_probe.py: every placement of its
+// 277,095 requests equal to the real allocator's with both rules, 40 MiB
+// more held without them).
+func TestTorchExpandableBestFit(t *testing.T) {
+	a := mustNew(t, "torch-expandable", 1<<30)
+	x := mustAlloc(t, a, 4<<20, 0)
+	h := mustAlloc(t, a, 6<<20, 0)
+	mustAlloc(t, a, 8<<20, 0) // 18 MiB of the 20 MiB page: a 2 MiB free end
+	mustFree(t, a, h)         // a 6 MiB hole
+	// 1.5 MiB fits the 2 MiB free end best by size; it goes to the hole.
+	y := mustAlloc(t, a, 3<<19, 0)
+	if y != x+4<<20 {
+		t.Fatalf("1.5 MiB at offset %d MiB, want 4 (the hole, not the free end at 18)", (y-x)>>20)
+	}
+	// The rest of the hole (4.5 MiB) and the free end: 5 MiB fits only
+	// the end's 2 MiB plus a new page, 4 MiB only the hole.
+	z := mustAlloc(t, a, 4<<20, 0)
+	if z != y+3<<19 {
+		t.Fatalf("4 MiB at offset %d, want %d (right after the 1.5 MiB block)", z-x, y+3<<19-x)
+	}
+	// 0.5 MiB is left of the hole, and split off: a large block that left
+	// 512 B or more is split (the shipped rule would keep it in the block).
+	var b4 Block
+	for _, s := range a.Segments() {
+		for _, b := range s.Blocks {
+			if b.Addr == z {
+				b4 = b
+			}
+		}
+	}
+	if b4.Size != 4<<20 {
+		t.Errorf("the 4 MiB request's block is %d bytes, want 4 MiB (the 0.5 MiB rest split off)", b4.Size)
+	}
+	// Only the free end fits 1.8 MiB: it is taken, with no new page.
+	r := a.Reserved()
+	e := mustAlloc(t, a, 1887436, 0)
+	if e != x+18<<20 || a.Reserved() != r {
+		t.Errorf("1.8 MiB at offset %d with %d reserved, want 18 MiB and %d (the free end)", e-x, a.Reserved(), r)
+	}
+	if err := checkAll(a); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestTorchExpandableUnmapsFreeEndOnOOM(t *testing.T) {
 	// 100 MiB: 80 MiB mapped, the last 60 freed; a new stream's 40 MiB
 	// request needs the free pages back.
