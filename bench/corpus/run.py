@@ -10,14 +10,54 @@ limit=... for a limit). The real run of what `gpumem replay` models from the
 program's recorded trace: compare the two where they disagree."""
 
 import argparse
+import collections
 import json
 import os
+import resource
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+class Sampler:
+    """Samples the main thread's Python stack every period seconds from a
+    thread of its own: counts each sample's innermost frame and its
+    innermost frame in a corpus or model file (file:line function), so
+    two allocators' runs of one program show where the extra time went
+    (a line that waits for the GPU, or one that allocates)."""
+
+    def __init__(self, period):
+        self.period, self.main = period, threading.main_thread().ident
+        self.leaf, self.own, self.n = collections.Counter(), collections.Counter(), 0
+        self.done = threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    @staticmethod
+    def where(f):
+        return "%s:%d %s" % (os.path.basename(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
+
+    def run(self):
+        while not self.done.wait(self.period):
+            f = sys._current_frames().get(self.main)
+            if f is None:
+                continue
+            self.n += 1
+            self.leaf[self.where(f)] += 1
+            while f is not None and os.path.basename(f.f_code.co_filename) != "programs.py":
+                f = f.f_back
+            if f is not None:
+                self.own[self.where(f)] += 1
+
+    def stop(self, top=25):
+        self.done.set()
+        self.t.join()
+        return {"n": self.n, "period_s": self.period,
+                "leaf": self.leaf.most_common(top), "programs_py": self.own.most_common(top)}
 
 
 def main():
@@ -26,6 +66,8 @@ def main():
     ap.add_argument("allocator", choices=["native", "expandable", "gpumem"])
     ap.add_argument("--out")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--sample", type=float, default=0,
+                    help="sample the program's Python stack every SAMPLE ms and add the lines seen most (where the time went)")
     args = ap.parse_args()
     if args.allocator == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -43,10 +85,14 @@ def main():
     watch = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "train", "nvmlwatch.py"), str(os.getpid())],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert watch.stdout.readline().strip() == "ready"
+    sampler = Sampler(args.sample / 1e3) if args.sample > 0 else None
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    samples = sampler.stop() if sampler else None
     watch.stdin.close()
     nvml_peak = int(watch.stdout.readline())
     watch.wait()
@@ -58,9 +104,12 @@ def main():
     rec = {"program": args.name, "allocator": args.allocator, "tag": args.tag,
            "config": os.environ.get("GPUMEM_CONFIG", "") if args.allocator == "gpumem" else "",
            "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": reserved, "peak_allocated_bytes": allocated,
-           "seconds": seconds, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+           "seconds": seconds,
+           "cpu_seconds": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.allocator == "gpumem":
         rec["gpumem_stats"] = st
+    if samples:
+        rec["samples"] = samples
     line = json.dumps(rec)
     print(line)
     if args.out:

@@ -8,6 +8,9 @@ no torch), from the repository root:
   saying so, without it; on the simulated device) and compares its peak
   reserved bytes with the run's: within 1% agrees, more disagrees (exit
   1), a trace without its stats is skipped, nothing to check is exit 2.
+- history_probe.py compare: two hand-made PyTorch memory histories, equal
+  up to one request that the replay places elsewhere and maps a page for:
+  the first differing placement and reserved figure, both peaks.
 - programs.py, parsed (not imported: it needs torch): every PROGRAMS
   entry names a function (steps, log, seed=0) of the module, with more
   steps than run.py's warm-up, listed in the module's docstring.
@@ -85,6 +88,41 @@ class PressureTable(unittest.TestCase):
         self.assertEqual(len(lines), 4, lines)
         self.assertEqual(lines[2], "| a | 2GiB | 0 of 1 | 2.000 (2.000) | 41.0 (40.0) | 1.50000 (1.50000) | yes | 0 |")
         self.assertEqual(lines[3], "| b | 1GiB | 1 of 2 | 1.000 (1.000) | 11.0 (10.0) | 2.00000 (2.00000) | no | 3 |")
+
+
+class HistoryCompare(unittest.TestCase):
+    """history_probe.py compare on two small histories (pickled dicts as
+    torch.cuda.memory._snapshot() gives): the replay puts the third
+    allocation after the second instead of where the first was freed, and
+    maps a second page for it."""
+
+    def test_first_difference(self):
+        import pickle
+        M = 1 << 20
+
+        def ev(action, addr, size):
+            return {"action": action, "addr": addr, "size": size, "stream": 0}
+        real = [ev("segment_map", 1000, 2 * M), ev("alloc", 1000, M), ev("alloc", 1000 + M, 512),
+                ev("free_requested", 1000, M), ev("free_completed", 1000, M), ev("alloc", 1000, M)]
+        replay = real[:5] + [ev("segment_map", 1000 + 2 * M, 2 * M), ev("alloc", 1000 + M + 512, M)]
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        paths = []
+        for name, evs in (("real", real), ("replay", replay)):
+            paths.append(os.path.join(d, name + ".pickle"))
+            with open(paths[-1], "wb") as f:
+                pickle.dump({"device_traces": [evs], "segments": []}, f)
+        out = subprocess.run([sys.executable, os.path.join(HERE, "history_probe.py"), "compare"] + paths,
+                             capture_output=True, text=True, check=True)
+        got = json.loads(out.stdout)
+        self.assertEqual(got["real"]["peak_reserved"], 2 * M)
+        self.assertEqual(got["replay"]["peak_reserved"], 4 * M)
+        self.assertEqual(got["replay"]["peak_at_request"], 3)
+        self.assertIsNone(got["first_request_differs"])
+        self.assertEqual(got["first_placement_differs"]["index"], 3)
+        self.assertEqual(got["first_reserved_differs"]["index"], 3)
+        self.assertEqual(got["first_placement_differs"]["real"][-1], ["alloc", M, 0, 2 * M])
+        self.assertEqual(got["first_placement_differs"]["replay"][-1], ["alloc", M, M + 512, 4 * M])
 
 
 class Programs(unittest.TestCase):
