@@ -544,3 +544,80 @@ func testMoveSpanBehindAnOrder(t *testing.T, compact bool) {
 	}
 	mustCheck(t, a, "the frees")
 }
+
+// TestFailedBackKeepsMovedSpanUnclean: a span moved for a request without
+// a fence (an ordered move: only the asking stream waits for the work of
+// the stream that used it) is not "clean" when that request fails, so a
+// third stream that later takes the span waits for that work too. Before
+// f707a7e a failed back called every span it had moved clean, and the
+// third stream got the handle with the first stream's work still pending
+// on it (found by TestStress under -race; this is its path, made
+// deterministic: stream a's touch pending on span S; b's 24 MiB request
+// moves S into an unmapped hole, ordered after a, then fails on the create
+// of its second span; c's 28 MiB request at the frontier moves S again).
+// It fails without f707a7e: c unordered after a's touch.
+func TestFailedBackKeepsMovedSpanUnclean(t *testing.T) {
+	dev := newSim(1 << 30)
+	// Compact (which the default becomes while tight) places c's request
+	// at its best fit's start without a search, so nothing on its way
+	// orders c after a: only the span's own state can. 16 MiB spans, so
+	// that one span is moved whole each time.
+	a := newAlloc(t, dev, gpumem.Config{Compact: true, SpanSize: 16 * miB})
+	sa, _ := dev.NewStream()
+	sb, _ := dev.NewStream()
+	sc, _ := dev.NewStream()
+	alloc := func(n uint64, s device.Stream) gpumem.Buffer {
+		t.Helper()
+		b, err := a.Alloc(n, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	// Stream a: live blocks around a 24 MiB block H and a 16 MiB block X
+	// (one span of the default 16 MiB: S).
+	alloc(2*miB, sa)
+	h := alloc(24*miB, sa)
+	alloc(2*miB, sa)
+	x := alloc(16*miB, sa)
+	alloc(2*miB, sa)
+	alloc(miB, sb) // b and c known to the pool
+	alloc(miB, sc)
+	// H's spans given back: an unmapped 24 MiB hole.
+	if err := a.Free(h); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	// a's work on X pending, X freed: S empty, its handle busy.
+	dev.Hold(sa)
+	if err := dev.Touch(sa, x.Ptr(), 16*miB); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	// b's 24 MiB goes to the hole: S (exact) moves there for its first
+	// 16 MiB, ordered after a; the 8 MiB span after it cannot be made.
+	before := a.Stats()
+	dev.FailNth("Create", 1)
+	if _, err := a.Alloc(24*miB, sb); err == nil {
+		t.Fatal("b's request succeeded with its span's create failing")
+	}
+	dev.ClearFaults()
+	if st := a.Stats(); st.Orders == before.Orders || st.Maps == before.Maps {
+		t.Fatalf("b's failed request made %d orders and %d maps, want S moved behind an order (the case under test)",
+			st.Orders-before.Orders, st.Maps-before.Maps)
+	}
+	mustCheck(t, a, "a failed back")
+	// c's 28 MiB fits no hole: at the frontier, S moves again for its
+	// first 16 MiB. c must be ordered after a's pending touch of S's
+	// memory (or the host must have waited for it).
+	y := alloc(28*miB, sc)
+	if err := dev.CheckHandoff(y.Ptr(), 28*miB, sc); err != nil {
+		t.Fatalf("c uses memory whose handle a's work still touches, unordered: %v", err)
+	}
+	mustCheck(t, a, "c's request")
+	dev.Drain(sa)
+}
