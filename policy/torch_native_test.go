@@ -1,8 +1,15 @@
 package policy
 
 import (
+	"bufio"
+	"compress/gzip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
+
+	"github.com/gpumem/gpumem/trace"
 )
 
 func TestTorchNativeSegmentSizes(t *testing.T) {
@@ -191,5 +198,81 @@ func TestTorchExpandableUnmapsFreeEndOnOOM(t *testing.T) {
 	}
 	if err := checkAll(a); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTorchExpandableAgainstRealHistory replays the first 40,000 requests
+// of a real run's memory history under PyTorch's expandable segments
+// (beam_search_decode on an H200, testdata/beam_search_decode_expandable.*)
+// and requires every allocation at the offset PyTorch gave it, from the
+// lowest address of its pool. Before a0e0d14 (a free end taken over a
+// larger hole; large blocks kept whole with up to 1 MiB left) 16,649 of
+// its 20,094 allocations were placed elsewhere.
+func TestTorchExpandableAgainstRealHistory(t *testing.T) {
+	tr, err := trace.Load(filepath.Join("testdata", "beam_search_decode_expandable.trace.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join("testdata", "beam_search_decode_expandable.offsets.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []uint64
+	sc := bufio.NewScanner(zr)
+	for sc.Scan() {
+		if line := sc.Text(); line != "" && line[0] != '#' {
+			v, err := strconv.ParseUint(line, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, v)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	a := mustNew(t, "torch-expandable", 140<<30)
+	addrs := make([]uint64, tr.Requests)
+	sizes := make([]uint64, tr.Requests)
+	n := 0
+	for i, ev := range tr.Events {
+		if ev.Kind == trace.Alloc {
+			addrs[tr.Slot[i]], sizes[tr.Slot[i]] = mustAlloc(t, a, ev.Size, ev.Stream), ev.Size
+			n++
+		} else {
+			mustFree(t, a, addrs[tr.Slot[i]])
+		}
+	}
+	if n != len(want) {
+		t.Fatalf("%d allocations in the trace, %d offsets", n, len(want))
+	}
+	// Offsets from the lowest address of each pool (rounded sizes up to
+	// 1 MiB are the small pool's).
+	base := [2]uint64{^uint64(0), ^uint64(0)}
+	pool := func(size uint64) int {
+		if torchRound(size) <= torchSmallSize {
+			return poolSmall
+		}
+		return poolLarge
+	}
+	for s := range addrs {
+		k := pool(sizes[s])
+		base[k] = min(base[k], addrs[s])
+	}
+	bad := 0
+	for s := range addrs {
+		if got := addrs[s] - base[pool(sizes[s])]; got != want[s] {
+			if bad++; bad <= 3 {
+				t.Errorf("allocation %d (%d bytes): offset %d, PyTorch's %d", s, sizes[s], got, want[s])
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d allocations placed elsewhere than PyTorch placed them", bad, n)
 	}
 }
