@@ -4,6 +4,7 @@ program's real run as on a replay of that run's own requests?
     python3 bench/train/history_probe.py run PROGRAM SNAPSHOT [--steps N]
     python3 bench/train/history_probe.py replay SNAPSHOT OUT_SNAPSHOT
     python3 bench/train/history_probe.py compare REAL_SNAPSHOT REPLAY_SNAPSHOT
+    python3 bench/train/history_probe.py fixture SNAPSHOT PREFIX [N]
 
 PROBE_HISTORY=0 runs without the history (nothing dumped: the run's own
 peak, to see whether recording changes it); PROBE_GC=off turns Python's
@@ -19,7 +20,12 @@ JSON line with max_memory_reserved. `compare` (no GPU, no PyTorch) walks
 both histories side by side and prints where they first differ: the
 reserved bytes after each event (maps minus unmaps), the first request
 whose placement (offset in its segment) or whose segment growth differs,
-and both peaks with the event index where each is reached.
+and both peaks with the event index where each is reached. `fixture` (no
+GPU) writes the first N requests (default 40,000) of a one-stream history as
+PREFIX.trace.gz (a gpumem trace, times left out) and PREFIX.offsets.gz (per
+allocation, the offset PyTorch gave it from the lowest address of its pool:
+at most 1 MiB small, else large): what policy's
+TestTorchExpandableAgainstRealHistory replays through the emulation.
 
 Why: on beam_search_decode expandable segments reserved 814 MiB on the real
 run and 853.5 MiB on a replay of the identical request sequence
@@ -169,6 +175,44 @@ def cmd_compare(real, replay):
     print(json.dumps(out, indent=1))
 
 
+def cmd_fixture(src, prefix, n=40000):
+    import gzip
+    with open(src, "rb") as f:
+        ev = events(pickle.load(f))
+    rows, ids, nid = [], {}, 0
+    for e in ev:
+        a = e["action"]
+        if a not in REQ:
+            continue
+        if len(rows) >= n:
+            break
+        if e.get("stream", 0) != 0:
+            sys.exit("history_probe: fixture: a request on stream %d; fixtures are of one-stream runs" % e["stream"])
+        if a == "alloc":
+            ids[e["addr"]] = nid
+            rows.append(("a", nid, e["size"], e["addr"]))
+            nid += 1
+        else:
+            rows.append(("f", ids.pop(e["addr"]), e["size"], e["addr"]))
+    small = [r[3] for r in rows if r[0] == "a" and r[2] <= 1 << 20]
+    large = [r[3] for r in rows if r[0] == "a" and r[2] > 1 << 20]
+    base = (min(small) if small else 0, min(large) if large else 0)
+    name = os.path.basename(prefix)
+    with gzip.open(prefix + ".trace.gz", "wt") as f:
+        f.write("# gpumem-trace v1: a ID SIZE STREAM T_US | f ID T_US\n")
+        f.write("# the first %d requests of a PyTorch memory history (bench/train/history_probe.py fixture), "
+                "times left out; the offsets PyTorch gave them are %s.offsets.gz\n" % (len(rows), name))
+        for k, i, size, _ in rows:
+            f.write("a %d %d 0 0\n" % (i, size) if k == "a" else "f %d 0\n" % i)
+    with gzip.open(prefix + ".offsets.gz", "wt") as f:
+        f.write("# per allocation, in trace order: the offset PyTorch placed it at, from the lowest address "
+                "of its pool (small: at most 1 MiB; large) in the same requests\n")
+        for k, _, size, addr in rows:
+            if k == "a":
+                f.write("%d\n" % (addr - base[0 if size <= 1 << 20 else 1]))
+    print(json.dumps({"requests": len(rows), "allocations": nid}))
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -179,6 +223,8 @@ def main():
         cmd_replay(*rest)
     elif mode == "compare" and len(rest) == 2:
         cmd_compare(*rest)
+    elif mode == "fixture" and len(rest) in (2, 3):
+        cmd_fixture(rest[0], rest[1], *(int(x) for x in rest[2:]))
     else:
         sys.exit(__doc__)
 

@@ -10,7 +10,9 @@ no torch), from the repository root:
   1), a trace without its stats is skipped, nothing to check is exit 2.
 - history_probe.py compare: two hand-made PyTorch memory histories, equal
   up to one request that the replay places elsewhere and maps a page for:
-  the first differing placement and reserved figure, both peaks.
+  the first differing placement and reserved figure, both peaks; and
+  fixture: a history's requests as a trace and each allocation's offset in
+  its pool.
 - programs.py, parsed (not imported: it needs torch): every PROGRAMS
   entry names a function (steps, log, seed=0) of the module, with more
   steps than run.py's warm-up, listed in the module's docstring.
@@ -123,6 +125,33 @@ class HistoryCompare(unittest.TestCase):
         self.assertEqual(got["first_reserved_differs"]["index"], 3)
         self.assertEqual(got["first_placement_differs"]["real"][-1], ["alloc", M, 0, 2 * M])
         self.assertEqual(got["first_placement_differs"]["replay"][-1], ["alloc", M, M + 512, 4 * M])
+
+    def test_fixture(self):
+        """fixture: the requests as a trace with IDs in allocation order, and
+        each allocation's offset from the lowest address of its pool."""
+        import gzip
+        import pickle
+        M = 1 << 20
+
+        def ev(action, addr, size):
+            return {"action": action, "addr": addr, "size": size, "stream": 0}
+        hist = [ev("segment_map", 10 * M, 20 * M), ev("alloc", 10 * M, 2 * M), ev("alloc", 90 * M, 512),
+                ev("alloc", 12 * M, 3 * M), ev("free_requested", 10 * M, 2 * M), ev("free_completed", 10 * M, 2 * M),
+                ev("alloc", 90 * M + 512, 1024), ev("alloc", 10 * M, M + 512)]
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        src = os.path.join(d, "h.pickle")
+        with open(src, "wb") as f:
+            pickle.dump({"device_traces": [hist], "segments": []}, f)
+        subprocess.run([sys.executable, os.path.join(HERE, "history_probe.py"), "fixture", src, os.path.join(d, "x")],
+                       capture_output=True, text=True, check=True)
+        with gzip.open(os.path.join(d, "x.trace.gz"), "rt") as f:
+            lines = [x.strip() for x in f if not x.startswith("#")]
+        self.assertEqual(lines, ["a 0 %d 0 0" % (2 * M), "a 1 512 0 0", "a 2 %d 0 0" % (3 * M), "f 0 0",
+                                 "a 3 1024 0 0", "a 4 %d 0 0" % (M + 512)])
+        with gzip.open(os.path.join(d, "x.offsets.gz"), "rt") as f:
+            offs = [int(x) for x in f if not x.startswith("#")]
+        self.assertEqual(offs, [0, 0, 2 * M, 512, 0])
 
 
 class Programs(unittest.TestCase):
