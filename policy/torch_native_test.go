@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/gpumem/gpumem/trace"
@@ -201,19 +202,32 @@ func TestTorchExpandableUnmapsFreeEndOnOOM(t *testing.T) {
 	}
 }
 
-// TestTorchExpandableAgainstRealHistory replays the first 40,000 requests
-// of a real run's memory history under PyTorch's expandable segments
-// (beam_search_decode on an H200, testdata/beam_search_decode_expandable.*)
-// and requires every allocation at the offset PyTorch gave it, from the
-// lowest address of its pool. Before a0e0d14 (a free end taken over a
-// larger hole; large blocks kept whole with up to 1 MiB left) 16,649 of
-// its 20,094 allocations were placed elsewhere.
+// TestTorchExpandableAgainstRealHistory replays the requests of real runs'
+// memory histories under PyTorch's expandable segments (testdata/
+// *_expandable.trace.gz, each with its .offsets.gz, made by
+// bench/train/history_probe.py fixture) and requires every allocation at
+// the offset PyTorch gave it, from the lowest address of its pool. The
+// first: beam_search_decode on an H200, 40,000 requests; before a0e0d14
+// (a free end taken over a larger hole; large blocks kept whole with up to
+// 1 MiB left) 16,649 of its 20,094 allocations were placed elsewhere.
 func TestTorchExpandableAgainstRealHistory(t *testing.T) {
-	tr, err := trace.Load(filepath.Join("testdata", "beam_search_decode_expandable.trace.gz"))
+	traces, err := filepath.Glob(filepath.Join("testdata", "*_expandable.trace.gz"))
+	if err != nil || len(traces) == 0 {
+		t.Fatalf("no testdata/*_expandable.trace.gz (%v)", err)
+	}
+	for _, path := range traces {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			checkAgainstHistory(t, path, strings.TrimSuffix(path, ".trace.gz")+".offsets.gz")
+		})
+	}
+}
+
+func checkAgainstHistory(t *testing.T, tracePath, offsetsPath string) {
+	tr, err := trace.Load(tracePath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(filepath.Join("testdata", "beam_search_decode_expandable.offsets.gz"))
+	f, err := os.Open(offsetsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
