@@ -333,3 +333,52 @@ func testLimit(t *testing.T, s *suite) {
 	}
 	e.finish()
 }
+
+// testFailedBackMovedSpan: a span moved for a request behind an order (only
+// the asking stream waits for the work of the stream that used it), whose
+// backing then fails, is moved again for a third stream: that stream must
+// be ordered after the first stream's work too (f707a7e; the root
+// package's TestFailedBackKeepsMovedSpanUnclean is the same path on the
+// simulated device alone). A's buffer X lies on one 16 MiB span S with A's
+// work pending; B's 24 MiB request goes to an unmapped 24 MiB hole, where S
+// moves behind an order, and fails on the create of its second span; C's
+// 28 MiB request at the frontier, placed by Compact with no search (so no
+// order on its way), takes S again. Runs in the virtual/compact
+// configuration only: the path needs Compact's placement and 16 MiB spans.
+func testFailedBackMovedSpan(t *testing.T, s *suite) {
+	if s.conf.Name != gpumem.ModeVirtual.String()+"/compact" {
+		t.Skip("runs in virtual/compact only (Compact's placement, the moves of 16 MiB spans)")
+	}
+	e := s.newEnv(t, func(c *gpumem.Config) { c.SpanSize = 16 * miB })
+	e.needPend()
+	f := e.needFault()
+	a, b, c := e.newStream(), e.newStream(), e.newStream()
+	e.alloc(2*miB, a)
+	h := e.alloc(24*miB, a)
+	e.alloc(2*miB, a)
+	x := e.alloc(16*miB, a)
+	e.alloc(2*miB, a)
+	e.alloc(miB, b)
+	e.alloc(miB, c)
+	e.free(h)
+	if err := e.a.Trim(); err != nil { // H's spans go: an unmapped 24 MiB hole
+		t.Fatalf("Trim: %v", err)
+	}
+	e.hold(a)
+	if err := e.pend.Touch(a, x.Ptr(), x.Size()); err != nil {
+		t.Fatalf("Touch: %v", err)
+	}
+	e.free(x) // S empty, A's work on it pending
+	before := e.stats()
+	f.FailNth("Create", 1)
+	if _, err := e.tryAlloc(24*miB, b); err == nil {
+		t.Fatal("B's 24 MiB succeeded with the create of its second span failing")
+	}
+	f.ClearFaults()
+	if st := e.stats(); st.Orders == before.Orders {
+		t.Logf("B's failed request made no order (stats %+v): S did not move behind one; the path under test was not taken", st)
+	}
+	e.alloc(28*miB, c) // admit: C may use the memory now (CheckHandoff)
+	e.drain(a)
+	e.finish()
+}

@@ -156,6 +156,7 @@ var tests = []struct {
 	{"ReuseWhilePending", testReuseWhilePending},
 	{"StreamOrderHandoff", testStreamOrderHandoff},
 	{"StreamOrderManyStreams", testStreamOrderManyStreams},
+	{"FailedBackMovedSpan", testFailedBackMovedSpan},
 	{"RecordStream", testRecordStream},
 	{"RecordStreamErrors", testRecordStreamErrors},
 	{"Trim", testTrim},
