@@ -24,10 +24,12 @@ import "fmt"
 //     (should_split: with expandable segments the large pool splits as the
 //     small one does; the shipped allocator's large pool keeps remainders
 //     of up to 1 MiB in the block). Merging on free is the shipped one.
-//     Until 2026-11-29 this emulation split the large pool as the shipped
-//     allocator does, which held 40 MiB more than the real allocator on
-//     beam_search_decode (854 against 814 MiB: bench/train/history_probe.py
-//     compares a real run's memory history with a replay).
+//     Until 2026-11-29 this emulation had neither rule (plain best fit, the
+//     shipped allocator's split), and held 40 MiB more than the real
+//     allocator on beam_search_decode (854 against 814 MiB); with both,
+//     every request of that run lands where PyTorch put it
+//     (bench/train/history_probe.py compares a run's memory history with
+//     a replay; TestTorchExpandableAgainstRealHistory keeps a part of it).
 //   - Pages are unmapped only when a mapping fails (release_cached_blocks on
 //     the OOM retry, unmap_block) or with empty_cache.
 //
