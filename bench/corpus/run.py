@@ -1,8 +1,14 @@
-"""run.py NAME ALLOCATOR [--out FILE] [--tag TAG]: runs one corpus program
-(programs.PROGRAMS[NAME]) in this process under one allocator and prints
-one JSON line (appended to FILE too): the process's NVML peak above its
-start (polled from another process, bench/train/nvmlwatch.py), the
-allocator's peak reserved and allocated, and the program's seconds.
+"""run.py NAME ALLOCATOR [--out FILE] [--tag TAG] [--sample MS]: runs one
+corpus program (programs.PROGRAMS[NAME]) in this process under one
+allocator and prints one JSON line (appended to FILE too): the process's
+NVML peak above its start (polled from another process,
+bench/train/nvmlwatch.py), the allocator's peak reserved and allocated, the
+program's seconds and the CPU seconds of the process over them, and with
+--sample the Python lines the main thread was seen at most (sampled every
+MS milliseconds from a thread of its own): where two runs' time differs.
+Whole-program seconds vary by up to a third from run to run on the H200
+machines: compare allocators in interleaved rounds, never single runs
+(docs/BENCHMARKS.md, "Decode programs interleaved").
 
 ALLOCATOR: native, expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
 or gpumem (gpumem.torch.use(); GPUMEM_CONFIG as for any gpumem program,
