@@ -35,7 +35,13 @@
 #                                   pathcost (an allocation's cost on the
 #                                   driver and inside PyTorch), ranks
 #                                   (FSDP2 on every GPU, each rank's pool
-#                                   in gpumem top and one gpumem serve).
+#                                   in gpumem top and one gpumem serve),
+#                                   histories (PyTorch's expandable
+#                                   segments' real placements, as the
+#                                   emulation's test data:
+#                                   HISTORY_PROGRAMS=a,b), compactsteps
+#                                   (the default against compact=true,
+#                                   span_size=16MiB, step by step).
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
@@ -375,6 +381,47 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 				done
 			done
 			cat "$out/pathcost.log" >&2
+			;;
+		histories)
+			# The torch-expandable emulation's test data: each program of
+			# HISTORY_PROGRAMS (one stream each; four by default) run
+			# under PyTorch's expandable segments with its memory
+			# history, and its first
+			# 40,000 requests written as policy/testdata fixtures
+			# (bench/train/history_probe.py run, then fixture):
+			# $out/fixtures/NAME_expandable.{trace,offsets}.gz, to copy
+			# into policy/testdata, where TestTorchExpandableAgainstRealHistory
+			# takes them up. history.jsonl: each run's peaks.
+			local p hp=${HISTORY_PROGRAMS:-gpt2_generate,resnet50_train,t5_beam_search,spec_decode}
+			mkdir -p "$out/fixtures"
+			for p in ${hp//,/ }; do
+				PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 bench/train/history_probe.py run "$p" \
+					"$out/fixtures/$p.pickle" >>"$out/history.jsonl" 2>>"$out/history.log" &&
+					python3 bench/train/history_probe.py fixture "$out/fixtures/$p.pickle" \
+						"$out/fixtures/${p}_expandable" >>"$out/history.log" 2>&1 ||
+					echo "FAIL: $p" >>"$out/history.log"
+				rm -f "$out/fixtures/$p.pickle"
+			done
+			;;
+		compactsteps)
+			# Issue 40: is Compact's placement with 16 MiB spans (which
+			# meets the unlimited memory bar on 37 of the 40 traces) within
+			# the step-time bar? Each program of PROGRAMS (default
+			# resnet50_train, whose steps are the shortest) under the
+			# default and under compact=true,span_size=16MiB, unlimited,
+			# ROUNDS (3) interleaved rounds, per-step times and counters
+			# (bench/train/stepprof.py): compactsteps.jsonl.
+			use_wheel_library
+			local r p c progs=${PROGRAMS:-resnet50_train}
+			for r in $(seq "${ROUNDS:-3}"); do
+				for p in ${progs//,/ }; do
+					for c in "" "compact=true,span_size=16MiB"; do
+						GPUMEM_CONFIG=$c python3 bench/train/stepprof.py "$p" gpumem --steps 60 --profile-steps 0 \
+							--tag "r$r ${c:-default}" --out "$out/compactsteps.jsonl" >/dev/null 2>>"$out/compactsteps.log" ||
+							echo "FAIL: $p $c round $r" >>"$out/compactsteps.log"
+					done
+				done
+			done
 			;;
 		table)
 			{
