@@ -90,9 +90,10 @@ const (
 // (docs/EXPERIMENTS.md, "Programs that free at random"), which spans of
 // Config.SpanSize bring in six or seven moves of some 75 us each on an
 // H100, whatever their size; spans sized by the block bring the same bytes
-// in fewer, larger moves. The rounding keeps the sizes few, so that an empty span is likely to match a later request
-// exactly (findEmpty). The slack, not the span size, sets what such a
-// program holds: on bench/synth's rand the ratio is unchanged (1.1848
+// in fewer, larger moves. The rounding keeps the sizes few, so that an
+// empty span is likely to match a later request exactly (findEmpty). The
+// slack, not the span size, sets what such a program holds: on
+// bench/synth's rand the ratio is unchanged (1.1848
 // against 1.1849) and the maps and creates fall from 118 to 84 per 1000
 // events in a first pass, from 85 to 50 in a later one. Larger spans hold
 // more idle memory beside a block's edges: only a program that churns

@@ -156,12 +156,7 @@ func TestChurnSpanOffWhileTight(t *testing.T) {
 	}
 	defer a.Free(small)
 	p := a.allPools()[0]
-	p.mu.Lock()
-	p.churn.level = churnMaxLevel
-	p.backing = &block{size: 256 << 20}
-	before := p.churnSpan()
-	p.backing = nil
-	p.mu.Unlock()
+	before := topLevelSpan(p)
 	if before == 0 {
 		t.Fatal("not tight, at the top level, a 256 MiB block got no large span: the test no longer tells")
 	}
@@ -173,15 +168,21 @@ func TestChurnSpanOffWhileTight(t *testing.T) {
 	if !a.tight() {
 		t.Fatalf("holding %d bytes under a limit of %d: not tight", a.reserved.Load(), a.limit.Load())
 	}
-	p.mu.Lock()
-	p.churn.level = churnMaxLevel
-	p.backing = &block{size: 256 << 20}
-	after := p.churnSpan()
-	p.backing = nil
-	p.mu.Unlock()
+	after := topLevelSpan(p)
 	if after != 0 {
 		t.Errorf("while tight churnSpan gave %d chunks (%d before): want 0", after, before)
 	}
+}
+
+// topLevelSpan is churnSpan for a 256 MiB block with the slack at its top
+// level.
+func topLevelSpan(p *pool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.churn.level = churnMaxLevel
+	p.backing = &block{size: 256 << 20}
+	defer func() { p.backing = nil }()
+	return p.churnSpan()
 }
 
 // TestChurnGuardDefrag: under Config.Defrag a random-free program splits

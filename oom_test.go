@@ -49,11 +49,7 @@ func wantIn(t *testing.T, msg string, parts ...string) {
 
 func mustAlloc(t *testing.T, a *gpumem.Allocator, size uint64) gpumem.Buffer {
 	t.Helper()
-	b, err := a.Alloc(size, 0)
-	if err != nil {
-		t.Fatalf("Alloc(%d): %v", size, err)
-	}
-	return b
+	return mustAllocOn(t, a, size, 0)
 }
 
 // TestOOMVerdictLimit: live buffers and the request pass the limit. No trim

@@ -493,14 +493,7 @@ func testMoveSpanBehindAnOrder(t *testing.T, compact bool) {
 	sb, _ := dev.NewStream()
 	const span = 16 * miB // the default span
 	var keep []gpumem.Buffer
-	alloc := func(n uint64, s device.Stream) gpumem.Buffer {
-		t.Helper()
-		b, err := a.Alloc(n, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	alloc := func(n uint64, s device.Stream) gpumem.Buffer { t.Helper(); return mustAllocOn(t, a, n, s) }
 	keep = append(keep, alloc(span, sa))
 	x := alloc(span, sa) // a span of its own, between two live ones
 	keep = append(keep, alloc(span, sa), alloc(miB, sb))
@@ -566,14 +559,7 @@ func TestFailedBackKeepsMovedSpanUnclean(t *testing.T) {
 	sa, _ := dev.NewStream()
 	sb, _ := dev.NewStream()
 	sc, _ := dev.NewStream()
-	alloc := func(n uint64, s device.Stream) gpumem.Buffer {
-		t.Helper()
-		b, err := a.Alloc(n, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	alloc := func(n uint64, s device.Stream) gpumem.Buffer { t.Helper(); return mustAllocOn(t, a, n, s) }
 	// Stream a: live blocks around a 24 MiB block H and a 16 MiB block X
 	// (one span of the default 16 MiB: S).
 	alloc(2*miB, sa)
@@ -620,4 +606,14 @@ func TestFailedBackKeepsMovedSpanUnclean(t *testing.T) {
 	}
 	mustCheck(t, a, "c's request")
 	dev.Drain(sa)
+}
+
+// mustAllocOn is mustAlloc on stream s.
+func mustAllocOn(t *testing.T, a *gpumem.Allocator, size uint64, s device.Stream) gpumem.Buffer {
+	t.Helper()
+	b, err := a.Alloc(size, s)
+	if err != nil {
+		t.Fatalf("Alloc(%d, stream %d): %v", size, s, err)
+	}
+	return b
 }

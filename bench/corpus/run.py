@@ -110,8 +110,8 @@ def main():
     rec = {"program": args.name, "allocator": args.allocator, "tag": args.tag,
            "config": os.environ.get("GPUMEM_CONFIG", "") if args.allocator == "gpumem" else "",
            "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": reserved, "peak_allocated_bytes": allocated,
-           "seconds": seconds,
-           "cpu_seconds": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+           "seconds": seconds, "cpu_seconds": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.allocator == "gpumem":
         rec["gpumem_stats"] = st
     if samples:

@@ -103,6 +103,7 @@ def main():
         gm = gpumem.torch
     sys.path.insert(0, HERE)
     import programs
+    from run import emit
 
     fn, default_steps = programs.PROGRAMS[args.program]
     warm = max(2, (args.steps or default_steps) // 5)
@@ -162,11 +163,7 @@ def main():
         rec["profile"]["gpu_busy_us_per_step"] = rec["profile"]["gpu_busy_us"] / max(1, len(profiled))
     if gm is not None:
         rec["gpumem_stats"] = gm.stats()
-    line = json.dumps(rec)
-    print(line)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(line + "\n")
+    emit(rec, args.out)
 
 
 if __name__ == "__main__":
