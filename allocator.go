@@ -37,15 +37,16 @@ type Allocator struct {
 	// tightens: the default tightens under pressure (tight,
 	// pressure.go); false under Compact, Gather and Defrag, and with
 	// Config.SpanSize set.
-	tightens    bool
-	spanGrow    bool
-	compact     bool // Config.Compact, in ModeVirtual
-	defrag      bool // Config.Defrag, in ModeVirtual with a Copier, not compact
-	copier      device.Copier
-	gather      bool // Config.Gather, with a copier
-	noChurn     bool // tests only: the policy without the churn guard (churn.go)
-	check       bool // run the checker after every operation
-	checkSearch bool // compare every findBacked answer with findFewest's (check, or tests)
+	tightens     bool
+	spanGrow     bool
+	compact      bool // Config.Compact, in ModeVirtual
+	defrag       bool // Config.Defrag, in ModeVirtual with a Copier, not compact
+	copier       device.Copier
+	gather       bool // Config.Gather, with a copier
+	chunkHandles bool // Config.ChunkHandles, in ModeVirtual: a handle per chunk (vm.go)
+	noChurn      bool // tests only: the policy without the churn guard (churn.go)
+	check        bool // run the checker after every operation
+	checkSearch  bool // compare every findBacked answer with findFewest's (check, or tests)
 
 	pools atomic.Pointer[poolTable] // copy on write, under mu
 	mu    sync.Mutex                // guards pool creation, closing, idle
@@ -169,6 +170,10 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 		}
 	}
 	a.compact = cfg.Compact && a.mode == ModeVirtual
+	a.chunkHandles = cfg.ChunkHandles && a.mode == ModeVirtual
+	if a.chunkHandles && (cfg.Compact || cfg.Defrag || cfg.Gather) {
+		return nil, errors.New("gpumem: New: ChunkHandles cannot be combined with Compact, Defrag or Gather")
+	}
 	if c, ok := device.AsCopier(dev); ok && a.mode == ModeVirtual && !a.compact {
 		a.defrag, a.gather, a.copier = cfg.Defrag, cfg.Gather, c // a copier for a gate too (SetGate)
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/gpumem/gpumem/device"
 )
 
 // Check verifies every invariant of the allocator (see block.go, index.go,
@@ -303,6 +305,11 @@ func (p *pool) check() error {
 	// Spans: each covers its chunks, counts the live blocks over them, and
 	// the empty list holds exactly the empty spans, oldest first.
 	mapped, empties := 0, 0
+	type chunkRef struct {
+		seg *segment
+		c   int32
+	}
+	handleAt := map[device.Handle]chunkRef{} // under Config.ChunkHandles
 	for i := range p.spans {
 		s := &p.spans[i]
 		if !s.inUse {
@@ -326,6 +333,18 @@ func (p *pool) check() error {
 		}
 		if occ != s.occupied {
 			bad("span %d: %d occupied chunks, counts %d", i, occ, s.occupied)
+		}
+		if p.a.chunkHandles {
+			for j := s.c0; j < s.c0+s.n; j++ {
+				h := s.seg.hnd[j]
+				if h == 0 {
+					bad("span %d: chunk %d of 0x%x has no handle", i, j, s.seg.base)
+				} else if o, dup := handleAt[h]; dup {
+					bad("handle %d is under chunk %d of 0x%x and chunk %d of 0x%x", h, o.c, o.seg.base, j, s.seg.base)
+				} else {
+					handleAt[h] = chunkRef{s.seg, j}
+				}
+			}
 		}
 		if s.occupied == 0 {
 			empties++

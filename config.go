@@ -103,6 +103,18 @@ type Config struct {
 	// "Compact with spans that grow"). For programs that run out of
 	// memory; the default is for speed.
 	Compact bool
+	// ChunkHandles backs every chunk of a span (the device's granularity,
+	// 2 MiB on NVIDIA) with a physical handle of its own, in ModeVirtual,
+	// so that a span's free chunks can be given up while other chunks of
+	// it are live, without a copy: where the allocator would otherwise
+	// take new memory from the device, it first splits the free chunks
+	// off partly used spans and maps them where they are needed (vm.go,
+	// "Chunk handles"). A span then costs a create and a map per chunk
+	// (one access grant per span still). Experimental (issue 40; measured
+	// in docs/EXPERIMENTS.md, "One handle per chunk"); not with Compact,
+	// Defrag or Gather (New refuses them together), and a moved span
+	// keeps no dormant mapping.
+	ChunkHandles bool
 	// Defrag lets the allocator move live memory, in ModeVirtual on a
 	// device that can copy: when growth would take it past its peak of
 	// active bytes plus 1%, and no empty span is left to give back, it

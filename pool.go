@@ -50,13 +50,16 @@ type pool struct {
 	freeSlots           []int32
 	empty               spanList
 	mappedChunks        int
-	emptySeq, fencedSeq uint64      // span emptyings so far / covered by the last fence
-	made                []int32     // spans placed by the current back (pressure.go)
-	carried             []int32     // of made, those moved with work possibly still on their handles (moveSpan)
-	backing             *block      // the block the current back backs (live, not yet marked so)
-	stageBuf            []freePiece // defrag's staging search, reused (defrag.go)
-	churn               churnGuard  // slack against moving spans on every few requests (churn.go)
-	spanLimit           int         // the most chunks a new span may have: Config.SpanSize's, grown under Compact (pressure.go, spanMost)
+	emptySeq, fencedSeq uint64          // span emptyings so far / covered by the last fence
+	made                []int32         // spans placed by the current back (pressure.go)
+	carried             []int32         // of made, those moved with work possibly still on their handles (moveSpan)
+	backing             *block          // the block the current back backs (live, not yet marked so)
+	stageBuf            []freePiece     // defrag's staging search, reused (defrag.go)
+	hbuf                []device.Handle // handles on their way between mappings, reused (chunks.go)
+	occBuf              []bool          // chunks a live block lies on, reused (splitFree)
+	gbuf                []device.Handle // handles assemble gathers, reused (chunks.go)
+	churn               churnGuard      // slack against moving spans on every few requests (churn.go)
+	spanLimit           int             // the most chunks a new span may have: Config.SpanSize's, grown under Compact (pressure.go, spanMost)
 	// dormants are mappings left behind by moved spans (dormant.go);
 	// chains[i] is the newest of span slot i's handle + 1 (0: none), kept
 	// beside spans rather than in them (the span stays 48 bytes for the
@@ -166,6 +169,10 @@ type segment struct {
 	// (index in pool.dormants + 1; 0 for none; dormant.go). nil otherwise:
 	// the default keeps none, and the chunk array stays 12 bytes a chunk.
 	dormant []int32
+	// hnd: under Config.ChunkHandles, per chunk, the physical handle mapped
+	// over it while its span is (chunk.span ≥ 0); stale otherwise. nil
+	// without (vm.go, "Chunk handles").
+	hnd []device.Handle
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
@@ -1011,6 +1018,9 @@ func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 		seg.ready = newReadyMap(int(n))
 		if p.a.compact || p.a.tightens {
 			seg.dormant = make([]int32, n)
+		}
+		if p.a.chunkHandles {
+			seg.hnd = make([]device.Handle, n)
 		}
 		for i := range seg.chunks {
 			seg.chunks[i].span = -1

@@ -430,8 +430,10 @@ func (a *Allocator) tight() bool {
 }
 
 // dormancy reports whether a moved span leaves its old mapping dormant
-// (dormant.go): under Compact, and in the default while tight.
-func (a *Allocator) dormancy() bool { return a.compact || a.tight() }
+// (dormant.go): under Compact, and in the default while tight, except with
+// a handle per chunk (Config.ChunkHandles), whose spans split: a dormant
+// mapping is of a span's handles as they were.
+func (a *Allocator) dormancy() bool { return a.compact || a.tight() && !a.chunkHandles }
 
 // tightSpan is the most chunks a default span may have: Config.SpanSize's
 // default, at most 1/compactSpanShare of the limit, at most
@@ -688,6 +690,13 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int, asker slot) error {
 	}
 	if i := p.emptyToStretch(seg, r0, k, asker); i >= 0 {
 		return p.moveSpan(i, p, seg, r0, c1, asker, a.dormancy())
+	}
+	if a.chunkHandles {
+		// Empty chunks, and free chunks of partly used spans, to size;
+		// new memory only for what they lack (chunks.go).
+		if done, err := p.assemble(seg, r0, r1, c1, asker); done {
+			return err
+		}
 	}
 	if a.defrag && p.churn.level == 0 { // not against the churn guard's slack (defrag.go)
 		if err := p.defrag(size, asker); err != nil {

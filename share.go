@@ -92,12 +92,20 @@ func (a *Allocator) Share(buf Buffer) (Shared, error) {
 	sh := Shared{Ptr: buf.ptr, Base: device.Ptr(seg.chunkAddr(int(p.spans[idx[0]].c0), a.gran))}
 	for _, i := range idx {
 		s := &p.spans[i]
-		fd, err := ex.Export(s.h)
-		if err != nil {
-			sh.Close()
-			return Shared{}, notShareable("the driver would not export its memory: " + err.Error())
+		// One handle per span, or under Config.ChunkHandles one per chunk
+		// (chunks.go), each exported as a piece of its own.
+		hs, size := []device.Handle{s.h}, uint64(s.n)*a.gran
+		if a.chunkHandles {
+			hs, size = p.spanHandles(i, nil), a.gran
 		}
-		sh.Spans = append(sh.Spans, SharedSpan{FD: fd, Size: uint64(s.n) * a.gran})
+		for _, h := range hs {
+			fd, err := ex.Export(h)
+			if err != nil {
+				sh.Close()
+				return Shared{}, notShareable("the driver would not export its memory: " + err.Error())
+			}
+			sh.Spans = append(sh.Spans, SharedSpan{FD: fd, Size: size})
+		}
 	}
 	for _, i := range idx {
 		p.spans[i].shares++

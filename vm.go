@@ -75,7 +75,8 @@ type chunk struct {
 	ready bool  // mapped with access: what the cache-hit path checks
 }
 
-// A span is one physical handle mapped over chunks [c0, c0+n) of seg.
+// A span is one physical handle mapped over chunks [c0, c0+n) of seg (under
+// Config.ChunkHandles, one per chunk, in seg.hnd: chunks.go).
 type span struct {
 	seg        *segment
 	c0, n      int32
@@ -249,6 +250,17 @@ func (p *pool) createSpan(seg *segment, r0, r1, c1 int, size uint64) error {
 	if !a.takeBudget(size) {
 		return &shortage{cause: CauseLimit}
 	}
+	if a.chunkHandles {
+		hs, err := p.newHandles(p.hbuf[:0], r1-r0)
+		p.hbuf = hs
+		if err != nil {
+			if errors.Is(err, device.ErrOutOfMemory) {
+				return &shortage{cause: CauseDevice, err: err}
+			}
+			return err
+		}
+		return p.placeChunks(hs, seg, r0, c1, false)
+	}
 	h, err := a.vm.Create(size)
 	if err != nil {
 		a.giveBudget(size)
@@ -382,12 +394,13 @@ func (p *pool) movable(i int32, asker slot) bool {
 // GPU (orderAfter) and the span's mapping turns dormant, so that nothing
 // is unmapped before a fence (dormant.seq). Only where segments keep
 // dormant mappings (Compact, or the default that tightens) and a stream
-// may wait (events, no capture, Config.NoStreamWaits unset). So how far the
-// host runs ahead no longer decides whether a span is reused or memory
-// taken anew.
+// may wait (events, no capture, Config.NoStreamWaits unset); not with a
+// handle per chunk, which keeps no dormant mapping. So how far the host
+// runs ahead no longer decides whether a span is reused or memory taken
+// anew.
 func (p *pool) orderedMove(asker slot) bool {
 	a := p.a
-	return asker >= 0 && (a.compact || a.tightens) && a.ev != nil && !a.capturing() && !a.cfg.NoStreamWaits
+	return asker >= 0 && (a.compact || a.tightens && !a.chunkHandles) && a.ev != nil && !a.capturing() && !a.cfg.NoStreamWaits
 }
 
 // findEmpty finds an empty span of exactly k chunks, in this pool or
@@ -438,11 +451,19 @@ func (q *pool) moveSpan(i int32, p *pool, seg *segment, r0, c1 int, asker slot, 
 	ordered := q == p && p.stalls(i, asker) && p.orderedMove(asker)
 	if q != p || !dormancy && !ordered {
 		s := q.spans[i]
+		var hs []device.Handle
+		if p.a.chunkHandles {
+			hs = q.spanHandles(i, p.hbuf[:0])
+		}
 		if err := q.dropDormant(i); err != nil {
 			return err
 		}
 		if err := q.unmapSpan(i); err != nil {
 			return err
+		}
+		if p.a.chunkHandles {
+			p.hbuf = hs
+			return p.placeChunks(hs, seg, r0, c1, false)
 		}
 		return p.place(s.h, seg, r0, r0+int(s.n), c1, false)
 	}
@@ -547,11 +568,17 @@ func (q *pool) unmapSpan(i int32) error {
 	if err := q.fenceEmptied(i); err != nil {
 		return err
 	}
-	size := uint64(s.n) * a.gran
-	if err := a.vm.Unmap(device.Ptr(s.seg.chunkAddr(int(s.c0), a.gran)), size); err != nil {
-		return err
+	if a.chunkHandles {
+		if err := q.unmapChunks(i); err != nil {
+			return err
+		}
+	} else {
+		size := uint64(s.n) * a.gran
+		if err := a.vm.Unmap(device.Ptr(s.seg.chunkAddr(int(s.c0), a.gran)), size); err != nil {
+			return err
+		}
+		a.c.unmaps.Add(1)
 	}
-	a.c.unmaps.Add(1)
 	for j := s.c0; j < s.c0+s.n; j++ {
 		c := &s.seg.chunks[j]
 		c.span, c.ready = -1, false
@@ -567,11 +594,22 @@ func (q *pool) unmapSpan(i int32) error {
 func (q *pool) releaseSpan(i int32) error {
 	a := q.a
 	h, size := q.spans[i].h, uint64(q.spans[i].n)*a.gran
+	var hs []device.Handle
+	if a.chunkHandles {
+		hs = q.spanHandles(i, q.hbuf[:0])
+	}
 	if err := q.dropDormant(i); err != nil {
 		return err
 	}
 	if err := q.unmapSpan(i); err != nil {
 		return err
+	}
+	if a.chunkHandles {
+		for _, h := range hs {
+			a.dropHandle(h, a.gran)
+		}
+		q.hbuf = hs
+		return nil
 	}
 	a.dropHandle(h, size)
 	return nil
@@ -704,6 +742,24 @@ func (a *Allocator) preallocate() error {
 		}
 		a.c.deviceAllocs.Add(1)
 		p.heaps[heapLarge].addSegment(uint64(ptr), n, false).prealloc = true
+		return nil
+	}
+	if a.chunkHandles {
+		hs, err := p.newHandles(nil, int(n/a.gran))
+		if err != nil {
+			return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
+		}
+		hp := &p.heaps[heapLarge]
+		if err := hp.reserve(n); err != nil {
+			for _, h := range hs {
+				a.dropHandle(h, a.gran)
+			}
+			return err
+		}
+		seg := hp.segs[len(hp.segs)-1]
+		if err := p.placeChunks(hs, seg, 0, -1, true); err != nil {
+			return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
+		}
 		return nil
 	}
 	h, err := a.vm.Create(n)

@@ -108,6 +108,7 @@ func (e *env) replay(args []string) int {
 	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what a pass leaves live is freed before the next) and report the peak over all passes (passes.ratio): a program that runs longer than its trace")
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
 	compact := fs.Bool("compact", false, "best-fit placement that holds the least memory, at more driver calls (gpumem.Config.Compact)")
+	chunkHandles := fs.Bool("chunk-handles", false, "virtual mode: a physical handle per chunk, so that growth takes the free chunks of partly used spans before new memory (gpumem.Config.ChunkHandles; experimental)")
 	defrag := fs.Bool("defrag", false, "move live chunks out of sparse spans rather than grow past peak active + 1% (gpumem.Config.Defrag; synchronizes the device at each move)")
 	gather := fs.Bool("gather", false, "before an out-of-memory, move live chunks out of sparse spans until the request fits (gpumem.Config.Gather; synchronizes the device at each move; in a program, only where all GPU work, libraries' included, is launched from one thread at a time: another host thread's writes to moved memory are lost with no error)")
 	driverTimes := fs.Bool("driver-times", false, "count and time every call to the device, by operation (JSON: driver, passes.driver_later; the table: a second table): where the time per event goes on the real driver")
@@ -159,6 +160,7 @@ func (e *env) replay(args []string) int {
 		Compact:             *compact,
 		Defrag:              *defrag,
 		Gather:              *gather,
+		ChunkHandles:        *chunkHandles,
 	}
 	m, err := gpumem.ParseMode(*mode)
 	if err != nil {
@@ -443,7 +445,7 @@ func writeFirstOOM(w io.Writer, r replay.Result) error {
 // gpumemOnly are the replay flags that configure gpumem's allocator or a
 // real GPU: under another policy they mean nothing.
 var gpumemOnly = []string{"device", "gpu", "granularity", "mode", "limit", "preallocate", "preallocate-fraction",
-	"release-threshold", "small-size", "span", "compact", "defrag", "touch", "warm", "repeat"}
+	"release-threshold", "small-size", "span", "compact", "chunk-handles", "defrag", "touch", "warm", "repeat"}
 
 // replayPolicies is gpumem replay --policy NAME (or all) for a policy other
 // than gpumem alone: every trace under the policy, or under each, on the

@@ -135,7 +135,8 @@ func Configurations(dev device.Device) []Configuration {
 		)
 		if m == gpumem.ModeVirtual {
 			out = append(out, Configuration{m.String() + "/compact", gpumem.Config{Mode: m, Compact: true, CheckInvariants: true}},
-				Configuration{m.String() + "/defrag", gpumem.Config{Mode: m, Defrag: true, Limit: limit, CheckInvariants: true}})
+				Configuration{m.String() + "/defrag", gpumem.Config{Mode: m, Defrag: true, Limit: limit, CheckInvariants: true}},
+				Configuration{m.String() + "/chunk-handles", gpumem.Config{Mode: m, ChunkHandles: true, Limit: limit, CheckInvariants: true}})
 		}
 	}
 	return out

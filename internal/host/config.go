@@ -164,6 +164,8 @@ func (c *Config) set(key, val string) error {
 		c.Alloc.SpanSize, err = units.ParseBare(val)
 	case "compact":
 		c.Alloc.Compact, err = strconv.ParseBool(val)
+	case "chunk_handles":
+		c.Alloc.ChunkHandles, err = strconv.ParseBool(val)
 	case "defrag":
 		c.Alloc.Defrag, err = strconv.ParseBool(val)
 	case "gather":
