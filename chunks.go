@@ -3,7 +3,9 @@ package gpumem
 // See doc.go for the overview.
 
 import (
+	"cmp"
 	"errors"
+	"slices"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -184,22 +186,76 @@ func (p *pool) insertEmptyAfter(i, j int32) {
 }
 
 // splitFree splits the free chunks of this pool's partly used spans off as
-// empty spans: growth's last resort before the device (assemble). Not
-// spans that are preallocated, shared (share.go), without access, or made
-// by the current back (its undo list names them). It walks each segment's
-// blocks once: the chunk counts alone do not say which chunks a block
-// covers whole.
-func (p *pool) splitFree() {
+// empty spans, the sparsest spans first (the most free chunks), until want
+// chunks are split or no such span is left: growth's last resort before the
+// device (assemble). Not spans that are preallocated, shared (share.go),
+// without access, or made by the current back (its undo list names them).
+// It walks the blocks of each segment it splits in once: the chunk counts
+// alone do not say which chunks a block covers whole.
+func (p *pool) splitFree(want int) {
+	cs := p.candBuf[:0]
 	for k := range p.heaps {
 		for _, seg := range p.heaps[k].segs {
-			if seg.virtual && seg.hiSpan >= 0 {
-				p.splitFreeIn(seg)
+			if !seg.virtual {
+				continue
+			}
+			for c := 0; c <= int(seg.hiSpan); {
+				si := seg.chunks[c].span
+				if si < 0 {
+					c++
+					continue
+				}
+				s := &p.spans[si]
+				if s.occupied > 0 && s.occupied < s.n && s.access && !s.prealloc && s.shares == 0 && p.chains[si] == 0 && !p.placedNow(si) {
+					cs = append(cs, splitCand{si, s.n - s.occupied})
+				}
+				c = int(s.c0 + s.n)
 			}
 		}
 	}
+	slices.SortFunc(cs, func(x, y splitCand) int {
+		if x.free != y.free {
+			return cmp.Compare(y.free, x.free)
+		}
+		return cmp.Compare(x.si, y.si)
+	})
+	got := 0
+	for n := range cs {
+		if got >= want {
+			cs = cs[:n]
+			break
+		}
+		got += int(cs[n].free)
+	}
+	// By segment: each one's blocks walked once.
+	slices.SortFunc(cs, func(x, y splitCand) int {
+		sx, sy := p.spans[x.si].seg, p.spans[y.si].seg
+		if sx != sy {
+			return cmp.Compare(sx.base, sy.base)
+		}
+		return cmp.Compare(p.spans[x.si].c0, p.spans[y.si].c0)
+	})
+	var occ []bool
+	var occSeg *segment
+	for _, c := range cs {
+		seg := p.spans[c.si].seg
+		if seg != occSeg {
+			occ, occSeg = p.occupiedChunks(seg), seg
+		}
+		p.splitRuns(c.si, occ)
+	}
+	p.candBuf = cs
 }
 
-func (p *pool) splitFreeIn(seg *segment) {
+// splitCand is a partly used span splitFree may split, and its free chunks.
+type splitCand struct {
+	si   int32
+	free int32
+}
+
+// occupiedChunks returns, for each chunk of seg up to its highest span,
+// whether a block that is not free (or the block being backed) lies on it.
+func (p *pool) occupiedChunks(seg *segment) []bool {
 	g := p.a.gran
 	n := int(seg.hiSpan) + 1
 	if cap(p.occBuf) < n {
@@ -215,33 +271,27 @@ func (p *pool) splitFreeIn(seg *segment) {
 			}
 		}
 	}
-	for c := 0; c < n; {
-		si := seg.chunks[c].span
-		if si < 0 {
-			c++
-			continue
+	return occ
+}
+
+// splitRuns cuts span si at every change between occupied and free chunks
+// (occ, its segment's), from the end, so that si keeps the first run.
+func (p *pool) splitRuns(si int32, occ []bool) {
+	s := &p.spans[si]
+	c0, end := int(s.c0), int(s.c0+s.n)
+	for e := end; e > c0; {
+		st := e - 1
+		for st > c0 && occ[st-1] == occ[e-1] {
+			st--
 		}
-		s := &p.spans[si]
-		c0, end := int(s.c0), int(s.c0+s.n)
-		if s.occupied > 0 && s.occupied < s.n && s.access && !s.prealloc && s.shares == 0 && p.chains[si] == 0 && !p.placedNow(si) {
-			// Cut at every change between occupied and free chunks,
-			// from the end, so that si keeps the first run.
-			for e := end; e > c0; {
-				st := e - 1
-				for st > c0 && occ[st-1] == occ[e-1] {
-					st--
-				}
-				if st > c0 {
-					tail := int32(0)
-					if occ[e-1] {
-						tail = int32(e - st)
-					}
-					p.splitSpan(si, int32(st-c0), tail)
-				}
-				e = st
+		if st > c0 {
+			tail := int32(0)
+			if occ[e-1] {
+				tail = int32(e - st)
 			}
+			p.splitSpan(si, int32(st-c0), tail)
 		}
-		c = end
+		e = st
 	}
 }
 
@@ -253,8 +303,8 @@ func (p *pool) splitFreeIn(seg *segment) {
 func (p *pool) assemble(seg *segment, r0, r1, c1 int, asker slot) (bool, error) {
 	a := p.a
 	k := r1 - r0
-	if p.movableChunks(asker) < k {
-		p.splitFree()
+	if have := p.movableChunks(asker); have < k {
+		p.splitFree(k - have)
 	}
 	if p.movableChunks(asker) == 0 {
 		return false, nil

@@ -58,6 +58,7 @@ type pool struct {
 	hbuf                []device.Handle // handles on their way between mappings, reused (chunks.go)
 	occBuf              []bool          // chunks a live block lies on, reused (splitFree)
 	gbuf                []device.Handle // handles assemble gathers, reused (chunks.go)
+	candBuf             []splitCand     // spans splitFree may split, reused
 	churn               churnGuard      // slack against moving spans on every few requests (churn.go)
 	spanLimit           int             // the most chunks a new span may have: Config.SpanSize's, grown under Compact (pressure.go, spanMost)
 	// dormants are mappings left behind by moved spans (dormant.go);
