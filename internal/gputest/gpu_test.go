@@ -108,6 +108,71 @@ func TestGPUDataReadsBack(t *testing.T) {
 	}
 }
 
+// TestGPUChunkHandlesDataReadsBack: under Config.ChunkHandles, where each
+// chunk is a handle of its own and growth takes the free chunks of partly
+// used spans (unmapped one by one, mapped one by one elsewhere, one access
+// grant over the run), every live buffer keeps what was written to it. It
+// first strands one live 2 MiB buffer in each 16 MiB span of a freed
+// 128 MiB buffer and asks for 64 MiB, which must come from the stranded
+// chunks (no growth), then runs a random workload under a limit.
+func TestGPUChunkHandlesDataReadsBack(t *testing.T) {
+	d := openGPU(t)
+	a, err := gpumem.New(d, gpumem.Config{ChunkHandles: true, SpanSize: 16 * miB, Limit: 256 * miB, CheckInvariants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	big, err := a.Alloc(128*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(big); err != nil {
+		t.Fatal(err)
+	}
+	var live []written
+	for i := 0; i < 64; i++ {
+		b, err := allocWritten(d, a, 2*miB, byte(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, written{b, byte(i)})
+	}
+	var pins []written
+	for i, w := range live {
+		if i%8 == 0 {
+			pins = append(pins, w)
+		} else if err := a.Free(w.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live = pins
+	before := a.Stats()
+	x, err := allocWritten(d, a, 64*miB, 0x5c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := a.Stats()
+	if after.Reserved != before.Reserved {
+		t.Errorf("64 MiB with 112 MiB free in partly used spans: reserved %d -> %d; want the stranded chunks used", before.Reserved, after.Reserved)
+	}
+	live = append(live, written{x, 0x5c})
+	readBack(t, d, live, 0)
+	live = randomWork(t, d, a, rand.New(rand.NewPCG(7, 11)), live, 3000, true)
+	st := a.Stats()
+	t.Logf("%d creates, %d maps, %d unmaps, %d grants, %d fences; peak reserved %d MiB", st.Creates, st.Maps, st.Unmaps, st.SetAccess, st.Fences, st.PeakReserved/miB)
+	for _, w := range live {
+		if err := a.Free(w.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Trim(); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.Stats().Reserved; r != 0 {
+		t.Errorf("after freeing everything and Trim, %d bytes reserved", r)
+	}
+}
+
 // TestGPUCompactDataReadsBack: under Config.Compact, where moved spans
 // leave dormant mappings behind and come back to them, every live buffer
 // keeps what was written to it through a random workload of allocations
