@@ -45,7 +45,7 @@ func (e *env) fit(args []string) int {
 	fs := e.flagSet("fit", "TRACE|SNAPSHOT", fitAbout)
 	var gpu sizeFlag
 	fs.Var(&gpu, "gpu", "also say whether it fits a GPU of `SIZE` (e.g. 24GiB)")
-	pol := fs.String("policy", "all", "the `policy`: "+strings.Join(policy.Names(), ", ")+" or all; or gpumem-gather (gpumem.Config.Gather, only for programs whose GPU work, libraries' included, is launched from one thread at a time: another host thread's writes to moved memory are lost with no error)")
+	pol := fs.String("policy", "all", "the `policy`: "+strings.Join(policy.Names(), ", ")+" or all; or gpumem-gather (gpumem.Config.Gather, only for programs whose GPU work, libraries' included, is launched from one thread at a time: another host thread's writes to moved memory are lost with no error), or gpumem-chunks (gpumem.Config.ChunkHandles, experimental)")
 	dev := fs.Int("device", -1, "of a snapshot with several devices, the `index` of the one to fit (-1: the first)")
 	passes := fs.Int("passes", 1, "fit `n` passes of the trace on one allocator (what a pass leaves live is freed before the next): every pass must run without OOM")
 	paths, code := e.parse(fs, args)

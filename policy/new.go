@@ -28,6 +28,7 @@ var optional = []struct {
 	new  func(capacity uint64) (Allocator, error)
 }{
 	{"gpumem-gather", func(c uint64) (Allocator, error) { return newGpumem(c, gpumem.Config{Gather: true}) }},
+	{"gpumem-chunks", func(c uint64) (Allocator, error) { return newGpumem(c, gpumem.Config{ChunkHandles: true}) }},
 }
 
 // Names returns the names of the policies New knows, gpumem first.
