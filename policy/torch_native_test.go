@@ -209,7 +209,10 @@ func TestTorchExpandableUnmapsFreeEndOnOOM(t *testing.T) {
 // the offset PyTorch gave it, from the lowest address of its pool. The
 // first: beam_search_decode on an H200, 40,000 requests; before a0e0d14
 // (a free end taken over a larger hole; large blocks kept whole with up to
-// 1 MiB left) 16,649 of its 20,094 allocations were placed elsewhere.
+// 1 MiB left) 16,649 of its 20,094 allocations were placed elsewhere. Since
+// then gpt2_generate, resnet50_train, t5_beam_search and spec_decode (H200,
+// 2026-11-29; bench/results/h200-compactsteps-aac7293 and
+// bench/results/h200-histories-afafc5e).
 func TestTorchExpandableAgainstRealHistory(t *testing.T) {
 	traces, err := filepath.Glob(filepath.Join("testdata", "*_expandable.trace.gz"))
 	if err != nil || len(traces) == 0 {
@@ -217,6 +220,7 @@ func TestTorchExpandableAgainstRealHistory(t *testing.T) {
 	}
 	for _, path := range traces {
 		t.Run(filepath.Base(path), func(t *testing.T) {
+			t.Parallel()
 			checkAgainstHistory(t, path, strings.TrimSuffix(path, ".trace.gz")+".offsets.gz")
 		})
 	}
