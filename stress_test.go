@@ -106,7 +106,7 @@ func TestStress(t *testing.T) {
 			t.Run(name, func(t *testing.T) { stress(t, gpumem.Config{Mode: mode}, release) })
 		}
 	}
-	// The virtual mode's two placements beside the default: compact (its
+	// The virtual mode's placements beside the default: compact (its
 	// dormant mappings and moves within the one pool) and defrag (splits
 	// that synchronize the device and copy live chunks).
 	t.Run("virtual/compact/release", func(t *testing.T) {
@@ -117,6 +117,10 @@ func TestStress(t *testing.T) {
 	})
 	t.Run("virtual/gather/release", func(t *testing.T) {
 		stress(t, gpumem.Config{Mode: gpumem.ModeVirtual, Gather: true}, true)
+	})
+	// A handle per chunk: spans split and their chunks move one by one.
+	t.Run("virtual/chunk-handles/release", func(t *testing.T) {
+		stress(t, gpumem.Config{Mode: gpumem.ModeVirtual, ChunkHandles: true}, true)
 	})
 }
 
