@@ -37,6 +37,9 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	span_size          a size (gpumem.Config.SpanSize)
 //	compact            true or false: best-fit placement that holds the
 //	                   least memory, at more driver calls (gpumem.Config.Compact)
+//	chunk_handles      true or false: a physical handle per chunk, the free
+//	                   chunks of partly used spans taken before new memory
+//	                   (gpumem.Config.ChunkHandles; experimental)
 //	defrag             true or false: move live chunks out of sparse spans
 //	                   rather than grow (gpumem.Config.Defrag); only for
 //	                   programs that launch from one thread at a time, or
@@ -185,7 +188,7 @@ func (c *Config) set(key, val string) error {
 		}
 		c.Serve = val
 	default:
-		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, defrag, gather, stream_waits, record_sites, check or serve)")
+		return errors.New("unknown key (want device, capacity, mode, limit, preallocate, release_threshold, release_after, span_size, compact, chunk_handles, defrag, gather, stream_waits, record_sites, check or serve)")
 	}
 	return err
 }
