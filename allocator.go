@@ -43,7 +43,7 @@ type Allocator struct {
 	defrag       bool // Config.Defrag, in ModeVirtual with a Copier, not compact
 	copier       device.Copier
 	gather       bool // Config.Gather, with a copier
-	chunkHandles bool // Config.ChunkHandles, in ModeVirtual: a handle per chunk (vm.go)
+	chunkHandles bool // Config.ChunkHandles, in ModeVirtual: a handle per chunk (chunks.go)
 	noChurn      bool // tests only: the policy without the churn guard (churn.go)
 	check        bool // run the checker after every operation
 	checkSearch  bool // compare every findBacked answer with findFewest's (check, or tests)

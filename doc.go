@@ -41,7 +41,8 @@
 //	            feasible, makeRoom, allocSlow's ladder, gather).
 //	mapping     the mechanics it orders: vm.go (chunks, spans, handles:
 //	            occupy, createSpan, moveSpan, grant, releaseSpan),
-//	            readymap.go, dormant.go, defrag.go (splitting a span).
+//	            readymap.go, dormant.go, defrag.go (splitting a span),
+//	            chunks.go (a handle per chunk: splits with no copy).
 //	device      package device: the driver, or the simulated one.
 //
 // Beside them, stream ordering (pool.go: stream slots, tags, events,
@@ -105,6 +106,13 @@
 // program that fits within 1.027 times its peak live bytes (measured on
 // 40 real programs over ten passes, docs/EXPERIMENTS.md). The same
 // one-launching-thread contract applies.
+//
+// Config.ChunkHandles (experimental) gives every chunk a physical handle of
+// its own, so that the free chunks of partly used spans can be given up
+// with no copy: where growth would take new memory it takes them first
+// (chunks.go). It holds what Defrag holds without moving a live byte, but
+// pays for it in driver calls and, on some programs, in steady-state moves
+// and memory (docs/EXPERIMENTS.md, "One handle per chunk, built").
 //
 // ModePlain takes segments with Device.Alloc, as PyTorch's caching
 // allocator does (plainSegmentSize), for devices without virtual memory.
