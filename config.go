@@ -116,9 +116,9 @@ type Config struct {
 	// on 39 (the default: 29), and five real runs agree; but some programs hold more (ppo_rollouts 1.7%, bench/synth's
 	// KV-cache families up to 6%), first passes make 9 times the driver
 	// calls, steady states may move chunks every step (2.5-9% longer steps
-	// on resnet50_train), and programs that free at random spend 3-8 times
-	// the CPU per event (docs/EXPERIMENTS.md, "One handle per chunk,
-	// built"). Experimental; not with Compact, Defrag or Gather (New
+	// on resnet50_train), and programs that free at random make most of
+	// their requests' growth by moving chunks (docs/EXPERIMENTS.md, "One
+	// handle per chunk, built"). Experimental; not with Compact, Defrag or Gather (New
 	// refuses them together), and a moved span keeps no dormant mapping.
 	ChunkHandles bool
 	// Defrag lets the allocator move live memory, in ModeVirtual on a
