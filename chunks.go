@@ -3,9 +3,7 @@ package gpumem
 // See doc.go for the overview.
 
 import (
-	"cmp"
 	"errors"
-	"slices"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -22,11 +20,12 @@ import (
 // operations become free of driver calls:
 //
 //   - splitSpan: a span becomes two, at any chunk, by bookkeeping alone;
-//   - splitFree: the free chunks of partly used spans (no live block over
+//   - splitRuns: the free chunks of a partly used span (no live block over
 //     them) become empty spans of their own.
 //
 // Growth uses them only where it would otherwise take memory from the
-// device (newSpan's last resort, assemble): the chunks it needs are taken
+// device (newSpan's last resort; assemble and splitFree in pressure.go
+// choose, and order the mechanics here): the chunks it needs are taken
 // from the empty spans, split to size, unmapped where they are and mapped
 // where the block is, and only what they lack is created. A program that
 // fits in what it holds never splits; but memory held this close to what
@@ -189,68 +188,6 @@ func (p *pool) insertEmptyAfter(i, j int32) {
 	l.n++
 }
 
-// splitFree splits the free chunks of this pool's partly used spans off as
-// empty spans, the sparsest spans first (the most free chunks), until want
-// chunks are split or no such span is left: growth's last resort before the
-// device (assemble). Not spans that are preallocated, shared (share.go),
-// without access, or made by the current back (its undo list names them).
-// It walks the blocks of each segment it splits in once: the chunk counts
-// alone do not say which chunks a block covers whole.
-func (p *pool) splitFree(want int) {
-	cs := p.candBuf[:0]
-	for k := range p.heaps {
-		for _, seg := range p.heaps[k].segs {
-			if !seg.virtual {
-				continue
-			}
-			for c := 0; c <= int(seg.hiSpan); {
-				si := seg.chunks[c].span
-				if si < 0 {
-					c++
-					continue
-				}
-				s := &p.spans[si]
-				if s.occupied > 0 && s.occupied < s.n && s.access && !s.prealloc && s.shares == 0 && p.chains[si] == 0 && !p.placedNow(si) {
-					cs = append(cs, splitCand{si, s.n - s.occupied})
-				}
-				c = int(s.c0 + s.n)
-			}
-		}
-	}
-	slices.SortFunc(cs, func(x, y splitCand) int {
-		if x.free != y.free {
-			return cmp.Compare(y.free, x.free)
-		}
-		return cmp.Compare(x.si, y.si)
-	})
-	got := 0
-	for n := range cs {
-		if got >= want {
-			cs = cs[:n]
-			break
-		}
-		got += int(cs[n].free)
-	}
-	// By segment: each one's blocks walked once.
-	slices.SortFunc(cs, func(x, y splitCand) int {
-		sx, sy := p.spans[x.si].seg, p.spans[y.si].seg
-		if sx != sy {
-			return cmp.Compare(sx.base, sy.base)
-		}
-		return cmp.Compare(p.spans[x.si].c0, p.spans[y.si].c0)
-	})
-	var occ []bool
-	var occSeg *segment
-	for _, c := range cs {
-		seg := p.spans[c.si].seg
-		if seg != occSeg {
-			occ, occSeg = p.occupiedChunks(seg), seg
-		}
-		p.splitRuns(c.si, occ)
-	}
-	p.candBuf = cs
-}
-
 // splitCand is a partly used span splitFree may split, and its free chunks.
 type splitCand struct {
 	si   int32
@@ -297,68 +234,4 @@ func (p *pool) splitRuns(si int32, occ []bool) {
 		}
 		e = st
 	}
-}
-
-// assemble backs chunks [r0, r1) of seg (see newSpan) with the handles of
-// this pool's empty spans that may move for asker, splitting free chunks off
-// partly used spans first if those are too few, and creates only what they
-// lack. It returns false, doing nothing, when no such chunk is held: the
-// caller takes new memory as before.
-func (p *pool) assemble(seg *segment, r0, r1, c1 int, asker slot) (bool, error) {
-	a := p.a
-	k := r1 - r0
-	if have := p.movableChunks(asker); have < k {
-		p.splitFree(k - have)
-	}
-	if p.movableChunks(asker) == 0 {
-		return false, nil
-	}
-	hs := p.gbuf[:0]
-	var err error
-	for i := p.empty.head; i >= 0 && len(hs) < k && err == nil; {
-		next := p.spans[i].next
-		s := &p.spans[i]
-		if s.prealloc || !p.movable(i, asker) {
-			i = next
-			continue
-		}
-		if want := int32(k - len(hs)); s.n > want {
-			i = p.splitSpan(i, s.n-want, 0) // the tail, right after i on the list
-		}
-		at := len(hs)
-		hs = p.spanHandles(i, hs)
-		if err = p.unmapSpan(i); err != nil {
-			hs = hs[:at] // (unmapChunks released what it unmapped)
-		}
-		i = next
-	}
-	if err == nil && len(hs) < k {
-		rest := uint64(k-len(hs)) * a.gran
-		p.makeRoom(rest, asker)
-		if !a.takeBudget(rest) {
-			err = &shortage{cause: CauseLimit}
-		} else if hs, err = p.newHandles(hs, k-len(hs)); errors.Is(err, device.ErrOutOfMemory) {
-			err = &shortage{cause: CauseDevice, err: err}
-		}
-	}
-	p.gbuf = hs
-	if len(hs) == 0 {
-		return true, err
-	}
-	if perr := p.placeChunks(hs, seg, r0, c1, false); perr != nil {
-		return true, errors.Join(err, perr)
-	}
-	return true, err
-}
-
-// movableChunks counts the chunks of this pool's empty spans that may move
-// for asker.
-func (p *pool) movableChunks(asker slot) int {
-	n := 0
-	for i := p.empty.head; i >= 0; i = p.spans[i].next {
-		if s := &p.spans[i]; !s.prealloc && p.movable(i, asker) {
-			n += int(s.n)
-		}
-	}
-	return n
 }

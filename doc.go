@@ -37,8 +37,8 @@
 //	growth and  what the chosen range's unmapped chunks get, and what
 //	pressure    happens as memory gets short: pressure.go (back: the
 //	            span sizes, the frontier's bet, the tightening; newSpan:
-//	            revive, slack, move, stretch, split, release, create;
-//	            feasible, makeRoom, allocSlow's ladder, gather).
+//	            revive, slack, move, stretch, assemble, split, release,
+//	            create; feasible, makeRoom, allocSlow's ladder, gather).
 //	mapping     the mechanics it orders: vm.go (chunks, spans, handles:
 //	            occupy, createSpan, moveSpan, grant, releaseSpan),
 //	            readymap.go, dormant.go, defrag.go (splitting a span),

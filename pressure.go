@@ -3,6 +3,7 @@ package gpumem
 // See doc.go for the overview.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -456,8 +457,9 @@ func (p *pool) tightSpan() int {
 // (runEnd, spanMost: the span size, the frontier's bet, the tightening's
 // smaller spans) and where its memory comes from (newSpan: a dormant
 // mapping revived, the churn guard's slack, an empty span moved or
-// stretched, a split under Defrag, empty spans released, then the
-// device).
+// stretched, under Config.ChunkHandles the pool's empty and free chunks
+// (assemble, at the end of this file), a split under Defrag, empty spans
+// released, then the device).
 
 // back occupies b's chunks and gives every run of unmapped chunks under it
 // a span (the growth step of ModeVirtual), and access to any span that
@@ -705,4 +707,133 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int, asker slot) error {
 	}
 	p.makeRoom(size, asker)
 	return p.createSpan(seg, r0, r1, c1, size)
+}
+
+// Growth with a handle per chunk (Config.ChunkHandles): which chunks growth
+// takes before new memory, and from where (the mechanics are chunks.go's).
+
+// splitFree splits the free chunks of this pool's partly used spans off as
+// empty spans, the sparsest spans first (the most free chunks), until want
+// chunks are split or no such span is left: growth's last resort before the
+// device (assemble). Not spans that are preallocated, shared (share.go),
+// without access, or made by the current back (its undo list names them).
+// It walks the blocks of each segment it splits in once: the chunk counts
+// alone do not say which chunks a block covers whole.
+func (p *pool) splitFree(want int) {
+	cs := p.candBuf[:0]
+	for k := range p.heaps {
+		for _, seg := range p.heaps[k].segs {
+			if !seg.virtual {
+				continue
+			}
+			for c := 0; c <= int(seg.hiSpan); {
+				si := seg.chunks[c].span
+				if si < 0 {
+					c++
+					continue
+				}
+				s := &p.spans[si]
+				if s.occupied > 0 && s.occupied < s.n && s.access && !s.prealloc && s.shares == 0 && p.chains[si] == 0 && !p.placedNow(si) {
+					cs = append(cs, splitCand{si, s.n - s.occupied})
+				}
+				c = int(s.c0 + s.n)
+			}
+		}
+	}
+	slices.SortFunc(cs, func(x, y splitCand) int {
+		if x.free != y.free {
+			return cmp.Compare(y.free, x.free)
+		}
+		return cmp.Compare(x.si, y.si)
+	})
+	got := 0
+	for n := range cs {
+		if got >= want {
+			cs = cs[:n]
+			break
+		}
+		got += int(cs[n].free)
+	}
+	// By segment: each one's blocks walked once.
+	slices.SortFunc(cs, func(x, y splitCand) int {
+		sx, sy := p.spans[x.si].seg, p.spans[y.si].seg
+		if sx != sy {
+			return cmp.Compare(sx.base, sy.base)
+		}
+		return cmp.Compare(p.spans[x.si].c0, p.spans[y.si].c0)
+	})
+	var occ []bool
+	var occSeg *segment
+	for _, c := range cs {
+		seg := p.spans[c.si].seg
+		if seg != occSeg {
+			occ, occSeg = p.occupiedChunks(seg), seg
+		}
+		p.splitRuns(c.si, occ)
+	}
+	p.candBuf = cs
+}
+
+// assemble backs chunks [r0, r1) of seg (see newSpan) with the handles of
+// this pool's empty spans that may move for asker, splitting free chunks off
+// partly used spans first if those are too few, and creates only what they
+// lack. It returns false, doing nothing, when no such chunk is held: the
+// caller takes new memory as before.
+func (p *pool) assemble(seg *segment, r0, r1, c1 int, asker slot) (bool, error) {
+	a := p.a
+	k := r1 - r0
+	if have := p.movableChunks(asker); have < k {
+		p.splitFree(k - have)
+	}
+	if p.movableChunks(asker) == 0 {
+		return false, nil
+	}
+	hs := p.gbuf[:0]
+	var err error
+	for i := p.empty.head; i >= 0 && len(hs) < k && err == nil; {
+		next := p.spans[i].next
+		s := &p.spans[i]
+		if s.prealloc || !p.movable(i, asker) {
+			i = next
+			continue
+		}
+		if want := int32(k - len(hs)); s.n > want {
+			i = p.splitSpan(i, s.n-want, 0) // the tail, right after i on the list
+		}
+		at := len(hs)
+		hs = p.spanHandles(i, hs)
+		if err = p.unmapSpan(i); err != nil {
+			hs = hs[:at] // (unmapChunks released what it unmapped)
+		}
+		i = next
+	}
+	if err == nil && len(hs) < k {
+		rest := uint64(k-len(hs)) * a.gran
+		p.makeRoom(rest, asker)
+		if !a.takeBudget(rest) {
+			err = &shortage{cause: CauseLimit}
+		} else if hs, err = p.newHandles(hs, k-len(hs)); errors.Is(err, device.ErrOutOfMemory) {
+			err = &shortage{cause: CauseDevice, err: err}
+		}
+	}
+	p.gbuf = hs
+	if len(hs) == 0 {
+		return true, err
+	}
+	if perr := p.placeChunks(hs, seg, r0, c1, false); perr != nil {
+		return true, errors.Join(err, perr)
+	}
+	return true, err
+}
+
+// movableChunks counts the chunks of this pool's empty spans that may move
+// for asker.
+func (p *pool) movableChunks(asker slot) int {
+	n := 0
+	for i := p.empty.head; i >= 0; i = p.spans[i].next {
+		if s := &p.spans[i]; !s.prealloc && p.movable(i, asker) {
+			n += int(s.n)
+		}
+	}
+	return n
 }
