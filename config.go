@@ -108,18 +108,21 @@ type Config struct {
 	// so that a span's free chunks can be given up while other chunks of
 	// it are live, without a copy: where the allocator would otherwise
 	// take new memory from the device, it first splits the free chunks
-	// off partly used spans and maps them where they are needed (vm.go,
-	// "Chunk handles"). A span then costs a create and a map per chunk
-	// (one access grant per span still). Measured on 40 real programs
+	// off partly used spans and maps them where they are needed
+	// (chunks.go). A span then costs a create and a map per chunk (one
+	// access grant per span still). Measured on 40 real programs
 	// (simulated device): ten passes within 1.05 of peak live and below
 	// the best emulated peer (PyTorch's two, cudaMallocAsync, XLA's BFC)
-	// on 39 (the default: 29), and five real runs agree; but some programs hold more (ppo_rollouts 1.7%, bench/synth's
-	// KV-cache families up to 6%), first passes make 9 times the driver
-	// calls, steady states may move chunks every step (2.5-9% longer steps
-	// on resnet50_train), and programs that free at random make most of
-	// their requests' growth by moving chunks (docs/EXPERIMENTS.md, "One
-	// handle per chunk, built"). Experimental; not with Compact, Defrag or Gather (New
-	// refuses them together), and a moved span keeps no dormant mapping.
+	// on 39 (the default: 29), and five real runs agree; but some
+	// programs hold more (ppo_rollouts 1.7%, bench/synth's KV-cache
+	// families up to 6%), first passes make 9 times the driver calls,
+	// steady states may move chunks every step (2.5-9% longer steps on
+	// resnet50_train), and programs that free at random grow mostly by
+	// moving chunks (docs/EXPERIMENTS.md, "One handle per chunk, built").
+	// Experimental; not with Compact, Defrag or Gather (New refuses them
+	// together), a moved span keeps no dormant mapping, and
+	// Allocator.Share exports one descriptor per chunk (512 for a 1 GiB
+	// buffer: mind the process's open-file limit).
 	ChunkHandles bool
 	// Defrag lets the allocator move live memory, in ModeVirtual on a
 	// device that can copy: when growth would take it past its peak of

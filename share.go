@@ -61,7 +61,8 @@ func (s *Shared) Close() {
 // ErrNotShareable: the buffer's memory cannot be handed to another process.
 var ErrNotShareable = errors.New("gpumem: buffer cannot be shared with another process")
 
-// Share exports the spans under buf for another process (see above) and
+// Share exports the spans under buf for another process (see above; under
+// Config.ChunkHandles each chunk's handle is a piece of its own) and
 // keeps them from being split until Unshare. The caller owns the returned
 // descriptors (Shared.Close). It fails, matching ErrNotShareable and
 // saying why, where the device cannot export (the simulated device, a
