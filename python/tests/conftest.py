@@ -27,10 +27,13 @@ def library_path():
 
 def run(code, config="", env=None, check=True, timeout=300):
     """Runs code (dedented) in a new Python with the package importable and
-    GPUMEM_CONFIG=config; returns the CompletedProcess (stdout, stderr)."""
+    GPUMEM_CONFIG=config; returns the CompletedProcess (stdout, stderr).
+    GPUMEM_TEST_EXTRA_CONFIG, if set, is appended to every test's config:
+    the whole suite under one more setting (chunk_handles=true, say)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = PACKAGE + os.pathsep + e.get("PYTHONPATH", "")
-    e["GPUMEM_CONFIG"] = config
+    extra = os.environ.get("GPUMEM_TEST_EXTRA_CONFIG", "")
+    e["GPUMEM_CONFIG"] = ",".join(c for c in (config, extra) if c)
     e.pop("GPUMEM_LIBRARY", None) if library_path() is None else None
     e.update(env or {})
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e, capture_output=True,
