@@ -744,37 +744,34 @@ func (a *Allocator) preallocate() error {
 		p.heaps[heapLarge].addSegment(uint64(ptr), n, false).prealloc = true
 		return nil
 	}
+	// One handle, or one per chunk (Config.ChunkHandles: chunks.go).
+	hs, size := []device.Handle{0}, n
 	if a.chunkHandles {
-		hs, err := p.newHandles(nil, int(n/a.gran))
-		if err != nil {
+		hs, size = make([]device.Handle, 0, n/a.gran), a.gran
+		if hs, err = p.newHandles(hs, int(n/a.gran)); err != nil {
 			return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
 		}
-		hp := &p.heaps[heapLarge]
-		if err := hp.reserve(n); err != nil {
-			for _, h := range hs {
-				a.dropHandle(h, a.gran)
-			}
-			return err
-		}
-		seg := hp.segs[len(hp.segs)-1]
-		if err := p.placeChunks(hs, seg, 0, -1, true); err != nil {
+	} else {
+		if hs[0], err = a.vm.Create(n); err != nil {
+			a.giveBudget(n)
 			return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
 		}
-		return nil
+		a.c.creates.Add(1)
 	}
-	h, err := a.vm.Create(n)
-	if err != nil {
-		a.giveBudget(n)
-		return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
-	}
-	a.c.creates.Add(1)
 	hp := &p.heaps[heapLarge]
 	if err := hp.reserve(n); err != nil {
-		a.dropHandle(h, n)
+		for _, h := range hs {
+			a.dropHandle(h, size)
+		}
 		return err
 	}
 	seg := hp.segs[len(hp.segs)-1]
-	if err := p.place(h, seg, 0, int(n/a.gran), -1, true); err != nil {
+	if a.chunkHandles {
+		err = p.placeChunks(hs, seg, 0, -1, true)
+	} else {
+		err = p.place(hs[0], seg, 0, int(n/a.gran), -1, true)
+	}
+	if err != nil {
 		return fmt.Errorf("gpumem: preallocating %d bytes: %w", n, err)
 	}
 	return nil
