@@ -57,7 +57,7 @@ type pool struct {
 	stageBuf            []freePiece     // defrag's staging search, reused (defrag.go)
 	hbuf                []device.Handle // handles on their way between mappings, reused (chunks.go)
 	occBuf              []bool          // chunks a live block lies on, reused (splitFree)
-	gbuf                []device.Handle // handles assemble gathers, reused (chunks.go)
+	gbuf                []device.Handle // handles assemble gathers, reused (pressure.go)
 	candBuf             []splitCand     // spans splitFree may split, reused
 	churn               churnGuard      // slack against moving spans on every few requests (churn.go)
 	spanLimit           int             // the most chunks a new span may have: Config.SpanSize's, grown under Compact (pressure.go, spanMost)
@@ -172,7 +172,7 @@ type segment struct {
 	dormant []int32
 	// hnd: under Config.ChunkHandles, per chunk, the physical handle mapped
 	// over it while its span is (chunk.span ≥ 0); stale otherwise. nil
-	// without (vm.go, "Chunk handles").
+	// without (chunks.go).
 	hnd []device.Handle
 }
 

@@ -695,7 +695,7 @@ func (p *pool) newSpan(seg *segment, r0, r1, c1 int, asker slot) error {
 	}
 	if a.chunkHandles {
 		// Empty chunks, and free chunks of partly used spans, to size;
-		// new memory only for what they lack (chunks.go).
+		// new memory only for what they lack (assemble, below).
 		if done, err := p.assemble(seg, r0, r1, c1, asker); done {
 			return err
 		}
@@ -778,14 +778,18 @@ func (p *pool) splitFree(want int) {
 // this pool's empty spans that may move for asker, splitting free chunks off
 // partly used spans first if those are too few, and creates only what they
 // lack. It returns false, doing nothing, when no such chunk is held: the
-// caller takes new memory as before.
+// caller takes new memory as before. On a shortage (the limit or the device
+// refuses what they lack) the chunks gathered are mapped from r0 all the
+// same, as a failed back keeps the spans it made, and the shortage returned.
 func (p *pool) assemble(seg *segment, r0, r1, c1 int, asker slot) (bool, error) {
 	a := p.a
 	k := r1 - r0
-	if have := p.movableChunks(asker); have < k {
+	have := p.movableChunks(asker)
+	if have < k {
 		p.splitFree(k - have)
+		have = p.movableChunks(asker)
 	}
-	if p.movableChunks(asker) == 0 {
+	if have == 0 {
 		return false, nil
 	}
 	hs := p.gbuf[:0]
