@@ -57,37 +57,73 @@ func browse(t *testing.T, path, shot string) (dom string, console []string) {
 	} else {
 		args = append(args, "--dump-dom")
 	}
-	var stdout, stderr bytes.Buffer
-	// A browser killed by a signal (Chromium crashed once in .ci/run on
-	// the 2-core dev machine, under load, with a segmentation fault
-	// before loading anything) is not a verdict on the page: it runs once
-	// more, saying so. Any other failure, or a second crash, fails.
-	for attempt := 1; ; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-		cmd := exec.CommandContext(ctx, chromium, append(args, "file://"+abs)...)
-		stdout.Reset()
-		stderr.Reset()
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		cancel()
-		if err == nil {
-			break
-		}
-		var exit *exec.ExitError
-		if attempt == 1 && ctx.Err() == nil && errors.As(err, &exit) && !exit.Exited() {
-			t.Logf("chromium killed by a signal (%v); running it once more", err)
-			continue
-		}
-		t.Fatalf("chromium: %v\n%s", err, tail(stderr.String(), 3000))
+	stdout, stderr, retried, err := runBrowser(chromium, append(args, "file://"+abs))
+	if retried {
+		t.Logf("chromium killed by a signal; ran it once more")
+	}
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, tail(stderr, 3000))
 	}
 	// Chromium writes each console message to its log as
 	// [...:INFO:CONSOLE(LINE)] "TEXT", source: URL (LINE)
-	for _, line := range strings.Split(stderr.String(), "\n") {
+	for _, line := range strings.Split(stderr, "\n") {
 		if strings.Contains(line, ":CONSOLE") {
 			console = append(console, line)
 		}
 	}
-	return stdout.String(), console
+	return stdout, console
+}
+
+// runBrowser runs the browser bin with args and returns its output. A
+// browser killed by a signal (Chromium crashed in .ci/run on the 2-core
+// dev machine, under load, with a segmentation fault before loading
+// anything) is not a verdict on the page: it runs once more (retried).
+// Any other failure, a timeout of 90 s, or a second crash is err.
+func runBrowser(bin string, args []string) (stdout, stderr string, retried bool, err error) {
+	for attempt := 1; ; attempt++ {
+		var out, errOut bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err = cmd.Run()
+		timedOut := ctx.Err() != nil // (read before cancel, which sets it)
+		cancel()
+		var exit *exec.ExitError
+		if err != nil && attempt == 1 && !timedOut && errors.As(err, &exit) && !exit.Exited() {
+			retried = true
+			continue
+		}
+		return out.String(), errOut.String(), retried, err
+	}
+}
+
+// TestRunBrowserRetriesOneCrash: a browser that dies of a signal once runs
+// a second time; one that dies twice, or fails otherwise, is an error.
+// (Before this test, the retry never ran: it read the context's error
+// after cancelling it.)
+func TestRunBrowserRetriesOneCrash(t *testing.T) {
+	dir := t.TempDir()
+	script := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	marker := filepath.Join(dir, "crashed")
+	once := script("once", `if [ ! -e "`+marker+`" ]; then touch "`+marker+`"; kill -SEGV $$; fi; echo page`)
+	out, _, retried, err := runBrowser(once, nil)
+	if err != nil || !retried || out != "page\n" {
+		t.Errorf("crashing once: output %q, retried %v, err %v; want the second run's page", out, retried, err)
+	}
+	always := script("always", `kill -SEGV $$`)
+	if _, _, retried, err := runBrowser(always, nil); err == nil || !retried {
+		t.Errorf("crashing twice: retried %v, err %v; want an error after one retry", retried, err)
+	}
+	fails := script("fails", `exit 3`)
+	if _, _, retried, err := runBrowser(fails, nil); err == nil || retried {
+		t.Errorf("exit 3: retried %v, err %v; want an error and no retry", retried, err)
+	}
 }
 
 func tail(s string, n int) string { return s[max(0, len(s)-n):] }
