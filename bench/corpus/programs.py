@@ -1582,6 +1582,261 @@ def vision_infer_mixed(seed=0):
     torch.cuda.synchronize()
 
 
+# ---------------------------------------------------------------------------
+# The fourth holdout (2026-11-29, fifth session): six programs of mechanisms
+# no earlier one has, written and split before their first recording
+# (MANIFEST.md).
+
+
+def hyena_fft_lm(seed=0):
+    """A Hyena-style language model: every block mixes tokens by a long
+    convolution as long as the sequence (a filter made by a small MLP from
+    sine features of the position, decayed), applied by FFT (cuFFT: rfft
+    and irfft of twice the length, in float32, a plan and a workspace for
+    every new length) and gated, then a GELU MLP; 8 blocks of dim 768,
+    trained with AdamW under bf16 autocast at random lengths 1,024..8,192
+    (batch from 1..16 within 32k tokens)."""
+    torch.manual_seed(seed)
+
+    class LongConv(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.ln = nn.LayerNorm(dim)
+            self.inp = nn.Linear(dim, 3 * dim)
+            self.filt = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, dim))
+            self.out = nn.Linear(dim, dim)
+
+        def forward(self, x):
+            b, n, d = x.shape
+            u, gate, v = self.inp(self.ln(x)).chunk(3, -1)
+            t = torch.linspace(0, 1, n, device=x.device)[:, None]
+            waves = [f(t * (2 ** k) * math.pi) for k in range(8) for f in (torch.sin, torch.cos)]
+            h = self.filt(torch.cat(waves, -1)).float() * torch.exp(-4 * t)
+            hf = torch.fft.rfft(h.t(), n=2 * n)
+            uf = torch.fft.rfft(u.float().transpose(1, 2), n=2 * n)
+            y = torch.fft.irfft(uf * hf, n=2 * n)[..., :n].transpose(1, 2)
+            return x + self.out((y * torch.sigmoid(gate.float()) + v.float()).to(x.dtype))
+
+    class HyenaBlock(nn.Module):
+        def __init__(self, dim, heads):
+            super().__init__()
+            self.mix = LongConv(dim)
+            self.ln2 = nn.LayerNorm(dim)
+            self.up = nn.Linear(dim, 4 * dim)
+            self.down = nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            x = self.mix(x)
+            return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+    class HyenaLM(LM):
+        def __init__(self, vocab, dim, layers):
+            super().__init__(vocab, dim, 1, layers, block=HyenaBlock)
+            self.pos = nn.Embedding(8192, dim)
+
+    model = HyenaLM(32000, 768, 8).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng, g = _rng("hyena_fft_lm", seed), _gen(seed)
+    for _ in range(30):
+        b, n = _tokens_batch(rng, 1024, 8191, 32768, [1, 2, 4, 8, 16])
+        x = torch.randint(0, 32000, (b, n + 1), device=DEVICE, generator=g)
+        with torch.autocast("cuda", dtype=BF16):
+            loss = model.loss(x)
+        _step(loss, opt)
+    torch.cuda.synchronize()
+
+
+def shampoo_mlp(seed=0):
+    """Second-order training: a 6-layer MLP of random widths (1,024..2,560)
+    trained with a Shampoo-style preconditioner written here: per weight
+    matrix a left and a right statistic (G G^T and G^T G, accumulated every
+    step), their inverse fourth roots recomputed every 8th step by
+    torch.linalg.eigh (cuSOLVER, its workspaces), the update L^-1/4 G
+    R^-1/4 grafted to the gradient's norm; random batches of 256..4,096."""
+    torch.manual_seed(seed)
+    rng, g = _rng("shampoo_mlp", seed), _gen(seed)
+    widths = [1024] + [rng.choice([1024, 1536, 2048, 2560]) for _ in range(5)] + [1000]
+    layers = nn.ModuleList([nn.Linear(a, b) for a, b in zip(widths, widths[1:])]).to(DEVICE)
+    stats = {}
+
+    def root(m):
+        w, v = torch.linalg.eigh(m + 1e-4 * torch.eye(m.shape[0], device=DEVICE))
+        return (v * w.clamp_min(1e-6).pow(-0.25)) @ v.t()
+
+    for step in range(64):
+        b = rng.choice([256, 512, 1024, 2048, 4096])
+        x = torch.randn(b, widths[0], device=DEVICE, generator=g)
+        y = torch.randint(0, widths[-1], (b,), device=DEVICE, generator=g)
+        h = x
+        for i, lin in enumerate(layers):
+            h = lin(h)
+            if i < len(layers) - 1:
+                h = F.gelu(h)
+        F.cross_entropy(h, y).backward()
+        with torch.no_grad():
+            for lin in layers:
+                gw = lin.weight.grad
+                if lin not in stats:
+                    stats[lin] = [torch.zeros(gw.shape[0], gw.shape[0], device=DEVICE),
+                                  torch.zeros(gw.shape[1], gw.shape[1], device=DEVICE), None, None]
+                st = stats[lin]
+                st[0].add_(gw @ gw.t())
+                st[1].add_(gw.t() @ gw)
+                if step % 8 == 0:
+                    st[2], st[3] = root(st[0] / (step + 1)), root(st[1] / (step + 1))
+                u = st[2] @ gw @ st[3]
+                u.mul_(gw.norm() / u.norm().clamp_min(1e-12))
+                lin.weight.sub_(1e-3 * u)
+                lin.bias.sub_(1e-3 * lin.bias.grad)
+                lin.weight.grad = None
+                lin.bias.grad = None
+    torch.cuda.synchronize()
+
+
+def voxel_bev(seed=0):
+    """Lidar-style detection in the PointPillars manner, written here:
+    clouds of random size (20k..120k points, batch 2..6) cropped to a random
+    range (a mask: data-dependent sizes), voxelized by torch.unique with
+    return_inverse over 256x256 cells, per-point features (an MLP) averaged
+    into their pillars by index_add, scattered into a dense bird's-eye canvas
+    by index_copy, a 2-D CNN backbone and head, BCE against sparse random
+    heatmaps; AdamW."""
+    torch.manual_seed(seed)
+    H = W = 256
+    pfn = nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 64)).to(DEVICE)
+
+    def conv(cin, cout, stride=1):
+        return [nn.Conv2d(cin, cout, 3, stride=stride, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+
+    backbone = nn.Sequential(*conv(64, 128, 2), *conv(128, 128), *conv(128, 256, 2), *conv(256, 256),
+                             nn.ConvTranspose2d(256, 128, 4, stride=4), nn.BatchNorm2d(128), nn.ReLU(),
+                             nn.Conv2d(128, 8, 1)).to(DEVICE)
+    opt = torch.optim.AdamW(list(pfn.parameters()) + list(backbone.parameters()), lr=1e-3)
+    rng, g = _rng("voxel_bev", seed), _gen(seed)
+    scale = torch.tensor([80.0, 80.0, 4.0, 1.0], device=DEVICE)
+    shift = torch.tensor([40.0, 40.0, 2.0, 0.0], device=DEVICE)
+    for _ in range(60):
+        b, n = rng.randint(2, 6), rng.randint(20_000, 120_000)
+        pts = torch.rand(b, n, 4, device=DEVICE, generator=g) * scale - shift
+        r = rng.uniform(25.0, 40.0)
+        keep = (pts[..., 0].abs() < r) & (pts[..., 1].abs() < r)
+        bi = torch.arange(b, device=DEVICE)[:, None].expand(b, n)[keep]
+        p = pts[keep]
+        ix = ((p[:, 0] + 40) / 80 * W).long().clamp_(0, W - 1)
+        iy = ((p[:, 1] + 40) / 80 * H).long().clamp_(0, H - 1)
+        vox, inv = torch.unique((bi * H + iy) * W + ix, return_inverse=True)
+        m = vox.numel()
+        cnt = torch.zeros(m, device=DEVICE).index_add_(0, inv, torch.ones_like(p[:, 0]))
+        mean = torch.zeros(m, 4, device=DEVICE).index_add_(0, inv, p) / cnt[:, None]
+        feat = pfn(torch.cat([p, p[:, :2] - mean[inv, :2]], 1))
+        pillars = torch.zeros(m, 64, device=DEVICE).index_add(0, inv, feat) / cnt[:, None]
+        canvas = torch.zeros(b * H * W, 64, device=DEVICE).index_copy(0, vox, pillars)
+        canvas = canvas.view(b, H, W, 64).permute(0, 3, 1, 2)
+        with torch.autocast("cuda", dtype=BF16):
+            out = backbone(canvas)
+        target = (torch.rand(b, 8, H, W, device=DEVICE, generator=g) < 0.01).float()
+        _step(F.binary_cross_entropy_with_logits(out.float(), target), opt)
+    torch.cuda.synchronize()
+
+
+def moco_queue(seed=0):
+    """MoCo-style contrastive learning: a query encoder and a momentum key
+    encoder (torchvision ResNet-18, channels_last, bf16 autocast) on two
+    noisy views of random batches (64..256) and sizes (96..160), the key
+    encoder moved toward the query one by torch._foreach_mul_/_foreach_add_
+    every step, logits against a 65,536 x 128 queue of past keys written in
+    place as a ring; SGD with momentum."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    rng, g = _rng("moco_queue", seed), _gen(seed)
+
+    def encoder():
+        return torchvision.models.resnet18(weights=None, num_classes=128).to(DEVICE).to(memory_format=torch.channels_last)
+
+    q_enc, k_enc = encoder(), encoder()
+    k_enc.load_state_dict(q_enc.state_dict())
+    qp, kp = list(q_enc.parameters()), list(k_enc.parameters())
+    for p in kp:
+        p.requires_grad_(False)
+    size = 65536
+    queue = F.normalize(torch.randn(size, 128, device=DEVICE, generator=g), dim=1)
+    ptr = 0
+    opt = torch.optim.SGD(qp, lr=0.03, momentum=0.9, weight_decay=1e-4)
+    for _ in range(80):
+        b, s = rng.choice([64, 128, 192, 256]), rng.choice([96, 112, 128, 160])
+        x = torch.rand(b, 3, s, s, device=DEVICE, generator=g)
+        x1 = (x + 0.1 * torch.randn(x.shape, device=DEVICE, generator=g)).contiguous(memory_format=torch.channels_last)
+        x2 = (x.flip(3) + 0.1 * torch.randn(x.shape, device=DEVICE, generator=g)).contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=BF16):
+            q = F.normalize(q_enc(x1).float(), dim=1)
+            with torch.no_grad():
+                torch._foreach_mul_(kp, 0.999)
+                torch._foreach_add_(kp, qp, alpha=0.001)
+                k = F.normalize(k_enc(x2).float(), dim=1)
+        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ queue.t()], 1) / 0.07
+        _step(F.cross_entropy(logits, torch.zeros(b, dtype=torch.long, device=DEVICE)), opt)
+        n = min(b, size - ptr)
+        queue[ptr:ptr + n] = k[:n]
+        ptr = (ptr + n) % size
+    torch.cuda.synchronize()
+
+
+def cfg_sampler(seed=0):
+    """Image generation as a diffusion service does it: requests of random
+    batch (1..8) and latent size (32, 48, 64), each sampled in 20..40 DDIM
+    steps of a U-Net (bf16 weights under bf16 autocast, no grad) with classifier-free guidance (the
+    batch doubled by torch.cat, the two halves combined), then decoded by a
+    convolutional decoder that upsamples eight times to pixels (the
+    largest activations of the request come at its end)."""
+    torch.manual_seed(seed)
+    with torch.device(DEVICE):
+        unet = UNet().to(BF16).eval()
+        dec = nn.Sequential(
+            nn.Conv2d(3, 512, 3, padding=1), nn.SiLU(),
+            nn.Upsample(scale_factor=2.0), nn.Conv2d(512, 512, 3, padding=1), nn.SiLU(),
+            nn.Upsample(scale_factor=2.0), nn.Conv2d(512, 256, 3, padding=1), nn.SiLU(),
+            nn.Upsample(scale_factor=2.0), nn.Conv2d(256, 128, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(128, 3, 3, padding=1)).to(BF16).eval()
+    rng, g = _rng("cfg_sampler", seed), _gen(seed)
+    alphas = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 1000, device=DEVICE), 0)
+    with torch.no_grad(), torch.autocast("cuda", dtype=BF16):
+        for _ in range(14):
+            b, s, steps = rng.randint(1, 8), rng.choice([32, 48, 64]), rng.randint(20, 40)
+            x = torch.randn(b, 3, s, s, device=DEVICE, generator=g, dtype=BF16)
+            ts = torch.linspace(999, 0, steps, device=DEVICE).long()
+            for i, t in enumerate(ts):
+                tt = t.repeat(2 * b)
+                eps_u, eps_c = unet(torch.cat([x, x]), tt).chunk(2)
+                eps = eps_u + 7.5 * (eps_c - eps_u)
+                a = alphas[t]
+                a_prev = alphas[ts[i + 1]] if i + 1 < steps else torch.ones((), device=DEVICE)
+                x0 = (x - (1 - a).sqrt() * eps) / a.sqrt()
+                x = (a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps).to(BF16)
+            dec(x).float().clamp(-1, 1).mean().item()
+    torch.cuda.synchronize()
+
+
+def compiled_lm_varlen(seed=0):
+    """torch.compile (Inductor, dynamic shapes) of a 6-layer transformer
+    language model's loss (dim 768), trained with AdamW under bf16 autocast
+    at random batch (4..32) and length (128..1,024): Triton kernels that
+    fuse what eager mode allocates one by one, buffers Inductor plans and
+    reuses itself, one compiled graph for every shape."""
+    torch.manual_seed(seed)
+    model = LM(32000, 768, 12, 6).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loss_fn = torch.compile(model.loss, dynamic=True)
+    rng, g = _rng("compiled_lm_varlen", seed), _gen(seed)
+    for _ in range(40):
+        b, n = _tokens_batch(rng, 128, 1024, 16384, [4, 8, 16, 32])
+        x = torch.randint(0, 32000, (b, n + 1), device=DEVICE, generator=g)
+        with torch.autocast("cuda", dtype=BF16):
+            loss = loss_fn(x)
+        _step(loss, opt)
+    torch.cuda.synchronize()
+
+
 # name: (function, split, what it exercises). Chosen before any recording;
 # MANIFEST.md gives the rule. The order is the recording order: the fourteen
 # kinds the issue asks for first (8 tune, 6 holdout), then six for breadth,
@@ -1626,4 +1881,12 @@ PROGRAMS = {
     # infer_server, which moved to tune (MANIFEST.md).
     "chat_small_lm": (chat_small_lm, "holdout", "a small chat model, one KV cache kept across a conversation's turns"),
     "vision_infer_mixed": (vision_infer_mixed, "holdout", "two small vision models serving mixed batches and sizes"),
+    # The fourth holdout (2026-11-29, fifth session): six more, written and
+    # split before their first recording (MANIFEST.md).
+    "hyena_fft_lm": (hyena_fft_lm, "holdout", "long convolutions by FFT (cuFFT plans and workspaces) at random lengths"),
+    "shampoo_mlp": (shampoo_mlp, "holdout", "a Shampoo-style optimizer: statistics and torch.linalg.eigh roots"),
+    "voxel_bev": (voxel_bev, "holdout", "point clouds voxelized by unique/masks (data-dependent sizes) into a dense canvas"),
+    "moco_queue": (moco_queue, "holdout", "momentum encoder updated by foreach ops, a key queue written in place"),
+    "cfg_sampler": (cfg_sampler, "holdout", "diffusion sampling with classifier-free guidance, then an 8x decoder"),
+    "compiled_lm_varlen": (compiled_lm_varlen, "holdout", "torch.compile with dynamic shapes, training at random lengths"),
 }
