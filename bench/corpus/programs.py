@@ -1823,6 +1823,12 @@ def compiled_lm_varlen(seed=0):
     at random batch (4..32) and length (128..1,024): Triton kernels that
     fuse what eager mode allocates one by one, buffers Inductor plans and
     reuses itself, one compiled graph for every shape."""
+    import torch._inductor.config as inductor
+
+    # PyTorch 2.11's tiling heuristic fails an assertion on this graph with
+    # dynamic shapes (InductorError in get_pw_red_splits, the first run on
+    # the H200); it chooses tilings only, not what is computed or allocated.
+    inductor.triton.coalesce_tiling_analysis = False
     torch.manual_seed(seed)
     model = LM(32000, 768, 12, 6).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
