@@ -257,6 +257,7 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 	if p.nmarked > 0 {
 		p.freeJoined(si) // only while frees of a capture wait (capture.go)
 	}
+	p.settle()
 	b := p.allocFast(rounded, si)
 	if b == nil {
 		var err error
@@ -725,6 +726,7 @@ func (a *Allocator) releaseTo(target uint64) {
 			continue
 		}
 		p.flush()
+		p.settle()
 		p.releaseExcess(target)
 		p.mu.Unlock()
 	}

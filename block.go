@@ -63,8 +63,13 @@ type block struct {
 	// (16 bits: it fills padding; the node is 144 bytes.)
 	si  slot
 	gen uint32 // bumped at every allocation; a Buffer carries the gen it saw
+	// batch: free, the pool's batch (pool.batch) in which release put it in
+	// the free index; 0 for a block no release made free (a carve's piece,
+	// a new segment). One batch's frees are ordered by id within their bin
+	// (freeIndex.insertFresh). (It fills the padding after gen.)
+	batch uint32
 
-	id    uint64 // allocation sequence number in its pool (snapshots)
+	id    uint64 // allocated: its allocation sequence number in its pool (snapshots); free with a batch, the latest request freed into it in that batch (release)
 	freed uint64 // free: the pool's freeSeq of the tag's latest free (0: never used)
 	// nzFrom is the ready cache of a free virtual block (readyPlace): no
 	// request of nzFrom bytes or more has a place in b over ready chunks

@@ -2,7 +2,10 @@ package gpumem
 
 // See doc.go for the overview.
 
-import "math/bits"
+import (
+	"math/bits"
+	"slices"
+)
 
 // freeIndex finds a free block for a size in O(1): a two-level segregated
 // fit in the manner of TLSF. Sizes are in units of minBlock (512 B). Units
@@ -21,6 +24,10 @@ type freeIndex struct {
 	heads [numBins]*block  // doubly linked through fprev/fnext
 	count int              // blocks in the index
 	bytes uint64           // sum of their sizes
+	// dirty lists the bins whose head run of one batch's frees may be out
+	// of address order (insertFresh), each once: dirtyBits[i/64] bit i%64.
+	dirty     []int32
+	dirtyBits [numWords]uint64
 }
 
 const (
@@ -59,6 +66,64 @@ func (x *freeIndex) insert(b *block) {
 	x.heads[i] = b
 	x.count++
 	x.bytes += b.size
+}
+
+// insertFresh inserts b, just freed in batch b.batch (pool.batch), at the
+// head of its bin as insert does. If the head was a block of the same batch
+// that comes before b (freshBefore), the run of that batch at the head of
+// the bin is out of order: the bin is listed for sortFresh, which the pool calls
+// before its next decision (pool.settle). So a batch costs a sort of its
+// own frees, bin by bin, and a lone free nothing more (BenchmarkFreeBatch).
+func (x *freeIndex) insertFresh(b *block) {
+	i := binOf(b.size)
+	if h := x.heads[i]; h != nil && h.batch == b.batch && freshBefore(h, b) && x.dirtyBits[i/64]&(1<<(i%64)) == 0 {
+		x.dirtyBits[i/64] |= 1 << (i % 64)
+		x.dirty = append(x.dirty, int32(i))
+	}
+	x.insert(b)
+}
+
+// freshBefore orders two blocks of one batch in their bin: the one of the
+// earlier request first (block.id), then the lower address.
+func freshBefore(p, q *block) bool {
+	if p.id != q.id {
+		return p.id < q.id
+	}
+	return p.addr < q.addr
+}
+
+// sortFresh puts the head run of each listed bin (its blocks of the head's
+// batch) in order (freshBefore), using run as scratch, and returns run for reuse.
+func (x *freeIndex) sortFresh(run []*block) []*block {
+	for _, i := range x.dirty {
+		x.dirtyBits[i/64] &^= 1 << (i % 64)
+		h := x.heads[i]
+		if h == nil {
+			continue
+		}
+		run = run[:0]
+		for b := h; b != nil && b.batch == h.batch; b = b.fnext {
+			run = append(run, b)
+		}
+		after := run[len(run)-1].fnext
+		slices.SortFunc(run, func(p, q *block) int {
+			if freshBefore(p, q) {
+				return -1
+			}
+			return 1
+		})
+		x.heads[i] = run[0]
+		run[0].fprev = nil
+		for k := 1; k < len(run); k++ {
+			run[k-1].fnext, run[k].fprev = run[k], run[k-1]
+		}
+		run[len(run)-1].fnext = after
+		if after != nil {
+			after.fprev = run[len(run)-1]
+		}
+	}
+	x.dirty = x.dirty[:0]
+	return run
 }
 
 func (x *freeIndex) remove(b *block) {

@@ -2,6 +2,7 @@ package gpumem
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -42,6 +43,64 @@ func TestPrevBin(t *testing.T) {
 			if got := x.prevBin(i); got != want {
 				t.Fatalf("round %d (%d blocks): prevBin(%d) = %d, want %d", round, n, i, got, want)
 			}
+		}
+	}
+}
+
+// TestSortFresh: blocks of one batch inserted in any order come out of
+// sortFresh at the head of their bin in the order of their requests
+// (block.id, whatever their addresses), ahead of the older blocks, which
+// keep their order; a batch inserted in reverse order of its requests (the
+// old LIFO order's best case), and a lone free, list no bin.
+func TestSortFresh(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := 0; round < 50; round++ {
+		var x freeIndex
+		old := make([]block, 5)
+		for k := range old {
+			old[k] = block{addr: uint64(1000+k) << 20, size: 8 * minBlock, batch: 1, id: uint64(k + 1)}
+			x.insert(&old[k])
+		}
+		fresh := make([]block, 1+round%20)
+		for k := range fresh {
+			// Addresses fall as the requests rise: the order is theirs.
+			fresh[k] = block{addr: uint64(len(fresh)-k) << 20, size: 8 * minBlock, batch: 2, id: uint64(100 + k)}
+		}
+		order := rng.Perm(len(fresh))
+		if round%5 == 0 {
+			for k := range order {
+				order[k] = len(fresh) - 1 - k // the latest request freed first: each goes first
+			}
+		}
+		for _, k := range order {
+			x.insertFresh(&fresh[k])
+		}
+		if round%5 == 0 && len(x.dirty) != 0 {
+			t.Fatalf("round %d: frees in reverse request order listed bins %v", round, x.dirty)
+		}
+		x.sortFresh(nil)
+		var got []uint64
+		for b := x.heads[binOf(8*minBlock)]; b != nil; b = b.fnext {
+			got = append(got, b.id)
+			if b.fnext != nil && b.fnext.fprev != b {
+				t.Fatalf("round %d: broken back link after block %d", round, b.id)
+			}
+		}
+		var want []uint64
+		for k := range fresh {
+			want = append(want, uint64(100+k))
+		}
+		for k := len(old) - 1; k >= 0; k-- {
+			want = append(want, uint64(k+1))
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("round %d (order %v): bin holds requests %v, want %v", round, order, got, want)
+		}
+		if len(x.dirty) != 0 || x.dirtyBits != [numWords]uint64{} {
+			t.Fatalf("round %d: bins still listed after sortFresh", round)
+		}
+		if x.count != len(old)+len(fresh) {
+			t.Fatalf("round %d: count %d, want %d", round, x.count, len(old)+len(fresh))
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 
 	"github.com/gpumem/gpumem/device"
 )
@@ -97,18 +98,75 @@ type spanList struct {
 	n          int
 }
 
+// pushEmpty puts span i, just emptied, at the tail of the empty list with
+// its batch's stamp: one stamp for the spans a batch of frees empties, a
+// new one after a fence (a stamp above fencedSeq is what says "emptied
+// since the last fence"). If the tail was a span of the same stamp at a
+// lower address, the list's last batch is out of order, for sortEmpty to
+// mend before the pool's next decision (pool.settle): the list is oldest
+// batch first, each batch from the highest address down, whatever the
+// order of its frees (pool.batch).
 func (p *pool) pushEmpty(i int32) {
 	l, s := &p.empty, &p.spans[i]
-	p.emptySeq++
+	if bt := p.batch(); bt != p.emptyBatch {
+		p.emptySeq++
+		p.emptyBatch = bt
+	}
 	s.seq = p.emptySeq
 	s.prev, s.next = l.tail, -1
 	if l.tail >= 0 {
-		p.spans[l.tail].next = i
+		t := &p.spans[l.tail]
+		t.next = i
+		if t.seq == s.seq && spanBefore(t, s) {
+			p.emptyDirty = true
+		}
 	} else {
 		l.head = i
 	}
 	l.tail = i
 	l.n++
+}
+
+// sortEmpty puts the spans of the empty list's last stamp in descending
+// address order (pushEmpty).
+func (p *pool) sortEmpty() {
+	p.emptyDirty = false
+	l := &p.empty
+	if l.tail < 0 {
+		return // emptied since (a release)
+	}
+	run := p.emptyRun[:0]
+	for i := l.tail; i >= 0 && p.spans[i].seq == p.spans[l.tail].seq; i = p.spans[i].prev {
+		run = append(run, i)
+	}
+	before := p.spans[run[len(run)-1]].prev
+	slices.SortFunc(run, func(x, y int32) int {
+		if spanBefore(&p.spans[y], &p.spans[x]) {
+			return -1
+		}
+		return 1
+	})
+	prev := before
+	for _, i := range run {
+		p.spans[i].prev = prev
+		if prev >= 0 {
+			p.spans[prev].next = i
+		} else {
+			l.head = i
+		}
+		prev = i
+	}
+	p.spans[prev].next = -1
+	l.tail = prev
+	p.emptyRun = run
+}
+
+// spanBefore reports whether span s lies at a lower address than span t.
+func spanBefore(s, t *span) bool {
+	if s.seg != t.seg {
+		return s.seg.base < t.seg.base
+	}
+	return s.c0 < t.c0
 }
 
 func (p *pool) removeEmpty(i int32) {
