@@ -1,4 +1,4 @@
-"""run.py NAME ALLOCATOR [--out FILE] [--tag TAG] [--sample MS]: runs one
+"""run.py NAME ALLOCATOR [--out FILE] [--tag TAG] [--sample MS] [--record TRACE]: runs one
 corpus program (programs.PROGRAMS[NAME]) in this process under one
 allocator and prints one JSON line (appended to FILE too): the process's
 NVML peak above its start (polled from another process,
@@ -72,9 +72,14 @@ def main():
     ap.add_argument("allocator", choices=["native", "expandable", "gpumem"])
     ap.add_argument("--out")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--record", metavar="TRACE",
+                    help="under gpumem: write the run's requests to TRACE (gpumem.torch.record, no call sites), "
+                         "to compare two runs request by request or replay this one")
     ap.add_argument("--sample", type=float, default=0,
                     help="sample the program's Python stack every SAMPLE ms and add the lines seen most (where the time went)")
     args = ap.parse_args()
+    if args.record and args.allocator != "gpumem":
+        ap.error("--record records gpumem's requests: use record.py for PyTorch's allocators")
     if args.allocator == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import torch
@@ -94,7 +99,12 @@ def main():
     sampler = Sampler(args.sample / 1e3) if args.sample > 0 else None
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    fn()
+    if args.record and args.allocator == "gpumem":
+        with gpumem.torch.record(args.record, sites=False):
+            fn()
+            torch.cuda.synchronize()
+    else:
+        fn()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
