@@ -140,10 +140,18 @@
 // free block is found by the freeIndex in O(1), best fit to within 1/64 of
 // the size.
 //
+// The order of frees that come together (between two allocations) is not
+// the program's to choose: Python's collector, a list of tensors dropped.
+// So it never decides anything: the next allocation first puts such a
+// batch in the order of its requests in the free index and by address on
+// the list of empty spans (pool.settle, pool.batch), and the same program
+// holds the same memory in every run (replay/order_test.go).
+//
 // # The alloc path
 //
 //  1. Find the stream's pool and slot (a scan of a short immutable slice)
-//     and lock the pool.
+//     and lock the pool; put the frees since the last allocation in their
+//     order if they came out of it (pool.settle: a flag test otherwise).
 //  2. Cache hit (allocFast): the freeIndex gives the best-fitting free
 //     block of the heap; if the stream may use it now (its tag, see the
 //     stream contract) and its chunks are ready (always, for plain

@@ -1888,10 +1888,11 @@ PROGRAMS = {
     "chat_small_lm": (chat_small_lm, "holdout", "a small chat model, one KV cache kept across a conversation's turns"),
     "vision_infer_mixed": (vision_infer_mixed, "holdout", "two small vision models serving mixed batches and sizes"),
     # The fourth holdout (2026-11-29, fifth session): six more, written and
-    # split before their first recording (MANIFEST.md).
+    # split before their first recording (MANIFEST.md); voxel_bev moved to
+    # tune after its report.
     "hyena_fft_lm": (hyena_fft_lm, "holdout", "long convolutions by FFT (cuFFT plans and workspaces) at random lengths"),
     "shampoo_mlp": (shampoo_mlp, "holdout", "a Shampoo-style optimizer: statistics and torch.linalg.eigh roots"),
-    "voxel_bev": (voxel_bev, "holdout", "point clouds voxelized by unique/masks (data-dependent sizes) into a dense canvas"),
+    "voxel_bev": (voxel_bev, "tune", "point clouds voxelized by unique/masks (data-dependent sizes) into a dense canvas"),
     "moco_queue": (moco_queue, "holdout", "momentum encoder updated by foreach ops, a key queue written in place"),
     "cfg_sampler": (cfg_sampler, "holdout", "diffusion sampling with classifier-free guidance, then an 8x decoder"),
     "compiled_lm_varlen": (compiled_lm_varlen, "holdout", "torch.compile with dynamic shapes, training at random lengths"),
