@@ -1843,6 +1843,48 @@ def compiled_lm_varlen(seed=0):
     torch.cuda.synchronize()
 
 
+def ctc_asr_varlen(seed=0):
+    """Speech recognition trained with CTC: log-mel frames of random length
+    (200..1,600, batch 4..32, each utterance of the batch at least half as
+    long as the longest), a convolutional subsampler (stride 4), a 6-layer
+    transformer encoder (dim 512) with a padding mask, per-frame
+    log-probabilities over 257 symbols, F.ctc_loss against random
+    transcripts of random length; AdamW under bf16 autocast. Added to the
+    fourth holdout in voxel_bev's place, split before its first recording."""
+    torch.manual_seed(seed)
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sub = nn.Sequential(nn.Conv1d(80, 512, 3, stride=2, padding=1), nn.GELU(),
+                                     nn.Conv1d(512, 512, 3, stride=2, padding=1), nn.GELU())
+            layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, norm_first=True)
+            self.enc = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
+            self.out = nn.Linear(512, 257)
+
+        def forward(self, x, pad):
+            return self.out(self.enc(self.sub(x.transpose(1, 2)).transpose(1, 2), src_key_padding_mask=pad))
+
+    model = Encoder().to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng, g = _rng("ctc_asr_varlen", seed), _gen(seed)
+    for _ in range(50):
+        b, n = rng.choice([4, 8, 16, 32]), rng.randint(200, 1600)
+        lens = [rng.randint(n // 2, n) for _ in range(b)]
+        x = torch.randn(b, n, 80, device=DEVICE, generator=g)
+        t = (n + 3) // 4
+        out_lens = [min(t, (m + 3) // 4) for m in lens]
+        pad = torch.arange(t, device=DEVICE)[None, :] >= torch.tensor(out_lens, device=DEVICE)[:, None]
+        tgt_lens = [rng.randint(1, m // 2) for m in out_lens]
+        targets = torch.randint(1, 257, (sum(tgt_lens),), device=DEVICE, generator=g)
+        with torch.autocast("cuda", dtype=BF16):
+            logits = model(x, pad)
+        logp = logits.float().log_softmax(-1).transpose(0, 1)
+        loss = F.ctc_loss(logp, targets, torch.tensor(out_lens), torch.tensor(tgt_lens), zero_infinity=True)
+        _step(loss, opt)
+    torch.cuda.synchronize()
+
+
 # name: (function, split, what it exercises). Chosen before any recording;
 # MANIFEST.md gives the rule. The order is the recording order: the fourteen
 # kinds the issue asks for first (8 tune, 6 holdout), then six for breadth,
@@ -1896,4 +1938,6 @@ PROGRAMS = {
     "moco_queue": (moco_queue, "holdout", "momentum encoder updated by foreach ops, a key queue written in place"),
     "cfg_sampler": (cfg_sampler, "holdout", "diffusion sampling with classifier-free guidance, then an 8x decoder"),
     "compiled_lm_varlen": (compiled_lm_varlen, "holdout", "torch.compile with dynamic shapes, training at random lengths"),
+    # In voxel_bev's place (MANIFEST.md), split before its first recording.
+    "ctc_asr_varlen": (ctc_asr_varlen, "holdout", "CTC loss over padded variable-length utterances, a transformer encoder"),
 }
