@@ -285,12 +285,22 @@ func (p *pool) check() error {
 			if set != (h.free.heads[i] != nil) {
 				bad("heap %s: bin %d bitmap %v disagrees with its list", heapName(k), i, set)
 			}
+			// Unless the bin is listed for sortFresh, its head run (the
+			// blocks of the head's batch) is in freshCompare's order.
 			var prev *block
+			listed := h.free.dirtyBits[i/64]&(1<<(i%64)) != 0
+			run := h.free.heads[i] != nil && h.free.heads[i].batch != 0
 			for b := h.free.heads[i]; b != nil; prev, b = b, b.fnext {
 				n++
 				if b.state != blockFree || int(b.bin) != i || b.fprev != prev || b.seg.heap != h {
 					bad("heap %s: bin %d holds block 0x%x (state %s, bin %d) wrongly", heapName(k), i, b.addr, b.state, b.bin)
 				}
+				if run = run && (prev == nil || b.batch == prev.batch); run && !listed && prev != nil && freshCompare(prev, b) > 0 {
+					bad("heap %s: bin %d's latest batch out of order at block 0x%x, the bin not listed for sortFresh", heapName(k), i, b.addr)
+				}
+			}
+			if listed != slices.Contains(h.free.dirty, int32(i)) {
+				bad("heap %s: bin %d's dirty bit %v disagrees with the dirty list", heapName(k), i, listed)
 			}
 		}
 		for w := 0; w < numWords; w++ {

@@ -3,6 +3,7 @@ package gpumem
 // See doc.go for the overview.
 
 import (
+	"cmp"
 	"math/bits"
 	"slices"
 )
@@ -25,7 +26,7 @@ type freeIndex struct {
 	count int              // blocks in the index
 	bytes uint64           // sum of their sizes
 	// dirty lists the bins whose head run of one batch's frees may be out
-	// of address order (insertFresh), each once: dirtyBits[i/64] bit i%64.
+	// of order (insertFresh), each once: dirtyBits[i/64] bit i%64.
 	dirty     []int32
 	dirtyBits [numWords]uint64
 }
@@ -69,31 +70,34 @@ func (x *freeIndex) insert(b *block) {
 }
 
 // insertFresh inserts b, just freed in batch b.batch (pool.batch), at the
-// head of its bin as insert does. If the head was a block of the same batch
-// that comes before b (freshBefore), the run of that batch at the head of
-// the bin is out of order: the bin is listed for sortFresh, which the pool calls
-// before its next decision (pool.settle). So a batch costs a sort of its
-// own frees, bin by bin, and a lone free nothing more (BenchmarkFreeBatch).
+// head of its bin as insert does. If the head was a block of the same
+// batch that comes before b (freshCompare), the run of that batch at the
+// head of the bin is out of order: the bin is listed for sortFresh, which
+// the pool calls before its next decision (pool.settle). So a batch costs
+// a sort of its own frees, bin by bin, and a lone free nothing more
+// (BenchmarkFreeBatch). Invariant (checkPool): a bin not listed has its
+// head run in order.
 func (x *freeIndex) insertFresh(b *block) {
 	i := binOf(b.size)
-	if h := x.heads[i]; h != nil && h.batch == b.batch && freshBefore(h, b) && x.dirtyBits[i/64]&(1<<(i%64)) == 0 {
+	if h := x.heads[i]; h != nil && h.batch == b.batch && freshCompare(h, b) < 0 && x.dirtyBits[i/64]&(1<<(i%64)) == 0 {
 		x.dirtyBits[i/64] |= 1 << (i % 64)
 		x.dirty = append(x.dirty, int32(i))
 	}
 	x.insert(b)
 }
 
-// freshBefore orders two blocks of one batch in their bin: the one of the
+// freshCompare orders two blocks of one batch in their bin: the one of the
 // earlier request first (block.id), then the lower address.
-func freshBefore(p, q *block) bool {
-	if p.id != q.id {
-		return p.id < q.id
+func freshCompare(p, q *block) int {
+	if c := cmp.Compare(p.id, q.id); c != 0 {
+		return c
 	}
-	return p.addr < q.addr
+	return cmp.Compare(p.addr, q.addr)
 }
 
 // sortFresh puts the head run of each listed bin (its blocks of the head's
-// batch) in order (freshBefore), using run as scratch, and returns run for reuse.
+// batch) in freshCompare's order, using run as scratch, and returns run
+// for reuse.
 func (x *freeIndex) sortFresh(run []*block) []*block {
 	for _, i := range x.dirty {
 		x.dirtyBits[i/64] &^= 1 << (i % 64)
@@ -106,12 +110,7 @@ func (x *freeIndex) sortFresh(run []*block) []*block {
 			run = append(run, b)
 		}
 		after := run[len(run)-1].fnext
-		slices.SortFunc(run, func(p, q *block) int {
-			if freshBefore(p, q) {
-				return -1
-			}
-			return 1
-		})
+		slices.SortFunc(run, freshCompare)
 		x.heads[i] = run[0]
 		run[0].fprev = nil
 		for k := 1; k < len(run); k++ {

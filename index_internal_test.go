@@ -3,7 +3,10 @@ package gpumem
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/gpumem/gpumem/device/sim"
 )
 
 // TestPrevBin checks prevBin against a scan of the heads, for random sets
@@ -102,5 +105,52 @@ func TestSortFresh(t *testing.T) {
 		if x.count != len(old)+len(fresh) {
 			t.Fatalf("round %d: count %d, want %d", round, x.count, len(old)+len(fresh))
 		}
+	}
+}
+
+// TestCheckSeesUnsortedBatch: a batch of frees out of order is listed
+// for sortFresh until the next allocation sorts it; Check passes either
+// way, and fails if the listing is lost (the invariant it guards).
+func TestCheckSeesUnsortedBatch(t *testing.T) {
+	a, err := New(sim.MustNew(sim.Config{Capacity: 1 << 30}), Config{Mode: ModeVirtual})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var drop []Buffer
+	for range 6 {
+		b, err := a.Alloc(64<<10, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drop = append(drop, b)
+		if _, err := a.Alloc(64<<10, 0); err != nil { // a live neighbour: no coalescing
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []int{2, 0, 5, 1} { // one batch, out of request order
+		if err := a.Free(drop[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Check(); err != nil {
+		t.Fatalf("a listed unsorted batch: %v", err)
+	}
+	p := a.allPools()[0]
+	x := &p.heaps[heapLarge].free
+	if len(x.dirty) != 1 {
+		t.Fatalf("%d bins listed, want the one bin of the batch", len(x.dirty))
+	}
+	saved, bits := slices.Clone(x.dirty), x.dirtyBits
+	x.dirty, x.dirtyBits = x.dirty[:0], [numWords]uint64{}
+	if err := a.Check(); err == nil || !strings.Contains(err.Error(), "out of order") {
+		t.Fatalf("Check with the listing lost: %v; want the batch out of order", err)
+	}
+	x.dirty, x.dirtyBits = saved, bits
+	if _, err := a.Alloc(64<<10, 0); err != nil { // sorts the batch
+		t.Fatal(err)
+	}
+	if err := a.Check(); err != nil || len(x.dirty) != 0 {
+		t.Fatalf("after the next allocation: %v, %d bins listed", err, len(x.dirty))
 	}
 }

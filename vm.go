@@ -140,7 +140,10 @@ func (p *pool) sortEmpty() {
 		run = append(run, i)
 	}
 	before := p.spans[run[len(run)-1]].prev
-	slices.SortFunc(run, func(x, y int32) int {
+	slices.SortFunc(run, func(x, y int32) int { // highest address first
+		if x == y {
+			return 0
+		}
 		if spanBefore(&p.spans[y], &p.spans[x]) {
 			return -1
 		}
