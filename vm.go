@@ -101,11 +101,11 @@ type spanList struct {
 // pushEmpty puts span i, just emptied, at the tail of the empty list with
 // its batch's stamp: one stamp for the spans a batch of frees empties, a
 // new one after a fence (a stamp above fencedSeq is what says "emptied
-// since the last fence"). If the tail was a span of the same stamp at a
-// lower address, the list's last batch is out of order, for sortEmpty to
-// mend before the pool's next decision (pool.settle): the list is oldest
+// since the last fence"), in its place in that batch: the list is oldest
 // batch first, each batch from the highest address down, whatever the
-// order of its frees (pool.batch).
+// order of its frees (pool.batch). Where the place is too far from the
+// tail, sortEmpty puts it there before the pool's next decision
+// (pool.settle).
 func (p *pool) pushEmpty(i int32) {
 	l, s := &p.empty, &p.spans[i]
 	if bt := p.batch(); bt != p.emptyBatch {
@@ -113,19 +113,39 @@ func (p *pool) pushEmpty(i int32) {
 		p.emptyBatch = bt
 	}
 	s.seq = p.emptySeq
-	s.prev, s.next = l.tail, -1
-	if l.tail >= 0 {
-		t := &p.spans[l.tail]
-		t.next = i
-		if t.seq == s.seq && spanBefore(t, s) {
+	// Its place in the batch: after the batch's spans above it, found by a
+	// walk back over at most pushWalk of them (one free emptying several
+	// spans pushes them upward); past that, the tail, for sortEmpty.
+	j := l.tail
+	for n := 0; j >= 0 && p.spans[j].seq == s.seq && spanBefore(&p.spans[j], s); n++ {
+		if n == pushWalk {
+			j = l.tail
 			p.emptyDirty = true
+			break
 		}
+		j = p.spans[j].prev
+	}
+	s.prev = j
+	if j >= 0 {
+		s.next = p.spans[j].next
+		p.spans[j].next = i
 	} else {
+		s.next = l.head
 		l.head = i
 	}
-	l.tail = i
+	if s.next >= 0 {
+		p.spans[s.next].prev = i
+	} else {
+		l.tail = i
+	}
 	l.n++
 }
+
+// pushWalk bounds pushEmpty's walk: a free of a block over up to this many
+// spans places them without a sort (a 64 MiB block over 16 MiB spans: an
+// Alloc/Free pair 112 ns, against 145 ns when every such free left a sort
+// for the next allocation).
+const pushWalk = 8
 
 // sortEmpty puts the spans of the empty list's last stamp in descending
 // address order (pushEmpty).
