@@ -5,6 +5,7 @@ package gpumem
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 
 	"github.com/gpumem/gpumem/device"
@@ -299,9 +300,18 @@ func (p *pool) check() error {
 					bad("heap %s: bin %d's latest batch out of order at block 0x%x, the bin not listed for sortFresh", heapName(k), i, b.addr)
 				}
 			}
-			if listed != slices.Contains(h.free.dirty, int32(i)) {
-				bad("heap %s: bin %d's dirty bit %v disagrees with the dirty list", heapName(k), i, listed)
+		}
+		listedBits := 0
+		for _, w := range h.free.dirtyBits {
+			listedBits += bits.OnesCount64(w)
+		}
+		for _, i := range h.free.dirty {
+			if h.free.dirtyBits[i/64]&(1<<(i%64)) == 0 {
+				listedBits = -1
 			}
+		}
+		if listedBits != len(h.free.dirty) {
+			bad("heap %s: the dirty list (%d bins) disagrees with its bits", heapName(k), len(h.free.dirty))
 		}
 		for w := 0; w < numWords; w++ {
 			if (h.free.words[w] != 0) != (h.free.top&(1<<w) != 0) {
