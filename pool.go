@@ -688,7 +688,9 @@ func (p *pool) release(b *block, occupied bool) {
 
 // settle puts the latest batch of frees in its order (pool.batch), in the
 // free index and on the empty list, before the pool decides anything from
-// either: at each allocation, and before releasing memory down to a target.
+// either: at each allocation, before releasing memory down to a target,
+// and before a trim (whose fences start a new stamp: sortEmpty sorts the
+// last stamp's spans only). Never inside a walk of the empty list.
 func (p *pool) settle() {
 	if len(p.heaps[heapSmall].free.dirty)+len(p.heaps[heapLarge].free.dirty) > 0 || p.emptyDirty {
 		p.settleBatch()
@@ -1199,6 +1201,7 @@ func (q *pool) handOff(stream device.Stream) error {
 // when all is set).
 func (p *pool) trim(all bool) error {
 	p.flush()
+	p.settle() // before its fences start new stamps (pushEmpty)
 	var errs []error
 	if p.npending > 0 {
 		if err := p.processPending(true, true); err != nil {
