@@ -53,8 +53,10 @@ func binOf(size uint64) int {
 	return (fl-subBits+1)*subBins + int(sl)
 }
 
-func (x *freeIndex) insert(b *block) {
-	i := binOf(b.size)
+func (x *freeIndex) insert(b *block) { x.insertIn(b, binOf(b.size)) }
+
+// insertIn links b at the head of bin i, its bin.
+func (x *freeIndex) insertIn(b *block, i int) {
 	b.bin = int32(i)
 	b.fprev = nil
 	b.fnext = x.heads[i]
@@ -83,7 +85,7 @@ func (x *freeIndex) insertFresh(b *block) {
 		x.dirtyBits[i/64] |= 1 << (i % 64)
 		x.dirty = append(x.dirty, int32(i))
 	}
-	x.insert(b)
+	x.insertIn(b, i) // binOf once
 }
 
 // freshCompare orders two blocks of one batch in their bin: the one of the

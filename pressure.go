@@ -755,13 +755,7 @@ func (p *pool) splitFree(want int) {
 		got += int(cs[n].free)
 	}
 	// By segment: each one's blocks walked once.
-	slices.SortFunc(cs, func(x, y splitCand) int {
-		sx, sy := p.spans[x.si].seg, p.spans[y.si].seg
-		if sx != sy {
-			return cmp.Compare(sx.base, sy.base)
-		}
-		return cmp.Compare(p.spans[x.si].c0, p.spans[y.si].c0)
-	})
+	slices.SortFunc(cs, func(x, y splitCand) int { return spanCompare(&p.spans[x.si], &p.spans[y.si]) })
 	var occ []bool
 	var occSeg *segment
 	for _, c := range cs {

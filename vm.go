@@ -3,6 +3,7 @@ package gpumem
 // See doc.go for the overview.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -160,15 +161,7 @@ func (p *pool) sortEmpty() {
 		run = append(run, i)
 	}
 	before := p.spans[run[len(run)-1]].prev
-	slices.SortFunc(run, func(x, y int32) int { // highest address first
-		if x == y {
-			return 0
-		}
-		if spanBefore(&p.spans[y], &p.spans[x]) {
-			return -1
-		}
-		return 1
-	})
+	slices.SortFunc(run, func(x, y int32) int { return spanCompare(&p.spans[y], &p.spans[x]) }) // highest address first
 	prev := before
 	for _, i := range run {
 		p.spans[i].prev = prev
@@ -185,11 +178,14 @@ func (p *pool) sortEmpty() {
 }
 
 // spanBefore reports whether span s lies at a lower address than span t.
-func spanBefore(s, t *span) bool {
+func spanBefore(s, t *span) bool { return spanCompare(s, t) < 0 }
+
+// spanCompare orders spans by address.
+func spanCompare(s, t *span) int {
 	if s.seg != t.seg {
-		return s.seg.base < t.seg.base
+		return cmp.Compare(s.seg.base, t.seg.base)
 	}
-	return s.c0 < t.c0
+	return cmp.Compare(s.c0, t.c0)
 }
 
 func (p *pool) removeEmpty(i int32) {
