@@ -1,6 +1,9 @@
-// Package trace reads and writes gpumem-trace v1, the text format in which
+// Package trace reads and writes gpumem-trace, the text format in which
 // gpumem stores the device-memory requests of a program: the traces shipped
 // in testdata/traces, and the traces the allocator records of its own use.
+// Version 1 is the exchange format; version 2, its packed form (below),
+// says the same in a third to a quarter of the bytes gzipped and holds the
+// corpus of bench/corpus/traces. Readers read both.
 //
 // # Format
 //
@@ -53,6 +56,25 @@
 // once. The optional sixth field of an alloc line names the site where the
 // request was made; without it the request has no site.
 //
+// # Version 2
+//
+// A v2 trace starts with the header "# gpumem-trace v2" (the rest of the
+// line is a comment, as in v1) and says the same with fewer digits:
+//
+//	a SIZE STREAM DT_US [SITE]   the next request asked for SIZE bytes on STREAM
+//	f BACK DT_US                 request N-1-BACK was freed, N requests allocated so far
+//	t DT_US                      the program emptied the allocator's cache
+//	s SITE TEXT                  as in v1
+//
+// Requests are numbered by their alloc lines, 0, 1, ...: the ID a v1 line
+// would give. DT_US is the microseconds since the previous a, f or t line
+// (since 0 for the first), so times never go backwards. A Reader returns
+// the same Events for a v2 trace as for its v1 form (IDs and absolute
+// times), and checks the same faults, with two more: a BACK that reaches
+// before the first request, and a time that overflows 64 bits.
+// `go run ./bench/corpus/pack FILE...` rewrites traces in v2 in place,
+// checking each against its original first.
+//
 // # Checks
 //
 // [Reader], [Read] and [Load] reject malformed input with a [*SyntaxError]
@@ -86,8 +108,9 @@
 //
 // # Writing
 //
-// [Writer] writes the format; [Create] writes a file, gzip-compressed when
-// its name ends in ".gz". A Writer checks what it can without remembering
+// [Writer] writes the format, v1 unless asked for v2 ([NewWriterFormat],
+// [CreateFormat]: a v2 Writer takes requests numbered in order from 0);
+// [Create] writes a file, gzip-compressed when its name ends in ".gz". A Writer checks what it can without remembering
 // requests (SIZE in range, time not going backwards, sites defined once and
 // before use, TEXT that reads back the same); the reader checks the rest.
 // It writes the same header whether or not the trace has sites.

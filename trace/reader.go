@@ -14,11 +14,18 @@ import (
 	"unicode/utf8"
 )
 
-// header is the significant prefix of the first line of every v1 trace.
-const header = "# gpumem-trace v1"
+// header is the significant prefix of the first line of every v1 trace,
+// headerV2 of every v2 trace.
+const (
+	header   = "# gpumem-trace v1"
+	headerV2 = "# gpumem-trace v2"
+)
 
-// headerLine is the full first line that Writer writes.
-const headerLine = header + ": a ID SIZE STREAM T_US | f ID T_US\n"
+// headerLine and headerLineV2 are the full first lines that Writer writes.
+const (
+	headerLine   = header + ": a ID SIZE STREAM T_US | f ID T_US\n"
+	headerLineV2 = headerV2 + ": a SIZE STREAM DT_US | f BACK DT_US | t DT_US\n"
+)
 
 // maxLine is the longest line a Reader accepts, comments included.
 const maxLine = 64 << 10
@@ -30,6 +37,7 @@ const maxLine = 64 << 10
 type Reader struct {
 	br    *bufio.Reader
 	gz    bool   // input is gzip-compressed
+	v2    bool   // the header says v2: IDs implicit, times as deltas
 	name  string // for error messages; set by Read
 	line  int    // number of the last line read
 	lastT uint64 // time of the last event
@@ -39,6 +47,7 @@ type Reader struct {
 	reqs  []request          // by slot
 	sites map[uint32]siteDef // by site number; nil until the first
 	trims int                // "t" lines read so far (Trims)
+	idbuf []byte             // v2: the current line's request ID, for messages
 }
 
 // Trims is how many "t" lines (the program emptied the allocator's cache)
@@ -89,13 +98,22 @@ func newReader(r io.Reader, name string) (*Reader, error) {
 	case err != nil:
 		return nil, err
 	}
-	if !bytes.HasPrefix(line, []byte(header)) || len(line) > len(header) && !isHeaderEnd(line[len(header)]) {
-		if bytes.HasPrefix(line, []byte("# gpumem-trace ")) {
-			return nil, rd.syntaxError("unsupported format %s; this package reads %q", quote(line), header)
-		}
+	switch {
+	case hasHeader(line, header):
+	case hasHeader(line, headerV2):
+		rd.v2 = true
+	case bytes.HasPrefix(line, []byte("# gpumem-trace ")):
+		return nil, rd.syntaxError("unsupported format %s; this package reads %q and %q", quote(line), header, headerV2)
+	default:
 		return nil, rd.syntaxError("missing header line %q; got %s", header, quote(line))
 	}
 	return rd, nil
+}
+
+// hasHeader reports whether line is the header line h, with or without
+// the text after it.
+func hasHeader(line []byte, h string) bool {
+	return bytes.HasPrefix(line, []byte(h)) && (len(line) == len(h) || isHeaderEnd(line[len(h)]))
 }
 
 func isHeaderEnd(c byte) bool { return c == ':' || c == ' ' || c == '\t' }
@@ -211,6 +229,9 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 		return Event{}, -1, true, nil
 	}
 
+	if r.v2 {
+		return r.parseV2(f, n, line[third:])
+	}
 	var want, most int
 	switch {
 	case len(f[0]) == 1 && f[0][0] == byte(Alloc):
@@ -259,7 +280,14 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 		return Event{}, -1, false, r.syntaxError("%s %d: time %d us is before the previous event's %d us; time must not go backwards",
 			kind, ev.ID, ev.TimeUS, r.lastT)
 	}
+	return r.check(ev)
+}
 
+// check checks an event parsed from the current line against the requests
+// read so far (see the package documentation), records it and returns its
+// slot.
+func (r *Reader) check(ev Event) (Event, int32, bool, error) {
+	kind := ev.Kind
 	s, known := r.ids.get(ev.ID)
 	if kind == Alloc {
 		switch {
@@ -288,6 +316,90 @@ func (r *Reader) parse(line []byte) (ev Event, slot int32, skip bool, err error)
 	}
 	r.lastT = ev.TimeUS
 	return ev, s, false, nil
+}
+
+// parseV2 parses and checks one line after a v2 header, of n fields f
+// (text is the line from its third field on, a site's TEXT): the line's
+// request ID and time are made absolute, as a v1 line gives them, and the
+// event checked as one.
+func (r *Reader) parseV2(f [6][]byte, n int, text []byte) (Event, int32, bool, error) {
+	if len(f[0]) != 1 {
+		return Event{}, -1, false, r.unknownKindV2(f[0])
+	}
+	next := uint64(len(r.reqs)) // the ID of the next request
+	r.idbuf = strconv.AppendUint(r.idbuf[:0], next, 10)
+	var ev Event
+	var err error
+	var dt []byte
+	switch Kind(f[0][0]) {
+	case Alloc:
+		if n < 4 || n > 5 {
+			return Event{}, -1, false, r.syntaxError("a event with %d fields; want 4 or 5: a SIZE STREAM DT_US [SITE]", n)
+		}
+		ev = Event{Kind: Alloc, ID: next}
+		if ev.Size, err = r.number(Alloc, r.idbuf, "SIZE", f[1]); err != nil {
+			return Event{}, -1, false, err
+		}
+		if ev.Stream, err = r.number(Alloc, r.idbuf, "STREAM", f[2]); err != nil {
+			return Event{}, -1, false, err
+		}
+		if n == 5 {
+			if ev.Site, err = r.siteNumber(Alloc, r.idbuf, f[4]); err != nil {
+				return Event{}, -1, false, err
+			}
+		}
+		dt = f[3]
+	case Free:
+		if n != 3 {
+			return Event{}, -1, false, r.syntaxError("f event with %d fields; want 3: f BACK DT_US", n)
+		}
+		back, err := r.number(Free, nil, "BACK", f[1])
+		if err != nil {
+			return Event{}, -1, false, err
+		}
+		if back >= next {
+			return Event{}, -1, false, r.syntaxError("f: BACK %d reaches before the first request (%d allocated so far)", back, next)
+		}
+		ev = Event{Kind: Free, ID: next - 1 - back}
+		r.idbuf = strconv.AppendUint(r.idbuf[:0], ev.ID, 10)
+		dt = f[2]
+	case siteKind:
+		return Event{}, -1, true, r.defineSite(f[1], n, text)
+	case trimKind:
+		if n != 2 {
+			return Event{}, -1, false, r.syntaxError("t line with %d fields; want 2: t DT_US", n)
+		}
+		t, err := r.after(trimKind, nil, f[1])
+		if err != nil {
+			return Event{}, -1, false, err
+		}
+		r.lastT = t
+		r.trims++
+		return Event{}, -1, true, nil
+	default:
+		return Event{}, -1, false, r.unknownKindV2(f[0])
+	}
+	if ev.TimeUS, err = r.after(ev.Kind, r.idbuf, dt); err != nil {
+		return Event{}, -1, false, err
+	}
+	return r.check(ev)
+}
+
+// after returns the time of a v2 line whose DT_US field is b: the previous
+// event's time plus b.
+func (r *Reader) after(kind Kind, id []byte, b []byte) (uint64, error) {
+	dt, err := r.number(kind, id, "DT_US", b)
+	if err != nil {
+		return 0, err
+	}
+	if dt > math.MaxUint64-r.lastT {
+		return 0, r.syntaxError("%sDT_US %d after %d us overflows 64 bits", eventPrefix(kind, id), dt, r.lastT)
+	}
+	return r.lastT + dt, nil
+}
+
+func (r *Reader) unknownKindV2(k []byte) error {
+	return r.syntaxError("unknown event kind %s; want \"a\" (a SIZE STREAM DT_US [SITE]), \"f\" (f BACK DT_US), \"t\" (t DT_US) or \"s\" (s SITE TEXT)", quote(k))
 }
 
 // trim checks the line "t T_US", of n fields, and counts it.

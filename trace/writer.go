@@ -12,19 +12,42 @@ import (
 	"unicode/utf8"
 )
 
-// Writer writes a trace in the gpumem-trace v1 format. Its output is
+// Format is a version of the trace format a Writer writes (see the package
+// documentation).
+type Format int
+
+const (
+	V1 Format = 1 // IDs and times written out: the exchange format
+	V2 Format = 2 // IDs implicit, times as deltas: a third to a quarter of V1's size gzipped
+)
+
+// Writer writes a trace in the gpumem-trace v1 or v2 format. Its output is
 // buffered: call Flush when done. A Writer is not safe for concurrent use.
 type Writer struct {
-	w     *bufio.Writer
-	buf   []byte
-	lastT uint64
-	sites map[uint32]bool // the sites written
+	w      *bufio.Writer
+	buf    []byte
+	lastT  uint64
+	sites  map[uint32]bool // the sites written
+	v2     bool
+	allocs uint64 // v2: Alloc events written, the next request's ID
 }
 
-// NewWriter returns a Writer to w, after writing the header line.
-func NewWriter(w io.Writer) (*Writer, error) {
-	tw := &Writer{w: bufio.NewWriterSize(w, 64<<10), buf: make([]byte, 0, 96)}
-	if _, err := tw.w.WriteString(headerLine); err != nil {
+// NewWriter returns a Writer of v1 to w, after writing the header line.
+func NewWriter(w io.Writer) (*Writer, error) { return NewWriterFormat(w, V1) }
+
+// NewWriterFormat returns a Writer of format f to w, after writing the
+// header line. A V2 Writer takes requests numbered in order from 0, as
+// every recorder numbers them: an Alloc of another ID is an error.
+func NewWriterFormat(w io.Writer, f Format) (*Writer, error) {
+	if f != V1 && f != V2 {
+		return nil, fmt.Errorf("trace: unknown format %d", f)
+	}
+	tw := &Writer{w: bufio.NewWriterSize(w, 64<<10), buf: make([]byte, 0, 96), v2: f == V2}
+	line := headerLine
+	if tw.v2 {
+		line = headerLineV2
+	}
+	if _, err := tw.w.WriteString(line); err != nil {
 		return nil, err
 	}
 	return tw, nil
@@ -49,6 +72,8 @@ func (w *Writer) AllocSite(id, size, stream, tUS uint64, site uint32) error {
 		return fmt.Errorf("trace: Alloc %d: size %d is larger than 1 PiB", id, size)
 	case site != 0 && !w.sites[site]:
 		return fmt.Errorf("trace: Alloc %d: site %d is not defined (write it with Site first)", id, site)
+	case w.v2 && id != w.allocs:
+		return fmt.Errorf("trace: Alloc %d: a v2 trace numbers requests in order; want %d", id, w.allocs)
 	}
 	return w.write(Event{Kind: Alloc, ID: id, Size: size, Stream: stream, TimeUS: tUS, Site: site})
 }
@@ -93,8 +118,12 @@ func (w *Writer) Site(site uint32, text string) error {
 func isBlank(c byte) bool { return c == ' ' || c == '\t' }
 
 // Free writes the event "f id tUS". It returns an error, and writes nothing,
-// if tUS is before the time of the previous event.
+// if tUS is before the time of the previous event, or in v2 if id was not
+// allocated.
 func (w *Writer) Free(id, tUS uint64) error {
+	if w.v2 && id >= w.allocs {
+		return fmt.Errorf("trace: Free %d: request %d was never allocated", id, id)
+	}
 	return w.write(Event{Kind: Free, ID: id, TimeUS: tUS})
 }
 
@@ -105,7 +134,11 @@ func (w *Writer) Trim(tUS uint64) error {
 	if tUS < w.lastT {
 		return fmt.Errorf("trace: t: time %d us is before the previous event's %d us", tUS, w.lastT)
 	}
-	w.buf = strconv.AppendUint(append(w.buf[:0], 't', ' '), tUS, 10)
+	t := tUS
+	if w.v2 {
+		t -= w.lastT
+	}
+	w.buf = strconv.AppendUint(append(w.buf[:0], 't', ' '), t, 10)
 	w.buf = append(w.buf, '\n')
 	if _, err := w.w.Write(w.buf); err != nil {
 		return err
@@ -118,12 +151,39 @@ func (w *Writer) write(e Event) error {
 	if e.TimeUS < w.lastT {
 		return fmt.Errorf("trace: %s %d: time %d us is before the previous event's %d us", e.Kind, e.ID, e.TimeUS, w.lastT)
 	}
-	w.buf = append(appendEvent(w.buf[:0], e), '\n')
+	if w.v2 {
+		w.buf = append(appendEventV2(w.buf[:0], e, w.allocs, w.lastT), '\n')
+	} else {
+		w.buf = append(appendEvent(w.buf[:0], e), '\n')
+	}
 	if _, err := w.w.Write(w.buf); err != nil {
 		return err
 	}
 	w.lastT = e.TimeUS
+	if e.Kind == Alloc {
+		w.allocs++
+	}
 	return nil
+}
+
+// appendEventV2 appends e as a v2 line, without the newline: allocs Alloc
+// events and an event at lastT came before it.
+func appendEventV2(b []byte, e Event, allocs, lastT uint64) []byte {
+	b = append(b, byte(e.Kind), ' ')
+	if e.Kind == Alloc {
+		b = strconv.AppendUint(b, e.Size, 10)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, e.Stream, 10)
+	} else {
+		b = strconv.AppendUint(b, allocs-1-e.ID, 10)
+	}
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, e.TimeUS-lastT, 10)
+	if e.Kind == Alloc && e.Site != 0 {
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(e.Site), 10)
+	}
+	return b
 }
 
 // Flush writes any buffered data to the underlying io.Writer.
@@ -137,10 +197,16 @@ type FileWriter struct {
 	closed bool
 }
 
-// Create creates (or truncates) the file at path and returns a Writer to it
-// that has written the header line. The file is gzip-compressed when path
-// ends in ".gz". Close must be called to complete the file.
-func Create(path string) (*FileWriter, error) {
+// Create creates (or truncates) the file at path and returns a Writer of v1
+// to it that has written the header line. The file is gzip-compressed when
+// path ends in ".gz". Close must be called to complete the file.
+func Create(path string) (*FileWriter, error) { return CreateFormat(path, V1) }
+
+// CreateFormat is Create for a trace of format f.
+func CreateFormat(path string, format Format) (*FileWriter, error) {
+	if format != V1 && format != V2 {
+		return nil, fmt.Errorf("trace: unknown format %d", format)
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
@@ -151,8 +217,8 @@ func Create(path string) (*FileWriter, error) {
 		fw.gz = gzip.NewWriter(f)
 		dst = fw.gz
 	}
-	// NewWriter only buffers the header, so it cannot fail here.
-	fw.Writer, _ = NewWriter(dst)
+	// NewWriterFormat only buffers the header, so it cannot fail here.
+	fw.Writer, _ = NewWriterFormat(dst, format)
 	return fw, nil
 }
 

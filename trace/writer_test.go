@@ -325,3 +325,52 @@ func TestEventString(t *testing.T) {
 		t.Errorf("Kind.String: %v %v %v", Alloc, Free, Kind('x'))
 	}
 }
+
+// TestWriterV2 writes a v2 trace line by line, and refuses what v2 cannot
+// say: a request out of order, a free of one never allocated.
+func TestWriterV2(t *testing.T) {
+	var buf bytes.Buffer
+	w, err := NewWriterFormat(&buf, V2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []error{
+		w.Alloc(0, 4096, 0, 5),
+		w.Site(3, "f x.py:1"),
+		w.AllocSite(1, 512, 7, 7, 3),
+		w.Free(0, 7),
+		w.Trim(11),
+		w.Alloc(2, 8, 0, 12),
+		w.Free(1, 22),
+	}
+	for i, err := range steps {
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	for _, bad := range []struct {
+		err  error
+		want string
+	}{
+		{w.Alloc(5, 8, 0, 30), "trace: Alloc 5: a v2 trace numbers requests in order; want 3"},
+		{w.Free(3, 30), "trace: Free 3: request 3 was never allocated"},
+		{w.Free(2, 21), "trace: f 2: time 21 us is before the previous event's 22 us"},
+	} {
+		if bad.err == nil || bad.err.Error() != bad.want {
+			t.Errorf("error %v, want %q", bad.err, bad.want)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := headerLineV2 + "a 4096 0 5\ns 3 f x.py:1\na 512 7 2 3\nf 1 0\nt 4\na 8 0 1\nf 1 10\n"
+	if got := buf.String(); got != want {
+		t.Fatalf("wrote\n%s\nwant\n%s", got, want)
+	}
+	if _, err := Read(strings.NewReader(want), "x.trace"); err != nil {
+		t.Fatalf("reading it back: %v", err)
+	}
+	if _, err := NewWriterFormat(&buf, 3); err == nil {
+		t.Fatal("NewWriterFormat accepted format 3")
+	}
+}
