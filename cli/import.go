@@ -6,11 +6,13 @@ import (
 
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/torchsnapshot"
+	"github.com/gpumem/gpumem/trace"
 )
 
 const importAbout = `Import converts a PyTorch memory snapshot into allocation
-traces (gpumem-trace v1) for gpumem replay: one per device with an
-allocation history. The snapshot is the pickle that
+traces (gpumem-trace v1, or with -format v2 its packed form, a third to a
+quarter of the size) for gpumem replay: one per device with an allocation
+history. The snapshot is the pickle that
 torch.cuda.memory._dump_snapshot(path) writes after
 torch.cuda.memory._record_memory_history() has recorded the program.
 
@@ -32,6 +34,7 @@ peak of live bytes and sites.`
 func (e *env) importSnapshot(args []string) int {
 	fs := e.flagSet("import", "SNAPSHOT -o TRACE", importAbout)
 	out := fs.String("o", "", "write the trace to `TRACE` (required)")
+	format := fs.String("format", "v1", "trace format: v1, or v2 (packed: requests numbered by order, times as deltas)")
 	paths, code := e.parse(fs, args)
 	if code >= 0 {
 		return code
@@ -45,7 +48,12 @@ func (e *env) importSnapshot(args []string) int {
 	case *out == "":
 		return e.usageError(fs, "-o TRACE is required")
 	}
-	written, err := torchsnapshot.Import(paths[0], *out)
+	formats := map[string]trace.Format{"v1": trace.V1, "v2": trace.V2}
+	f, ok := formats[*format]
+	if !ok {
+		return e.usageError(fs, fmt.Sprintf("-format %q: want v1 or v2", *format))
+	}
+	written, err := torchsnapshot.ImportFormat(paths[0], *out, f)
 	for _, w := range written {
 		sum := w.Summary
 		fmt.Fprintf(e.stdout, "%s: device %d, %d events, %d requests, peak live %s, %d sites\n",

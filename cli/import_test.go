@@ -51,6 +51,26 @@ func TestImportFixture(t *testing.T) {
 		t.Errorf("%d sites, %d requests with a site; want 35 and 336", len(tr.Sites), withSite)
 	}
 
+	// -format v2: the same trace, packed.
+	out2 := filepath.Join(t.TempDir(), "resnet18.v2.trace")
+	if code, _, stderr := run(t, nil, "import", "-format", "v2", fixtureSnapshot, "-o", out2); code != 0 || stderr != "" {
+		t.Fatalf("-format v2: exit %d, stderr %q", code, stderr)
+	}
+	text, err := os.ReadFile(out2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(text), "# gpumem-trace v2") {
+		t.Fatalf("-format v2 wrote %.40q", text)
+	}
+	tr2, err := trace.Load(out2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(tr2.Events, tr.Events) || len(tr2.Sites) != len(tr.Sites) {
+		t.Fatalf("-format v2: %d events, %d sites; not v1's %d, %d", len(tr2.Events), len(tr2.Sites), len(tr.Events), len(tr.Sites))
+	}
+
 	code, stdout, stderr = run(t, nil, "replay", "--device", "sim", "--check", "--json", out)
 	if code != 0 || stderr != "" {
 		t.Fatalf("replay: exit %d, stderr %q", code, stderr)
@@ -121,6 +141,7 @@ func TestImportErrors(t *testing.T) {
 		{"no -o", []string{"import", fixtureSnapshot}, 2, `^gpumem import: -o TRACE is required\nRun 'gpumem import -h' for usage\.\n$`},
 		{"two snapshots", []string{"import", "-o", out, fixtureSnapshot, fixtureSnapshot}, 2, `^gpumem import: one SNAPSHOT at a time; got 2\n`},
 		{"unknown flag", []string{"import", "--device", "1", fixtureSnapshot}, 2, `^gpumem import: flag provided but not defined: --device\n`},
+		{"unknown format", []string{"import", "-format", "v3", "-o", out, fixtureSnapshot}, 2, `^gpumem import: -format "v3": want v1 or v2\n`},
 		{"missing", []string{"import", "-o", out, "testdata/missing.pickle"}, 1, `^gpumem import: open testdata/missing\.pickle: no such file or directory\n$`},
 		{"a trace", []string{"import", "-o", out, "testdata/tiny.trace"}, 1,
 			`^gpumem import: testdata/tiny\.trace: torchsnapshot: corrupt pickle: unknown opcode 0x23 at byte 0\n$`},

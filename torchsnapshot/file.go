@@ -26,8 +26,12 @@ var ErrNoHistory = errors.New("no allocation history (was torch.cuda.memory._rec
 // DevicePath(out, N). It stops at the first error, removing the file it
 // could not complete; the traces written before it stay and are returned.
 // The command `gpumem import` and the C library's gpumem_import_snapshot
-// both call it.
-func Import(in, out string) ([]Written, error) {
+// both call it. The traces are in v1, the exchange format (ImportFormat
+// for v2).
+func Import(in, out string) ([]Written, error) { return ImportFormat(in, out, trace.V1) }
+
+// ImportFormat is Import writing traces of format f.
+func ImportFormat(in, out string, f trace.Format) ([]Written, error) {
 	s, err := Load(in)
 	if err != nil {
 		if errors.Is(err, ErrFormat) {
@@ -48,7 +52,7 @@ func Import(in, out string) ([]Written, error) {
 		if sameFile(path, in) {
 			return done, fmt.Errorf("%s: the trace would overwrite the snapshot", path)
 		}
-		sum, err := writeFile(s, dev, path)
+		sum, err := writeFile(s, dev, path, f)
 		if err != nil {
 			return done, err
 		}
@@ -59,8 +63,8 @@ func Import(in, out string) ([]Written, error) {
 
 // writeFile writes the trace of device dev to the file at path; it
 // removes the file if it cannot complete it. Its errors name the path.
-func writeFile(s *Snapshot, dev int, path string) (Summary, error) {
-	w, err := trace.Create(path)
+func writeFile(s *Snapshot, dev int, path string, f trace.Format) (Summary, error) {
+	w, err := trace.CreateFormat(path, f)
 	if err != nil {
 		return Summary{}, err
 	}

@@ -19,7 +19,9 @@ how many entries there were, and `lost: true` if the ring buffer filled.
 Then the snapshot is dumped to OUTDIR/NAME.snapshot.pickle and
 `build/gpumem import` (the Go binary, built with
 `CGO_ENABLED=0 go build -o build/gpumem ./cmd/gpumem`) converts it into
-OUTDIR/NAME.trace.gz; the pickle is deleted once the trace is written.
+OUTDIR/NAME.trace.gz, in gpumem-trace v2 (`-format v2`: the packed form,
+a third to a quarter of v1's size, that the corpus is kept in); the
+pickle is deleted once the trace is written.
 The call sites in the trace are then rewritten to name no directory of the
 recording machine (shorten_sites: "site-packages/...", "python/...", and
 paths relative to the repository root).
@@ -160,7 +162,7 @@ def convert(name, outdir):
         write_summary(json_path, summary)
         return summary
     t = time.monotonic()
-    proc = subprocess.run([GPUMEM, "import", pickle_path, "-o", trace_path], capture_output=True, text=True)
+    proc = subprocess.run([GPUMEM, "import", "-format", "v2", pickle_path, "-o", trace_path], capture_output=True, text=True)
     summary["import_seconds"] = round(time.monotonic() - t, 2)
     summary["import"] = proc.stdout.strip().replace(trace_path, os.path.basename(trace_path))
     if proc.stderr.strip():

@@ -154,7 +154,7 @@ class RecordAll(unittest.TestCase):
                 self.assertEqual(sorted(t.getnames()), ["llama_train_varlen.trace.gz", "moe_top2_train.trace.gz"])
                 data = t.extractfile("moe_top2_train.trace.gz").read()
             with gzip.open(io.BytesIO(data), "rt") as f:
-                self.assertTrue(f.readline().startswith("# gpumem-trace v1"))
+                self.assertTrue(f.readline().startswith("# gpumem-trace v2"))
             with open(os.path.join(out, "record.log")) as f:
                 log = f.read()
             self.assertIn("Traceback (most recent call last): RuntimeError: made to fail", log)

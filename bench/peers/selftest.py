@@ -64,7 +64,23 @@ def test_parser(tmp):
     check(len(tw) == 3 and tw.trims == [0, 2, 3], "trims %r" % tw.trims)
     check(tw.truncated(2).trims == [0], "truncated trims %r" % tw.truncated(2).trims)
     check(tr.trims == [], "no trims")
+    # v2 (the corpus's packed form): the same events as their v1 form.
+    v = os.path.join(tmp, "v2.trace")
+    with open(v, "w") as f:
+        f.writelines([tracefile.HEADER_V2 + ": a SIZE STREAM DT_US | f BACK DT_US | t DT_US\n",
+                       "s 3 f x.py:1\n", "a 100 0 5\n", "a 200 7 2 3\n", "f 1 0\n", "t 4\n",
+                       "a 500 0 1\n", "f 0 1\n", "f 1 0\n"])
+    tv = tracefile.load(v)
+    check(tv.kinds == [1, 1, 0, 1, 0, 0] and tv.ids == [0, 1, 0, 2, 2, 1], "v2 ids %r" % tv.ids)
+    check(tv.sizes == [100, 200, 0, 500, 0, 0] and tv.peak_live_bytes == 700, "v2 sizes %r" % tv.sizes)
+    check(tv.trims == [3] and tv.sites == {3: "f x.py:1"} and tv.streams == {"0", "7"}, "v2 trims, sites, streams")
+    hdr2 = tracefile.HEADER_V2 + "\n"
     for bad, why in [
+        ([hdr2, "a 10 0 0\n", "f 1 1\n"], "v2 BACK before the first request"),
+        ([hdr2, "a 10 0 0\n", "a 10 0 0\n", "f 0 1\n", "f 0 2\n"], "v2 double free"),
+        ([hdr2, "a 0 10 0 0\n"], "v2 alloc with an ID"),
+        ([hdr2, "f 0\n"], "v2 free without time"),
+        (["# gpumem-trace v10\n"], "unknown version"),
         (["# not a trace\n"], "header"),
         ([tracefile.HEADER + "\n", "t\n"], "trim without time"),
         ([tracefile.HEADER + "\n", "a 0 10 0 0\n", "a 0 10 0 1\n"], "duplicate ID"),

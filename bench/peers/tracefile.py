@@ -1,4 +1,4 @@
-"""Reading gpumem-trace v1 files into flat arrays, with no third-party packages.
+"""Reading gpumem-trace v1 and v2 files into flat arrays, with no third-party packages.
 
 The format is described in testdata/traces/README.md:
 
@@ -8,7 +8,13 @@ The format is described in testdata/traces/README.md:
     s SITE TEXT                    call site SITE is the call stack TEXT
     t T_US                         the program emptied its allocator's cache
 
-(package trace's doc.go has the whole of it, call sites included).
+(package trace's doc.go has the whole of it, call sites included). Version 2, the
+packed form of bench/corpus/traces, numbers requests by their alloc lines and gives
+times as deltas:
+
+    # gpumem-trace v2: a SIZE STREAM DT_US | f BACK DT_US | t DT_US
+    a SIZE STREAM DT_US [SITE]     the next request (ID: the alloc lines before it)
+    f BACK DT_US                   request N-1-BACK freed, N allocated so far
 
 load() turns a file (gzip or plain text) into three parallel lists, one entry per
 event, so that a replay loop does no parsing while it is timed:
@@ -36,6 +42,7 @@ import os
 import re
 
 HEADER = "# gpumem-trace v1"
+HEADER_V2 = "# gpumem-trace v2"
 
 # A site definition: TEXT is the rest of the line, without the spaces and tabs
 # around it (spaces inside it are kept).
@@ -107,15 +114,18 @@ def load(path):
     seen = set()
     with _open_text(path) as f:
         first = f.readline()
-        if not first.startswith(HEADER):
-            raise TraceError("%s: line 1: expected header %r, got %r"
-                             % (path, HEADER, first[:60]))
+        v2 = _is_header(first, HEADER_V2)
+        if not v2 and not _is_header(first, HEADER):
+            raise TraceError("%s: line 1: expected header %r or %r, got %r"
+                             % (path, HEADER, HEADER_V2, first[:60]))
         for lineno, line in enumerate(f, start=2):
             p = line.split()
             if not p or p[0].startswith("#"):
                 continue
             op = p[0]
             try:
+                if v2 and op in ("a", "f", "t"):
+                    p = _v1_fields(p, len(seen))
                 if op == "a":
                     if len(p) not in (5, 6):
                         raise TraceError("want 'a ID SIZE STREAM T_US [SITE]'")
@@ -162,6 +172,29 @@ def load(path):
             except ValueError as e:
                 raise TraceError("%s: line %d: %s" % (path, lineno, e)) from None
     return Trace(trace_name(path), kinds, ids, sizes, streams, sites, trims)
+
+
+def _is_header(line, header):
+    """Whether line is the header line header, with or without text after it."""
+    return line.startswith(header) and (len(line) == len(header) or line[len(header)] in ": \t\r\n")
+
+
+def _v1_fields(p, allocated):
+    """The fields of v2 line p as v1 fields (times left relative, checked only
+    for sign): allocated requests came before it."""
+    op = p[0]
+    if op == "a":
+        if len(p) not in (4, 5):
+            raise TraceError("want 'a SIZE STREAM DT_US [SITE]' (v2)")
+        return ["a", str(allocated)] + p[1:]
+    if op == "f":
+        if len(p) != 3:
+            raise TraceError("want 'f BACK DT_US' (v2)")
+        back = int(p[1])
+        if back < 0 or back >= allocated:
+            raise TraceError("BACK %d: no such request (%d allocated so far)" % (back, allocated))
+        return ["f", str(allocated - 1 - back), p[2]]
+    return p
 
 
 def peak_live(kinds, ids, sizes, upto=None):
