@@ -83,7 +83,7 @@ func (e *env) fit(args []string) int {
 			fmt.Fprintf(e.stderr, "gpumem fit: %v\n", err)
 			return ExitFail
 		}
-		row := []string{n, units.FormatUp(f.Capacity), strconv.FormatFloat(float64(f.Capacity)/float64(max(tr.PeakLiveBytes, 1)), 'f', 3, 64), units.FormatUp(f.Least)}
+		row := []string{n, units.FormatUp(f.Capacity), strconv.FormatFloat(float64(f.Capacity)/float64(max(tr.PeakLivePasses(*passes), 1)), 'f', 3, 64), units.FormatUp(f.Least)}
 		if gpu > 0 {
 			ok, err := policy.Fits(tr, n, uint64(gpu), *passes)
 			if err != nil {
@@ -102,7 +102,7 @@ func (e *env) fit(args []string) int {
 	}
 	bar.done()
 	if *passes > 1 {
-		fmt.Fprintf(e.stdout, "%s: peak live %s, %d passes\n", tr.Name, units.Format(tr.PeakLiveBytes), *passes)
+		fmt.Fprintf(e.stdout, "%s: peak live %s over %d passes\n", tr.Name, units.Format(tr.PeakLivePasses(*passes)), *passes)
 	} else {
 		fmt.Fprintf(e.stdout, "%s: peak live %s\n", tr.Name, units.Format(tr.PeakLiveBytes))
 	}

@@ -25,7 +25,7 @@ func TestFit(t *testing.T) {
 	// Three passes: said in the header; tiny repeats its layout, so the
 	// same capacities.
 	code, out, errs = run(t, nil, "fit", "--policy", "torch-native", "--passes", "3", "testdata/tiny.trace")
-	if code != 0 || errs != "" || !strings.Contains(out, "tiny: peak live 14.00 MiB, 3 passes") || !strings.Contains(out, "torch-native  22.00 MiB        1.571") {
+	if code != 0 || errs != "" || !strings.Contains(out, "tiny: peak live 14.00 MiB over 3 passes") || !strings.Contains(out, "torch-native  22.00 MiB        1.571") {
 		t.Errorf("--passes 3: exit %d, stderr %q, stdout:\n%s", code, errs, out)
 	}
 	if code, _, errs := run(t, nil, "fit", "--passes", "0", "testdata/tiny.trace"); code != ExitUsage || !strings.Contains(errs, "invalid value 0 for flag --passes") {

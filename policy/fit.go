@@ -40,7 +40,7 @@ func FitWindow(c uint64) uint64 {
 // Fits reports whether tr replays under the named policy on a device of
 // capacity bytes without an out-of-memory error, in each of passes passes
 // on one allocator (0 and 1 mean one). Several passes replay as Repeat
-// does (what a pass leaves live is freed before the next): a program that
+// does (what the trace never frees stays live, allocated once): a program that
 // runs longer than its trace needs every pass to fit, and a policy whose
 // layout drifts from pass to pass can refuse in a later pass what it
 // served in the first.

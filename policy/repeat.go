@@ -16,10 +16,10 @@ import (
 // Fit says nothing about this: two allocators of the same peak may differ
 // completely in it.
 //
-// The measure: replay the trace several times on one allocator (what a
-// pass leaves live is freed before the next, as replay --passes does) and,
-// for every request of pass k+1, compare its address with the one the same
-// request got in pass k.
+// The measure: replay the trace several times on one allocator (what the
+// trace never frees stays live from the pass that allocated it and is not
+// allocated again, as in replay --passes) and, for every request of pass
+// k+1, compare its address with the one the same request got in pass k.
 
 // Repetition is the address repetition of a trace replayed in several
 // passes on one allocator. JSON keys are part of the CLI's contract
@@ -36,7 +36,7 @@ type Repetition struct {
 	// of the pass before.
 	SameFraction float64 `json:"same_address"`
 	// PeakReservedBytes is the peak over every pass, and Ratio it over the
-	// trace's peak live bytes.
+	// peak live bytes over every pass (trace.Trace's PeakLivePasses).
 	PeakReservedBytes uint64  `json:"peak_reserved_bytes"`
 	Ratio             float64 `json:"ratio"`
 	// OOMsLater counts the requests of passes 2..n the allocator refused
@@ -77,14 +77,6 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 	cur := make([]uint64, tr.Requests)
 	live := make([]uint64, tr.Requests)
 	for n := 1; n <= passes; n++ {
-		for i := range live {
-			if live[i] != 0 {
-				if err := a.Free(live[i]); err != nil {
-					return r, fmt.Errorf("freeing what pass %d left: %w", n-1, err)
-				}
-				live[i] = 0
-			}
-		}
 		if n > 1 {
 			synchronize(a)
 		}
@@ -101,6 +93,9 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 					live[slot] = 0
 				}
 				continue
+			}
+			if live[slot] != 0 {
+				continue // never freed: live since an earlier pass (as replay --passes)
 			}
 			addr, err := a.Alloc(ev.Size, ev.Stream)
 			switch {
@@ -133,8 +128,8 @@ func repeatOn(tr *trace.Trace, a Allocator, passes int) (Repetition, error) {
 	if r.Compared > 0 {
 		r.SameFraction = float64(r.Same) / float64(r.Compared)
 	}
-	if tr.PeakLiveBytes > 0 {
-		r.Ratio = float64(r.PeakReservedBytes) / float64(tr.PeakLiveBytes)
+	if live := tr.PeakLivePasses(passes); live > 0 {
+		r.Ratio = float64(r.PeakReservedBytes) / float64(live)
 	}
 	return r, nil
 }

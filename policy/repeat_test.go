@@ -36,20 +36,23 @@ func (b *bumpAllocator) Reserved() uint64    { return b.reserved }
 func (b *bumpAllocator) Segments() []Segment { return nil }
 
 // repeatTrace: three requests freed within the trace, one left live at its
-// end (freed between passes) and one of 4 GiB.
+// end (kept live across passes, allocated once: a program's workspace) and
+// one of 4 GiB.
 const repeatTrace = "a 0 1048576 0 1\na 1 2097152 0 2\nf 0 3\na 2 524288 0 4\nf 1 5\nf 2 6\na 3 1048576 0 7\na 4 4294967296 0 8\nf 4 9\n"
 
 func TestRepeatCounts(t *testing.T) {
 	tr := mustTrace(t, repeatTrace)
-	// tf-bfc comes back to the same addresses: every request of passes 2
-	// and 3 is compared (the 4 GiB one too: the device has room) and each
-	// got its address of the pass before.
+	// tf-bfc comes back to the same addresses once its layout is steady:
+	// the four requests freed within the trace are compared in passes 2
+	// and 3 (the 4 GiB one too: the device has room); in pass 2, which
+	// starts with the kept request live where pass 1 began with nothing,
+	// two of them land elsewhere; in pass 3 all four where pass 2 put them.
 	r, err := Repeat(tr, "tf-bfc", 16<<30, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Passes != 3 || r.Compared != 10 || r.Same != 10 || r.SameFraction != 1 || r.OOMsLater != 0 {
-		t.Errorf("tf-bfc: %+v, want 10 of 10 compared requests at the same address, no OOM", r)
+	if r.Passes != 3 || r.Compared != 8 || r.Same != 6 || r.OOMsLater != 0 {
+		t.Errorf("tf-bfc: %+v, want 6 of 8 compared requests at the same address, no OOM", r)
 	}
 	if r.PeakReservedBytes < tr.PeakLiveBytes || r.Ratio < 1 {
 		t.Errorf("tf-bfc: peak %d (ratio %v) below the trace's peak live %d", r.PeakReservedBytes, r.Ratio, tr.PeakLiveBytes)
@@ -61,8 +64,8 @@ func TestRepeatCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Compared != 8 || r.Same != 0 || r.SameFraction != 0 || r.OOMsLater != 2 {
-		t.Errorf("bump allocator: %+v, want 8 compared, none at the same address, and the refused request counted in passes 2 and 3", r)
+	if r.Compared != 6 || r.Same != 0 || r.SameFraction != 0 || r.OOMsLater != 2 {
+		t.Errorf("bump allocator: %+v, want 6 compared, none at the same address, and the refused request counted in passes 2 and 3", r)
 	}
 	if len(b.live) != 1 {
 		t.Errorf("bump allocator: %d requests live after the last pass, want 1 (the one the trace leaves live)", len(b.live))

@@ -173,3 +173,48 @@ func (c *chunked[T]) slice() []T {
 	}
 	return append(s, c.cur...)
 }
+
+// PeakLivePasses is the largest sum of Size over requests live at the same
+// moment when the trace runs passes times in one process, the way a
+// replay's passes run it (package replay's Options.Passes): a request the
+// trace never frees stays live from the pass that allocated it, and later
+// passes do not allocate it again. For a trace whose never-freed requests
+// are allocated once and kept (a recorded program's workspaces) it is
+// PeakLiveBytes; for one that leaves requests live that a repeated run
+// would allocate anew, it is more. With passes <= 1, PeakLiveBytes.
+func (t *Trace) PeakLivePasses(passes int) uint64 {
+	if passes <= 1 {
+		return t.PeakLiveBytes
+	}
+	// Every pass after the first starts with the never-freed requests
+	// live and replays the rest as the first did: the second pass's peak
+	// is every later pass's.
+	size := make([]uint64, t.Requests)
+	freed := make([]bool, t.Requests)
+	for i, ev := range t.Events {
+		if ev.Kind == Alloc {
+			size[t.Slot[i]] = ev.Size
+		} else {
+			freed[t.Slot[i]] = true
+		}
+	}
+	var live uint64
+	for s, f := range freed {
+		if !f {
+			live += size[s]
+		}
+	}
+	peak := max(t.PeakLiveBytes, live)
+	for i, ev := range t.Events {
+		s := t.Slot[i]
+		switch {
+		case !freed[s]: // live since the first pass
+		case ev.Kind == Alloc:
+			live += ev.Size
+			peak = max(peak, live)
+		default:
+			live -= size[s]
+		}
+	}
+	return peak
+}

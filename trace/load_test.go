@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -157,4 +158,32 @@ func BenchmarkReadPlain(b *testing.B) {
 		n++
 	}
 	b.ReportMetric(float64(events)*float64(n)/b.Elapsed().Seconds(), "events/s")
+}
+
+// TestPeakLivePasses: what the trace never frees stays live from the pass
+// that allocated it, and later passes do not allocate it again.
+func TestPeakLivePasses(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		one, three uint64
+	}{
+		// Everything freed: every pass peaks as the first.
+		{"freed", "a 0 10 0 0\na 1 20 0 1\nf 0 2\nf 1 3\n", 30, 30},
+		// A workspace allocated once at the start and kept: the same.
+		{"workspace", "a 0 5 0 0\na 1 20 0 1\nf 1 2\na 2 7 0 3\nf 2 4\n", 25, 25},
+		// A request kept after the peak: the next pass reaches the peak
+		// with it live.
+		{"kept late", "a 0 20 0 0\nf 0 1\na 1 8 0 2\n", 20, 28},
+	} {
+		tr, err := Read(strings.NewReader(hdr+tc.text), tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tr.PeakLivePasses(1); got != tc.one || tr.PeakLiveBytes != tc.one {
+			t.Errorf("%s: one pass %d, PeakLiveBytes %d; want %d", tc.name, got, tr.PeakLiveBytes, tc.one)
+		}
+		if got := tr.PeakLivePasses(3); got != tc.three {
+			t.Errorf("%s: three passes %d; want %d", tc.name, got, tc.three)
+		}
+	}
 }

@@ -1,4 +1,4 @@
-"""run.py NAME ALLOCATOR [--out FILE] [--tag TAG] [--sample MS] [--record TRACE]: runs one
+"""run.py NAME ALLOCATOR [--out FILE] [--tag TAG] [--sample MS] [--record TRACE] [--times N]: runs one
 corpus program (programs.PROGRAMS[NAME]) in this process under one
 allocator and prints one JSON line (appended to FILE too): the process's
 NVML peak above its start (polled from another process,
@@ -13,10 +13,18 @@ machines: compare allocators in interleaved rounds, never single runs
 ALLOCATOR: native, expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
 or gpumem (gpumem.torch.use(); GPUMEM_CONFIG as for any gpumem program,
 limit=... for a limit). The real run of what `gpumem replay` models from the
-program's recorded trace: compare the two where they disagree."""
+program's recorded trace: compare the two where they disagree.
+
+--times N runs the program N times in the one process, everything it made
+dropped between runs (gc.collect, synchronize): the real counterpart of
+`gpumem replay --passes N`. "runs" then lists, per run, its seconds, the
+allocator's peak reserved bytes so far (over the runs up to it) and what
+was still allocated after it (live buffers under gpumem, whose pool rests
+only when that is 0: rest.go)."""
 
 import argparse
 import collections
+import gc
 import json
 import os
 import resource
@@ -75,6 +83,8 @@ def main():
     ap.add_argument("--record", metavar="TRACE",
                     help="under gpumem: write the run's requests to TRACE (gpumem.torch.record, no call sites), "
                          "to compare two runs request by request or replay this one")
+    ap.add_argument("--times", type=int, default=1,
+                    help="run the program TIMES times in this process (the real counterpart of replay --passes)")
     ap.add_argument("--sample", type=float, default=0,
                     help="sample the program's Python stack every SAMPLE ms and add the lines seen most (where the time went)")
     args = ap.parse_args()
@@ -99,13 +109,24 @@ def main():
     sampler = Sampler(args.sample / 1e3) if args.sample > 0 else None
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    if args.record and args.allocator == "gpumem":
-        with gpumem.torch.record(args.record, sites=False):
+    runs = []
+    for k in range(args.times):
+        t1 = time.perf_counter()
+        if args.record and args.allocator == "gpumem" and k == 0:
+            with gpumem.torch.record(args.record, sites=False):
+                fn()
+                torch.cuda.synchronize()
+        else:
             fn()
-            torch.cuda.synchronize()
-    else:
-        fn()
-    torch.cuda.synchronize()
+        gc.collect()
+        torch.cuda.synchronize()
+        run = {"seconds": time.perf_counter() - t1}
+        if args.allocator == "gpumem":
+            st = gpumem.torch.stats()
+            run.update(peak_reserved_bytes=st["peak_reserved"], live_buffers=st["live_buffers"])
+        else:
+            run.update(peak_reserved_bytes=torch.cuda.max_memory_reserved(), allocated_bytes=torch.cuda.memory_allocated())
+        runs.append(run)
     seconds = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     samples = sampler.stop() if sampler else None
@@ -124,6 +145,8 @@ def main():
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.allocator == "gpumem":
         rec["gpumem_stats"] = st
+    if args.times > 1:
+        rec["runs"] = runs
     if samples:
         rec["samples"] = samples
     line = json.dumps(rec)
