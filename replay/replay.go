@@ -145,9 +145,9 @@ type PassesResult struct {
 	// PeakLivePasses): the trace's own peak live bytes where what it never
 	// frees is allocated once and kept, as a recorded program's workspaces.
 	PeakLiveBytes uint64 `json:"peak_live_bytes"`
-	CreatesLater      uint64  `json:"creates_later"`       // in the passes after the first
-	MapsLater         uint64  `json:"maps_later"`
-	ReleasesLater     uint64  `json:"releases_later"`
+	CreatesLater  uint64 `json:"creates_later"` // in the passes after the first
+	MapsLater     uint64 `json:"maps_later"`
+	ReleasesLater uint64 `json:"releases_later"`
 	// OOMsLater counts the requests of the passes after the first that ran
 	// out of memory (a capacity or limit the first pass fitted in may not
 	// hold a later pass whose layout has drifted); FirstOOMLater is the
