@@ -321,9 +321,6 @@ func (a *Allocator) free(buf Buffer, op string, closing *Scope) error {
 	p.nfrees++
 	p.noteFree(b.size, b.req)
 	p.freeBlock(b)
-	if p.nfrees == p.nallocs && p.npending == 0 && a.mayRest() {
-		p.rest() // nothing live: the next run is placed as the first (rest.go)
-	}
 	t := a.cfg.ReleaseThreshold
 	over := false
 	if t > 0 {

@@ -250,9 +250,6 @@ func (p *pool) check() error {
 				if (part[i] > 0 || full[i]) && !c.ready {
 					bad("chunk %d of segment 0x%x holds live blocks but is not ready (span %d)", i, seg.base, c.span)
 				}
-				if want := c.span >= 0 && int(c.span) < len(p.spans) && p.spans[c.span].access; seg.mapped.get(i) != want {
-					bad("chunk %d of segment 0x%x: its bit in the mapped map %v, want %v", i, seg.base, seg.mapped.get(i), want)
-				}
 				if c.ready != seg.ready.get(i) {
 					bad("chunk %d of segment 0x%x: ready %v, its bit in the ready map %v", i, seg.base, c.ready, seg.ready.get(i))
 				}
@@ -260,8 +257,8 @@ func (p *pool) check() error {
 					if int(c.span) >= len(p.spans) || !p.spans[c.span].inUse || p.spans[c.span].seg != seg ||
 						int32(i) < p.spans[c.span].c0 || int32(i) >= p.spans[c.span].c0+p.spans[c.span].n {
 						bad("chunk %d of segment 0x%x points to span %d that does not cover it", i, seg.base, c.span)
-					} else if sp := &p.spans[c.span]; c.ready != (sp.access && !sp.rested) {
-						bad("chunk %d of segment 0x%x: ready %v, its span's access %v, rested %v", i, seg.base, c.ready, sp.access, sp.rested)
+					} else if c.ready != p.spans[c.span].access {
+						bad("chunk %d of segment 0x%x: ready %v, its span's access %v", i, seg.base, c.ready, p.spans[c.span].access)
 					}
 				} else if c.ready {
 					bad("chunk %d of segment 0x%x is ready without a span", i, seg.base)
@@ -327,7 +324,7 @@ func (p *pool) check() error {
 	}
 	// Spans: each covers its chunks, counts the live blocks over them, and
 	// the empty list holds exactly the empty spans, oldest first.
-	mapped, empties, rested := 0, 0, 0
+	mapped, empties := 0, 0
 	type chunkRef struct {
 		seg *segment
 		c   int32
@@ -374,21 +371,12 @@ func (p *pool) check() error {
 		} else if s.clean {
 			bad("span %d: occupied (%d chunks) yet marked clean", i, s.occupied)
 		}
-		if s.rested {
-			rested++
-			if s.occupied != 0 || !s.access {
-				bad("span %d: rested, yet %d chunks occupied, access %v", i, s.occupied, s.access)
-			}
-		}
 		if s.shares < 0 {
 			bad("span %d: %d shares", i, s.shares)
 		}
 	}
 	if mapped != p.mappedChunks {
 		bad("spans cover %d chunks, pool counts %d", mapped, p.mappedChunks)
-	}
-	if rested != p.rested {
-		bad("%d spans rested, pool counts %d", rested, p.rested)
 	}
 	// Dormant mappings: each on the chain of the span that holds its
 	// handle, covering chunks that point back, at most maxDormant a chain.

@@ -134,7 +134,6 @@ func (q *pool) unmapChunks(i int32) error {
 					a.dropHandle(seg.hnd[c], a.gran)
 				}
 				seg.ready.set(c0, c0+j, false)
-				seg.mapped.set(c0, c0+j, false)
 				q.mappedChunks -= j
 				s.c0 += int32(j)
 				s.n -= int32(j)

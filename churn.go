@@ -49,9 +49,6 @@ import "math/bits"
 // request's own size counts against it): on rand, up to 512 MiB beside
 // 8 GiB.
 //
-// Nor while the pool holds rested spans (rest.go): they are the last run's
-// memory, waiting where the next run will want it.
-//
 // Guarded by the pool's mu. Not used under Config.Compact, whose user
 // chose memory over driver calls, nor while the default is tight (past half
 // its limit, pressure.go), which places and sizes spans as Compact does to
@@ -123,7 +120,7 @@ func (p *pool) churnSpan() int {
 // the empty spans held.
 func (p *pool) slack(size uint64) bool {
 	a := p.a
-	if a.compact || a.noChurn || p.empty.n == 0 || a.tight() || p.rested > 0 {
+	if a.compact || a.noChurn || p.empty.n == 0 || a.tight() {
 		return false
 	}
 	g := &p.churn

@@ -299,7 +299,6 @@ func (p *pool) forgetSpan(i int32) {
 		c.span, c.ready = -1, false
 	}
 	seg.ready.set(c0, c0+n, false) // (which voids no ready cache: see block.nzFrom)
-	seg.mapped.set(c0, c0+n, false)
 	p.mappedChunks -= n
 	p.freeSlot(i)
 }

@@ -140,14 +140,6 @@
 // free block is found by the freeIndex in O(1), best fit to within 1/64 of
 // the size.
 //
-// A pool that holds nothing starts over (rest.go): when its last live
-// block is freed, its empty spans stay mapped but are shown to placement
-// as unmapped, so that a program that frees everything and runs again (a
-// sweep's next model, each pass of a replay) is placed as its first run
-// was, and a block that lands on such a span makes it ready with no
-// driver call. Placement over a whole arena left mapped by the run before
-// spread the same requests another way and held more each run.
-//
 // The order of frees that come together (between two allocations) is not
 // the program's to choose: Python's collector, a list of tensors dropped.
 // So it never decides anything: the next allocation first puts such a
@@ -202,9 +194,7 @@
 //  4. Otherwise uncount it from its chunks (spans left empty join the
 //     pool's empty list), coalesce it with free neighbours, tag it with
 //     the free (its stream and the pool's free count), and index it.
-//  5. If the pool now holds no live block (and no pending free), rest its
-//     empty spans (rest.go): no driver call.
-//  6. If Config.ReleaseThreshold is set and more is cached, release the
+//  5. If Config.ReleaseThreshold is set and more is cached, release the
 //     oldest empty spans and free segments down to it.
 //
 // # The stream contract

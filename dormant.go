@@ -109,7 +109,6 @@ func (p *pool) retire(i int32) {
 		s.seg.dormant[j] = k + 1
 	}
 	s.seg.ready.set(int(s.c0), int(s.c0+s.n), false) // (which voids no ready cache: see block.nzFrom)
-	s.seg.mapped.set(int(s.c0), int(s.c0+s.n), false)
 	p.mappedChunks -= int(s.n)
 	p.nDormant++
 }

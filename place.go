@@ -383,12 +383,12 @@ scan:
 				if !seg.virtual || b == p.backing {
 					continue
 				}
-				// Mapped chunks come in whole spans; each span's part of
+				// Ready chunks come in whole spans; each span's part of
 				// b is one piece. No chunk past hiSpan was ever mapped.
 				c0, c1 := seg.chunkSpan(b.addr, b.size, a.gran)
 				c1 = min(c1, int(seg.hiSpan))
 				for c := c0; c <= c1; {
-					if c = seg.mapped.nextReady(c, c1); c < 0 {
+					if c = seg.ready.nextReady(c, c1); c < 0 {
 						break
 					}
 					si := seg.chunks[c].span

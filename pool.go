@@ -74,9 +74,6 @@ type pool struct {
 	freeDormant int32
 	nDormant    int
 	nRevived    uint64 // Stats.Revived
-	rested      int    // spans rested (rest.go)
-	nRests      uint64 // Stats.Rests
-	nWoken      uint64 // Stats.Woken
 
 	// search counts findBacked's work, for tests and experiments
 	// (deterministic, unlike its time): searches, those findFewest
@@ -172,7 +169,6 @@ type segment struct {
 	first    *block
 	chunks   []chunk  // virtual: one per granule
 	ready    readyMap // virtual: chunks[i].ready, a bit each (readymap.go)
-	mapped   readyMap // virtual: a bit per chunk mapped with access, rested or not (rest.go): free memory that holds memory
 	hiSpan   int32    // virtual: no span ever covered a chunk above this; -1 for none
 	// dormant: under Config.Compact, per chunk, the dormant mapping over it
 	// (index in pool.dormants + 1; 0 for none; dormant.go). nil otherwise:
@@ -1080,7 +1076,6 @@ func (h *heap) addSegment(base, size uint64, virtual bool) *segment {
 		n := size / p.a.gran
 		seg.chunks = make([]chunk, n)
 		seg.ready = newReadyMap(int(n))
-		seg.mapped = newReadyMap(int(n))
 		if p.a.compact || p.a.tightens {
 			seg.dormant = make([]int32, n)
 		}

@@ -499,10 +499,6 @@ func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 		switch {
 		case c.ready:
 			i++
-		case c.span >= 0 && p.spans[c.span].rested: // mapped with access (rest.go)
-			s := &p.spans[c.span]
-			p.wake(c.span)
-			i = int(s.c0 + s.n)
 		case c.span >= 0: // mapped, but a failure left it without access
 			s := &p.spans[c.span]
 			err = p.grant(c.span)

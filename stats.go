@@ -57,8 +57,6 @@ type Stats struct {
 	Releases      uint64 // physical handles released (cuMemRelease)
 	Maps, Unmaps  uint64 // chunk mappings made and undone (cuMemMap, cuMemUnmap)
 	Revived       uint64 // spans moved back onto a dormant mapping of their handle: no driver call (dormant.go)
-	Rests         uint64 // times a pool that held no live block rested its spans (rest.go)
-	Woken         uint64 // rested spans a block was placed on: ready again with no driver call (rest.go)
 	SlackCreates  uint64 // new memory taken by the churn guard where an empty span would have moved (churn.go)
 	SetAccess     uint64 // access grants, one per contiguous run (cuMemSetAccess)
 	Reserves      uint64 // address ranges reserved (cuMemAddressReserve)
@@ -115,8 +113,6 @@ func (a *Allocator) Stats() Stats {
 		s.MappedBytes += uint64(p.mappedChunks) * a.gran
 		s.DormantMappings += p.nDormant
 		s.Revived += p.nRevived
-		s.Rests += p.nRests
-		s.Woken += p.nWoken
 		s.SlackCreates += p.churn.taken
 		for i := p.empty.head; i >= 0; i = p.spans[i].next {
 			s.Releasable += uint64(p.spans[i].n) * a.gran
@@ -199,18 +195,18 @@ func (h *heap) largestFree() uint64 {
 			if b.state != blockFree {
 				continue
 			}
-			// Runs of mapped chunks (rested or not), found a word of the bitmap at a time:
+			// Runs of ready chunks, found a word of the bitmap at a time:
 			// the arena's free tail alone spans twice the device's chunks.
 			c0, c1 := seg.chunkSpan(b.addr, b.size, gran)
-			for i := seg.mapped.nextReady(c0, c1); i >= 0; {
-				j := seg.mapped.nextNotReady(i, c1) // the run is [i, j)
+			for i := seg.ready.nextReady(c0, c1); i >= 0; {
+				j := seg.ready.nextNotReady(i, c1) // the run is [i, j)
 				if j < 0 {
 					j = c1 + 1
 				}
 				lo := max(seg.chunkAddr(i, gran), b.addr)
 				hi := min(seg.chunkAddr(j, gran), b.end())
 				best = max(best, hi-lo)
-				i = seg.mapped.nextReady(j, c1)
+				i = seg.ready.nextReady(j, c1)
 			}
 		}
 	}

@@ -42,9 +42,7 @@ import (
 //
 // (moveSpan performs the remap. Under Config.Compact the mapping a span
 // leaves stays behind, dormant, and a remap back onto it makes no driver
-// call: dormant.go. When the pool holds no live block, its empty spans
-// rest where they are, shown to placement as unmapped until a block lands
-// on them: rest.go.)
+// call: dormant.go.)
 //
 // So the device is asked for memory only when no empty span is held, and a
 // hole in the address space holds no memory once its spans have emptied.
@@ -54,8 +52,7 @@ import (
 // Invariants (checked by checkPool):
 //
 //	chunk.span == i ⇔ the chunk lies in [spans[i].c0, spans[i].c0+spans[i].n) of spans[i].seg
-//	chunk.ready ⇔ chunk.span ≥ 0 and that span has access and is not rested (rest.go)
-//	segment.mapped's bit of a chunk ⇔ chunk.span ≥ 0 and that span has access
+//	chunk.ready ⇔ chunk.span ≥ 0 and that span has access
 //	chunk.part == number of non-free blocks that overlap the chunk but do not cover it
 //	a chunk is occupied ⇔ chunk.part > 0 or a non-free block covers it whole
 //	an occupied chunk is ready
@@ -89,7 +86,6 @@ type span struct {
 	occupied   int32 // chunks that are occupied (see the invariants above)
 	access     bool  // SetAccess done since it was mapped here
 	clean      bool  // empty and mapped here by a failed backing: no stream's work has touched it (back)
-	rested     bool  // empty, mapped with access, its chunks shown to placement as not ready (rest.go)
 	prealloc   bool  // Config.Preallocate: released only by Trim and Close
 	inUse      bool  // the slot holds a span
 	shares     int32 // Share calls not yet undone by Unshare: never split (share.go)
@@ -322,7 +318,6 @@ func (p *pool) markReady(i int32) {
 		s.seg.chunks[j].ready = true
 	}
 	s.seg.ready.set(int(s.c0), int(s.c0+s.n), true)
-	s.seg.mapped.set(int(s.c0), int(s.c0+s.n), true)
 }
 
 // createSpan backs chunks [r0, r1) of seg with a new handle of size bytes
@@ -382,7 +377,6 @@ func (p *pool) place(h device.Handle, seg *segment, r0, r1, c1 int, prealloc boo
 // up to c1 hold the one live block being backed. It grants access if the
 // mapping lacks it.
 func (p *pool) attach(i int32, seg *segment, r0, c1 int, access bool) error {
-	p.unrest(i)
 	s := &p.spans[i]
 	r1 := r0 + int(s.n)
 	s.seg, s.c0, s.inUse, s.access, s.clean, s.seq, s.prev, s.next = seg, int32(r0), true, false, false, 0, -1, -1
@@ -647,7 +641,6 @@ func (q *pool) fenceEmptied(i int32) error {
 // must have no dormant mapping left (dropDormant).
 func (q *pool) unmapSpan(i int32) error {
 	a := q.a
-	q.unrest(i)
 	s := &q.spans[i]
 	if err := q.fenceEmptied(i); err != nil {
 		return err
@@ -668,7 +661,6 @@ func (q *pool) unmapSpan(i int32) error {
 		c.span, c.ready = -1, false
 	}
 	s.seg.ready.set(int(s.c0), int(s.c0+s.n), false) // (which voids no ready cache: see block.nzFrom)
-	s.seg.mapped.set(int(s.c0), int(s.c0+s.n), false)
 	q.mappedChunks -= int(s.n)
 	q.removeEmpty(i)
 	q.freeSlot(i)
