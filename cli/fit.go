@@ -33,7 +33,7 @@ tf-bfc-prealloc is XLA's default: 75% of the GPU is taken at start and is
 the limit, so it fits a GPU whose 75% holds the program's pool.
 
 With --passes N the program runs its trace N times on one allocator (as
-gpumem replay --passes: what a pass leaves live is freed before the next),
+gpumem replay --passes: what the trace never frees stays live, allocated once),
 and fits only where no pass runs out of memory: the capacity for a job that
 repeats its trace (a training run of many epochs, a server's many
 batches). An allocator whose layout drifts from pass to pass can fail a
@@ -47,7 +47,7 @@ func (e *env) fit(args []string) int {
 	fs.Var(&gpu, "gpu", "also say whether it fits a GPU of `SIZE` (e.g. 24GiB)")
 	pol := fs.String("policy", "all", "the `policy`: "+strings.Join(policy.Names(), ", ")+" or all; or gpumem-gather (gpumem.Config.Gather, only for programs whose GPU work, libraries' included, is launched from one thread at a time: another host thread's writes to moved memory are lost with no error), or gpumem-chunks (gpumem.Config.ChunkHandles, experimental)")
 	dev := fs.Int("device", -1, "of a snapshot with several devices, the `index` of the one to fit (-1: the first)")
-	passes := fs.Int("passes", 1, "fit `n` passes of the trace on one allocator (what a pass leaves live is freed before the next): every pass must run without OOM")
+	passes := fs.Int("passes", 1, "fit `n` passes of the trace on one allocator (what the trace never frees stays live, allocated once, as a process keeps its workspaces): every pass must run without OOM")
 	paths, code := e.parse(fs, args)
 	if code >= 0 {
 		return code

@@ -71,7 +71,7 @@ object per row with the keys policy, trace, capacity, events,
 peak_live_bytes, peak_reserved_bytes, ratio, ooms, end_reserved_bytes and
 peak_event (the index of the event after which the peak was first held).
 With --passes N (2 or more) each trace is also replayed N times on one
-allocator of the policy (what a pass leaves live is freed before the next),
+allocator of the policy (what the trace never frees stays live, allocated once),
 and the table gains the peak over all passes and the address repetition:
 the share of the requests of passes 2..N that got the address the same
 request had in the pass before (1.000: every pass repeats the last; XLA's
@@ -105,7 +105,7 @@ func (e *env) replay(args []string) int {
 	touch := fs.Bool("touch", false, "write every allocation (an asynchronous memset on its stream) so it is truly backed (the time per event includes it); CUDA only")
 	check := fs.Bool("check", false, "run the allocator's invariant checker after each replay")
 	warm := fs.Bool("warm", false, "replay each trace a second time on the same allocator and report that pass's time too (ns_per_op_warm)")
-	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what a pass leaves live is freed before the next) and report the peak over all passes (passes.ratio): a program that runs longer than its trace")
+	passes := fs.Int("passes", 1, "replay each trace `n` times on the same allocator (what the trace never frees stays live, allocated once, as a process keeps its workspaces) and report the peak over all passes (passes.ratio, over the most live over all passes): a program that runs longer than its trace, or again in one process")
 	repeat := fs.Int("repeat", 1, "replay each trace `n` times, each on a new allocator, and report the median times (every run's in ns_per_op_runs)")
 	compact := fs.Bool("compact", false, "best-fit placement that holds the least memory, at more driver calls (gpumem.Config.Compact)")
 	chunkHandles := fs.Bool("chunk-handles", false, "virtual mode: a physical handle per chunk, so that growth takes the free chunks of partly used spans before new memory (gpumem.Config.ChunkHandles; experimental)")

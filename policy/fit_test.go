@@ -132,10 +132,11 @@ func TestFitNotMonotone(t *testing.T) {
 }
 
 // TestFitsPasses: with several passes a trace fits only if every pass does,
-// and what a pass leaves live is freed before the next. The trace keeps
+// and what the trace never frees stays live, allocated once. The trace keeps
 // 4 MiB live to its end and peaks at 14 MiB. gpumem (either placement)
-// fits three passes on 16 MiB (had pass 1's 4 MiB stayed, pass 2 would
-// need 18), and on 12 MiB the 10 MiB request fails once in each pass. Every
+// fits three passes on 16 MiB (had pass 2 allocated the 4 MiB again beside
+// pass 1's, it would need 18), and on 12 MiB the 10 MiB request fails once
+// in each pass. Every
 // policy fits three passes of this trace where it fits one (no layout to
 // drift in three requests).
 func TestFitsPasses(t *testing.T) {

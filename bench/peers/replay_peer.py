@@ -226,7 +226,10 @@ def _torch_passes(torch, dev, tr, n, replay, res):
     row from an emptied cache, what each pass left live freed before the next,
     and the time per event of passes 2..n (gpumem replay --passes N reports
     the same): a program that runs longer than its trace. replay() runs one
-    pass and returns its time in ns."""
+    pass and returns its time in ns. (gpumem replay --passes keeps what the
+    trace never frees live across passes since 9480c4a, as a real process
+    keeps its workspaces; this harness still frees it between passes: its
+    figures are of the earlier model.)"""
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
