@@ -20,8 +20,9 @@ The JSON line (on stdout; everything else goes to stderr) holds:
     ns_per_op_warm               the same trace again in the same process, with the
                                  pool the first pass left (absent where not run)
     passes                       with --passes N (PyTorch peers): {n, peak_reserved_bytes,
-                                 ratio, ns_per_op_later} over N passes in a row from an
-                                 emptied cache (the time: passes 2..N together)
+                                 peak_live_bytes, ratio, ns_per_op_later} over N passes in
+                                 a row from an emptied cache, what the trace never frees
+                                 kept live (the time: passes 2..N together)
     empty_loop_ns_per_op         the same Python loop with no allocator in it
     ooms                         requests the peer refused (their frees are skipped)
     peak_reserved_source         how peak_reserved_bytes was read
@@ -171,14 +172,19 @@ def run_torch(tr, opts, res):
     trims = tr.trims
     res["trims"] = len(trims)
 
-    def one_pass():
-        live = [None] * n_ids
+    def one_pass(kept=None):
+        # kept: the requests an earlier pass left live (passes keep what the
+        # trace never frees, allocated once, as gpumem replay --passes does).
+        live = kept if kept is not None else [None] * n_ids
+        keep = kept is not None
         ooms = 0
         gc.disable()
         t0 = perf_counter_ns()
         if not trims:
             for k, i, s in zip(kinds, ids, sizes):
                 if k:
+                    if keep and live[i] is not None:
+                        continue
                     try:
                         live[i] = empty(s, dtype=u8, device=dev)
                     except OOM:
@@ -195,6 +201,8 @@ def run_torch(tr, opts, res):
                     at += 1
                     next_trim = trims[at] if at < len(trims) else -1
                 if k:
+                    if keep and live[i] is not None:
+                        continue
                     try:
                         live[i] = empty(s, dtype=u8, device=dev)
                     except OOM:
@@ -214,22 +222,25 @@ def run_torch(tr, opts, res):
         del live
         res["ns_per_op_warm"] = ns2 / max(1, len(tr))
     if opts.passes > 1:
+        state = {"live": None}
+
         def replay():
-            ns, _, live = one_pass()
-            del live
+            ns, _, state["live"] = one_pass(state["live"])
             return ns
         _torch_passes(torch, dev, tr, opts.passes, replay, res)
+        state["live"] = None
 
 
 def _torch_passes(torch, dev, tr, n, replay, res):
     """res["passes"]: the peak PyTorch reserved over n passes of the trace in a
-    row from an emptied cache, what each pass left live freed before the next,
-    and the time per event of passes 2..n (gpumem replay --passes N reports
-    the same): a program that runs longer than its trace. replay() runs one
-    pass and returns its time in ns. (gpumem replay --passes keeps what the
-    trace never frees live across passes since 9480c4a, as a real process
-    keeps its workspaces; this harness still frees it between passes: its
-    figures are of the earlier model.)"""
+    row from an emptied cache, and the time per event of passes 2..n (gpumem
+    replay --passes N reports the same): a program that runs longer than its
+    trace. replay() runs one
+    pass and returns its time in ns, keeping what the trace never frees live
+    from the pass that allocated it (as gpumem replay --passes since 9480c4a,
+    and a real process its workspaces); the ratio is over the most live over
+    the passes (tracefile.peak_live_passes). Before, what a pass left live
+    was freed before the next."""
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
@@ -241,7 +252,8 @@ def _torch_passes(torch, dev, tr, n, replay, res):
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_reserved(dev)
     res["passes"] = {"n": n, "peak_reserved_bytes": peak,
-                     "ratio": peak / tr.peak_live_bytes if tr.peak_live_bytes else None,
+                     "peak_live_bytes": tr.peak_live_passes(n),
+                     "ratio": peak / tr.peak_live_passes(n) if tr.peak_live_bytes else None,
                      "ns_per_op_later": later / max(1, (n - 1) * len(tr))}
 
 

@@ -98,6 +98,11 @@ def test_parser(tmp):
         except tracefile.TraceError as e:
             check("bad.trace" in str(e), "error names the file: %s" % e)
     check(tracefile.trace_name("a/b/gpt2_generate.trace.gz") == "gpt2_generate", "trace_name")
+    # Passes keep what the trace never frees (request 3 of tiny, 50 bytes,
+    # allocated after the 700-byte peak): the next pass peaks at 750.
+    check(tr.peak_live_passes(1) == 700 and tr.peak_live_passes(3) == 750,
+          "peak_live_passes %d, %d" % (tr.peak_live_passes(1), tr.peak_live_passes(3)))
+    check(t2.peak_live_passes(2) == 750, "peak_live_passes, plain")
 
 
 def test_shipped_traces():

@@ -84,6 +84,30 @@ class Trace:
     def allocations(self):
         return sum(self.kinds)
 
+    def peak_live_passes(self, n):
+        """The most live over n passes in one process, what the trace never
+        frees staying live from the pass that allocated it and not allocated
+        again (package trace's Trace.PeakLivePasses; gpumem replay --passes)."""
+        if n <= 1:
+            return self.peak_live_bytes
+        size, freed = {}, set()
+        for k, i, s in zip(self.kinds, self.ids, self.sizes):
+            if k:
+                size[i] = s
+            else:
+                freed.add(i)
+        live = sum(s for i, s in size.items() if i not in freed)
+        peak = max(self.peak_live_bytes, live)
+        for k, i, s in zip(self.kinds, self.ids, self.sizes):
+            if i not in freed:
+                continue
+            if k:
+                live += s
+                peak = max(peak, live)
+            else:
+                live -= size[i]
+        return peak
+
 
 def trace_name(path):
     """The trace's name: the file name without directory and without extensions
