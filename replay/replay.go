@@ -26,9 +26,9 @@ type Options struct {
 	// Check runs Allocator.Check after the replay and fails on a violation.
 	Check bool
 	// Warm replays the trace a second time on the same allocator (what
-	// the first pass left live staying live, see Passes) and reports that pass's time
-	// as NsPerOpWarm: the allocator's speed once its cache is populated
-	// (the peers' benchmark reports the same).
+	// the first pass left live staying live, see Passes) and reports that
+	// pass's time as NsPerOpWarm: the allocator's speed once its cache is
+	// populated (the peers' benchmark reports the same).
 	Warm bool
 	// Passes replays the trace this many times in all on the same
 	// allocator (Warm asks for at least 2): a program that runs longer
