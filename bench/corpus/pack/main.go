@@ -3,6 +3,7 @@
 // place, and checks each against its original before replacing it:
 //
 //	go run ./bench/corpus/pack bench/corpus/traces/*.trace.gz
+//	go run ./bench/corpus/pack -format v1 TRACE...   # back to v1, for tools that read only v1
 //
 // Requests are numbered in order of allocation (v2 has no IDs; a v1 trace
 // whose IDs were not 0, 1, ... reads back with those numbers), sites are
@@ -14,6 +15,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -23,13 +25,17 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: pack TRACE...")
+	format := flag.String("format", "v2", "the format to write: v2 or v1")
+	flag.Parse()
+	formats := map[string]trace.Format{"v1": trace.V1, "v2": trace.V2}
+	f, ok := formats[*format]
+	if flag.NArg() == 0 || !ok {
+		fmt.Fprintln(os.Stderr, "usage: pack [-format v2|v1] TRACE...")
 		os.Exit(2)
 	}
 	failed := false
-	for _, path := range os.Args[1:] {
-		before, after, err := pack(path)
+	for _, path := range flag.Args() {
+		before, after, err := pack(path, f)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "pack: %s: %v\n", path, err)
 			failed = true
@@ -42,9 +48,9 @@ func main() {
 	}
 }
 
-// pack rewrites the trace at path in v2 and returns its sizes before and
-// after. The original stays if anything fails.
-func pack(path string) (int64, int64, error) {
+// pack rewrites the trace at path in format f and returns its sizes
+// before and after. The original stays if anything fails.
+func pack(path string, f trace.Format) (int64, int64, error) {
 	old, err := trace.Load(path)
 	if err != nil {
 		return 0, 0, err
@@ -55,7 +61,7 @@ func pack(path string) (int64, int64, error) {
 	}
 	tmp := path + ".pack.gz" // .gz: compressed as the original when it is
 	defer os.Remove(tmp)
-	if err := write(tmp, old); err != nil {
+	if err := write(tmp, old, f); err != nil {
 		return 0, 0, err
 	}
 	got, err := trace.Load(tmp)
@@ -72,8 +78,8 @@ func pack(path string) (int64, int64, error) {
 	return st.Size(), nst.Size(), os.Rename(tmp, path)
 }
 
-func write(path string, t *trace.Trace) error {
-	w, err := trace.CreateFormat(path, trace.V2)
+func write(path string, t *trace.Trace, f trace.Format) error {
+	w, err := trace.CreateFormat(path, f)
 	if err != nil {
 		return err
 	}
