@@ -74,6 +74,13 @@ class Sampler:
                 "leaf": self.leaf.most_common(top), "programs_py": self.own.most_common(top)}
 
 
+def run_path(path, k):
+    """Where --record writes run k+1 (from 0) of --times: ".runK" before
+    ".trace" (x.trace.gz: x.run2.trace.gz), else at the end."""
+    i = path.find(".trace")
+    return path[:i] + ".run%d" % (k + 1) + path[i:] if i > 0 else path + ".run%d" % (k + 1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("name")
@@ -81,7 +88,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--tag", default="")
     ap.add_argument("--record", metavar="TRACE",
-                    help="under gpumem: write the run's requests to TRACE (gpumem.torch.record, no call sites), "
+                    help="under gpumem: write the run's requests to TRACE (gpumem.torch.record, no call sites; "
+                         "with --times, run K>1's to TRACE with .runK before .trace), "
                          "to compare two runs request by request or replay this one")
     ap.add_argument("--times", type=int, default=1,
                     help="run the program TIMES times in this process (the real counterpart of replay --passes)")
@@ -112,8 +120,9 @@ def main():
     runs = []
     for k in range(args.times):
         t1 = time.perf_counter()
-        if args.record and args.allocator == "gpumem" and k == 0:
-            with gpumem.torch.record(args.record, sites=False):
+        if args.record and args.allocator == "gpumem":
+            path = args.record if k == 0 else run_path(args.record, k)
+            with gpumem.torch.record(path, sites=False):
                 fn()
                 torch.cuda.synchronize()
         else:
