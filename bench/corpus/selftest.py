@@ -35,6 +35,14 @@ GPUMEM = os.path.join(ROOT, "build", "gpumem")
 FIXTURE = os.path.join(ROOT, "testdata", "fixtures", "resnet18_snapshot.pickle")
 
 
+class RunPath(unittest.TestCase):
+    def test_run_path(self):
+        import run  # run.py imports torch only inside main
+        self.assertEqual(run.run_path("out/lstm.trace.gz", 1), "out/lstm.run2.trace.gz")
+        self.assertEqual(run.run_path("out/lstm.trace", 2), "out/lstm.run3.trace")
+        self.assertEqual(run.run_path("lstm", 1), "lstm.run2")
+
+
 class ShortenSites(unittest.TestCase):
     def test_rewrites_sites_only(self):
         root = "/home/u/gpumem"
