@@ -76,6 +76,7 @@ func (e *env) fit(args []string) int {
 		t.header = append(t.header, "fits "+units.Format(uint64(gpu)))
 	}
 	var fit, need []string
+	live := max(tr.PeakLivePasses(*passes), 1) // the most live over the passes: the ratio's base
 	for i, n := range names {
 		f, err := policy.Fit(tr, n, *passes, func(done, total int) { bar.update(i, done, total) })
 		if err != nil {
@@ -83,7 +84,7 @@ func (e *env) fit(args []string) int {
 			fmt.Fprintf(e.stderr, "gpumem fit: %v\n", err)
 			return ExitFail
 		}
-		row := []string{n, units.FormatUp(f.Capacity), strconv.FormatFloat(float64(f.Capacity)/float64(max(tr.PeakLivePasses(*passes), 1)), 'f', 3, 64), units.FormatUp(f.Least)}
+		row := []string{n, units.FormatUp(f.Capacity), strconv.FormatFloat(float64(f.Capacity)/float64(live), 'f', 3, 64), units.FormatUp(f.Least)}
 		if gpu > 0 {
 			ok, err := policy.Fits(tr, n, uint64(gpu), *passes)
 			if err != nil {
@@ -102,7 +103,7 @@ func (e *env) fit(args []string) int {
 	}
 	bar.done()
 	if *passes > 1 {
-		fmt.Fprintf(e.stdout, "%s: peak live %s over %d passes\n", tr.Name, units.Format(tr.PeakLivePasses(*passes)), *passes)
+		fmt.Fprintf(e.stdout, "%s: peak live %s over %d passes\n", tr.Name, units.Format(live), *passes)
 	} else {
 		fmt.Fprintf(e.stdout, "%s: peak live %s\n", tr.Name, units.Format(tr.PeakLiveBytes))
 	}

@@ -373,10 +373,10 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 			trims++
 		}
 		slot := tr.Slot[i]
-		if ev.Kind == trace.Alloc && !bufs[slot].IsZero() {
-			continue // never freed: live since an earlier pass (Options.Passes)
-		}
 		if ev.Kind == trace.Alloc {
+			if !bufs[slot].IsZero() {
+				continue // never freed: live since an earlier pass (Options.Passes)
+			}
 			s := streams[ev.Stream]
 			b, err := a.Alloc(ev.Size, s)
 			if err != nil {
