@@ -48,8 +48,7 @@ func (e *env) importSnapshot(args []string) int {
 	case *out == "":
 		return e.usageError(fs, "-o TRACE is required")
 	}
-	formats := map[string]trace.Format{"v1": trace.V1, "v2": trace.V2}
-	f, ok := formats[*format]
+	f, ok := trace.ParseFormat(*format)
 	if !ok {
 		return e.usageError(fs, fmt.Sprintf("-format %q: want v1 or v2", *format))
 	}

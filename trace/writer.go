@@ -21,6 +21,18 @@ const (
 	V2 Format = 2 // IDs implicit, times as deltas: a third to a quarter of V1's size gzipped
 )
 
+// ParseFormat returns the format named "v1" or "v2", and false for any
+// other name.
+func ParseFormat(name string) (Format, bool) {
+	switch name {
+	case "v1":
+		return V1, true
+	case "v2":
+		return V2, true
+	}
+	return 0, false
+}
+
 // Writer writes a trace in the gpumem-trace v1 or v2 format. Its output is
 // buffered: call Flush when done. A Writer is not safe for concurrent use.
 type Writer struct {

@@ -373,4 +373,9 @@ func TestWriterV2(t *testing.T) {
 	if _, err := NewWriterFormat(&buf, 3); err == nil {
 		t.Fatal("NewWriterFormat accepted format 3")
 	}
+	for name, want := range map[string]Format{"v1": V1, "v2": V2, "v3": 0, "V2": 0, "": 0} {
+		if f, ok := ParseFormat(name); f != want || ok != (want != 0) {
+			t.Errorf("ParseFormat(%q) = %v, %v; want %v", name, f, ok, want)
+		}
+	}
 }

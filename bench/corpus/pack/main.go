@@ -27,8 +27,7 @@ import (
 func main() {
 	format := flag.String("format", "v2", "the format to write: v2 or v1")
 	flag.Parse()
-	formats := map[string]trace.Format{"v1": trace.V1, "v2": trace.V2}
-	f, ok := formats[*format]
+	f, ok := trace.ParseFormat(*format)
 	if flag.NArg() == 0 || !ok {
 		fmt.Fprintln(os.Stderr, "usage: pack [-format v2|v1] TRACE...")
 		os.Exit(2)
