@@ -119,6 +119,7 @@ type counters struct {
 	handoffs, orders, ooms, retries, trims atomic.Uint64
 	splits, copies, copiedBytes            atomic.Uint64
 	splitNanos, gateRefusals               atomic.Uint64
+	driverNanos, waitNanos                 atomic.Uint64
 }
 
 // New makes an allocator over dev.
@@ -163,7 +164,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 	}
 	a.gran = segmentRound
 	if a.mode == ModeVirtual {
-		a.vm = vm
+		a.vm = timedVM{vm, &a.c.driverNanos}
 		a.gran = vm.Granularity()
 		if a.gran == 0 || a.gran&(a.gran-1) != 0 || a.gran < minBlock {
 			return nil, fmt.Errorf("gpumem: New: device granularity %d is not a power of two ≥ %d", a.gran, minBlock)

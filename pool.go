@@ -948,7 +948,10 @@ func (p *pool) fenceStream(st *streamState) error {
 	if err := a.ev.Record(st.fenceEv, st.s); err != nil {
 		return err
 	}
-	return a.ev.Wait(st.fenceEv)
+	t0 := time.Now()
+	err := a.ev.Wait(st.fenceEv)
+	a.c.waitNanos.Add(uint64(time.Since(t0)))
+	return err
 }
 
 func (a *Allocator) syncDevice() error {
@@ -956,7 +959,10 @@ func (a *Allocator) syncDevice() error {
 		return errCapturing
 	}
 	a.c.fences.Add(1)
-	return a.dev.Synchronize()
+	t0 := time.Now()
+	err := a.dev.Synchronize()
+	a.c.waitNanos.Add(uint64(time.Since(t0)))
+	return err
 }
 
 func (p *pool) newBlock() *block {
@@ -1033,7 +1039,10 @@ func (a *Allocator) segmentAlloc(size uint64, s device.Stream) (device.Ptr, erro
 	if a.segs != nil {
 		return a.segs.Alloc(size, s)
 	}
-	return a.dev.Alloc(size)
+	t0 := time.Now()
+	ptr, err := a.dev.Alloc(size)
+	a.c.driverNanos.Add(uint64(time.Since(t0)))
+	return ptr, err
 }
 
 // segmentFree gives back what segmentAlloc took.
@@ -1041,7 +1050,10 @@ func (a *Allocator) segmentFree(base, size uint64, s device.Stream) error {
 	if a.segs != nil {
 		return a.segs.Free(device.Ptr(base), size, s)
 	}
-	return a.dev.Free(device.Ptr(base))
+	t0 := time.Now()
+	err := a.dev.Free(device.Ptr(base))
+	a.c.driverNanos.Add(uint64(time.Since(t0)))
+	return err
 }
 
 // plainSegmentSize is PyTorch's proven rule: small requests share 2 MiB

@@ -83,6 +83,14 @@ type Stats struct {
 	// close (SetGate: moves off in the process, or a call that did not
 	// return in time).
 	GateRefusals uint64
+	// DriverNanos is the host time spent in the driver's memory calls
+	// (those DeviceCalls counts, and address releases): what growth,
+	// moves and releases cost the calling thread. WaitNanos is the host
+	// time spent waiting for the GPU before memory changed hands (Fences):
+	// time the host could not run ahead. Both are wall time on the
+	// calling thread, for telling where a slow step's time went; on the
+	// simulated device they measure the simulation.
+	DriverNanos, WaitNanos uint64
 }
 
 // DeviceCalls is the number of memory-management calls made to the driver.
@@ -176,6 +184,7 @@ func (a *Allocator) Stats() Stats {
 	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
 	s.Reserves, s.Fences, s.Handoffs, s.Orders = c.reserves.Load(), c.fences.Load(), c.handoffs.Load(), c.orders.Load()
 	s.Splits, s.Copies, s.CopiedBytes, s.SplitNanos = c.splits.Load(), c.copies.Load(), c.copiedBytes.Load(), c.splitNanos.Load()
+	s.DriverNanos, s.WaitNanos = c.driverNanos.Load(), c.waitNanos.Load()
 	s.GateRefusals = c.gateRefusals.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s

@@ -2,8 +2,11 @@ package gpumem_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/device/sim"
 	"github.com/gpumem/gpumem/internal/conformance"
 )
 
@@ -166,5 +169,77 @@ func TestStatsPeakCounts(t *testing.T) {
 	}
 	if err := a.Free(bufs[0]); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// slowSim is the simulated device with a create and a host wait that take
+// a known time, for the host-time counters.
+type slowSim struct {
+	*sim.Device
+	create, wait time.Duration
+}
+
+func (d slowSim) Create(size uint64) (device.Handle, error) {
+	time.Sleep(d.create)
+	return d.Device.Create(size)
+}
+
+func (d slowSim) Wait(e device.Event) error {
+	time.Sleep(d.wait)
+	return d.Device.Wait(e)
+}
+
+func (d slowSim) Synchronize() error {
+	time.Sleep(d.wait)
+	return d.Device.Synchronize()
+}
+
+// TestStatsDriverAndWaitTime: Stats.DriverNanos counts the host time of
+// the driver's memory calls and Stats.WaitNanos that of the waits for the
+// GPU (fences), and nothing else: a cache hit adds to neither.
+func TestStatsDriverAndWaitTime(t *testing.T) {
+	const create, wait = 3 * time.Millisecond, 5 * time.Millisecond
+	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dev := slowSim{sim.MustNew(sim.Config{Capacity: 256 * miB}), create, wait}
+			a := newAlloc(t, dev, gpumem.Config{Mode: mode})
+			b, err := a.Alloc(8*miB, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := a.Stats()
+			if mode == gpumem.ModeVirtual && (st.Creates == 0 || st.DriverNanos < uint64(st.Creates)*uint64(create)) {
+				t.Errorf("%d creates of %v each, DriverNanos %v", st.Creates, create, time.Duration(st.DriverNanos))
+			}
+			if st.DeviceCalls() == 0 || st.DriverNanos == 0 || st.WaitNanos != 0 || st.Fences != 0 {
+				t.Errorf("after one growth: %d calls, DriverNanos %d, %d fences, WaitNanos %d", st.DeviceCalls(), st.DriverNanos, st.Fences, st.WaitNanos)
+			}
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+			before := a.Stats()
+			for i := 0; i < 100; i++ { // cache hits
+				b, err := a.Alloc(8*miB, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := a.Free(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if hit := a.Stats(); hit.DriverNanos != before.DriverNanos || hit.WaitNanos != before.WaitNanos {
+				t.Errorf("cache hits added DriverNanos %d -> %d, WaitNanos %d -> %d", before.DriverNanos, hit.DriverNanos, before.WaitNanos, hit.WaitNanos)
+			}
+			if err := a.Trim(); err != nil { // gives the span back after a fence
+				t.Fatal(err)
+			}
+			st = a.Stats()
+			if st.Fences == 0 || st.WaitNanos < uint64(st.Fences)*uint64(wait) {
+				t.Errorf("%d fences of %v each, WaitNanos %v", st.Fences, wait, time.Duration(st.WaitNanos))
+			}
+			if st.DriverNanos <= before.DriverNanos {
+				t.Errorf("the release added no DriverNanos (%d)", st.DriverNanos)
+			}
+		})
 	}
 }

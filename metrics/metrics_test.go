@@ -103,6 +103,12 @@ func TestScrape(t *testing.T) {
 	if got := value("gpumem_copied_bytes_total", "1"); got != float64(sb.CopiedBytes) {
 		t.Errorf("copied_bytes_total{device=1} = %v, want %d", got, sb.CopiedBytes)
 	}
+	if got := value("gpumem_driver_seconds_total", "0"); got != float64(sa.DriverNanos)/1e9 || got <= 0 {
+		t.Errorf("driver_seconds_total{device=0} = %v, want %d ns, above 0 after its creates", got, sa.DriverNanos)
+	}
+	if got := value("gpumem_wait_seconds_total", "1"); got != float64(sb.WaitNanos)/1e9 {
+		t.Errorf("wait_seconds_total{device=1} = %v, want %d ns", got, sb.WaitNanos)
+	}
 	if got := value("gpumem_process_outside_bytes", "1"); got != 560<<20 {
 		t.Errorf("process_outside_bytes{device=1} = %v, want %d", got, 560<<20)
 	}

@@ -85,8 +85,10 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(rank)
     times, losses = [], []
     # gpumem's driver work per step (creates, fences, stream waits,
-    # releases), to tell growth steps and host waits from the rest.
-    per_step = {"Creates": [], "Fences": [], "Orders": [], "Releases": []}
+    # releases, and the host time of its driver calls and of its waits for
+    # the GPU), to tell growth steps and host waits from the rest.
+    per_step = {"Creates": [], "Fences": [], "Orders": [], "Releases": [], "Maps": [], "Unmaps": [],
+                "DriverNanos": [], "WaitNanos": []}
     counts = (lambda: gpumem.library().stats_json(local)) if args.allocator == "gpumem" else None
     if counts:
         import json
@@ -105,7 +107,7 @@ def main():
         if counts:
             now = json.loads(counts())
             for k in per_step:
-                per_step[k].append(now[k] - before[k])
+                per_step[k].append(now.get(k, 0) - before.get(k, 0))
             before = now
     if args.allocator == "gpumem":
         st = gpumem.torch.stats()

@@ -6,7 +6,8 @@ tightening) than unlimited. This runs one program of programs.py in this
 process, as run.py does (a synchronize ends every step), and records:
 
 - every step's wall time, and gpumem's counters' change over that step
-  (driver calls, fences, creates are in device_calls; moves: splits, copies,
+  (driver calls, fences, creates are in device_calls; driver_ns and wait_ns,
+  the host time of those calls and of the fences; moves: splits, copies,
   copied_bytes, and split_ns, the host's wall time inside the moves);
 - over K steps after the warm-up, a torch.profiler trace (CPU and CUDA):
   the GPU's busy time (the union of its kernels, copies and sets), so the
@@ -33,7 +34,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-COUNTERS = ("device_calls", "fences", "splits", "copies", "copied_bytes", "split_ns", "allocs")
+COUNTERS = ("device_calls", "fences", "splits", "copies", "copied_bytes", "split_ns", "allocs",
+            "driver_ns", "wait_ns")
 
 
 def union_us(intervals):
@@ -113,7 +115,9 @@ def main():
     def counters():
         if gm is None:
             return {}
-        st = gm.stats()
+        st = dict(gm.stats())
+        full = json.loads(gpumem.library().stats_json(0))  # the host time of driver calls and waits
+        st["driver_ns"], st["wait_ns"] = full.get("DriverNanos", 0), full.get("WaitNanos", 0)
         return {k: st.get(k, 0) for k in COUNTERS}
 
     torch.zeros(1, device="cuda")

@@ -1,0 +1,55 @@
+package gpumem
+
+// See doc.go for the overview.
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/gpumem/gpumem/device"
+)
+
+// timedVM is the device's virtual memory with the host time of every call
+// added to a counter (Stats.DriverNanos). Only growth, moves and releases
+// call it: never a cache hit.
+type timedVM struct {
+	device.VirtualMemory
+	ns *atomic.Uint64
+}
+
+func (t timedVM) since(t0 time.Time) { t.ns.Add(uint64(time.Since(t0))) }
+
+func (t timedVM) Reserve(size, align uint64) (device.Ptr, error) {
+	defer t.since(time.Now())
+	return t.VirtualMemory.Reserve(size, align)
+}
+
+func (t timedVM) ReleaseAddress(p device.Ptr, size uint64) error {
+	defer t.since(time.Now())
+	return t.VirtualMemory.ReleaseAddress(p, size)
+}
+
+func (t timedVM) Create(size uint64) (device.Handle, error) {
+	defer t.since(time.Now())
+	return t.VirtualMemory.Create(size)
+}
+
+func (t timedVM) Release(h device.Handle) error {
+	defer t.since(time.Now())
+	return t.VirtualMemory.Release(h)
+}
+
+func (t timedVM) Map(p device.Ptr, size uint64, h device.Handle) error {
+	defer t.since(time.Now())
+	return t.VirtualMemory.Map(p, size, h)
+}
+
+func (t timedVM) SetAccess(p device.Ptr, size uint64) error {
+	defer t.since(time.Now())
+	return t.VirtualMemory.SetAccess(p, size)
+}
+
+func (t timedVM) Unmap(p device.Ptr, size uint64) error {
+	defer t.since(time.Now())
+	return t.VirtualMemory.Unmap(p, size)
+}
