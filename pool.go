@@ -58,6 +58,7 @@ type pool struct {
 	made                []int32         // spans placed by the current back (pressure.go)
 	carried             []int32         // of made, those moved with work possibly still on their handles (moveSpan)
 	backing             *block          // the block the current back backs (live, not yet marked so)
+	ungranted           []int32         // spans the current back mapped, access to grant at its end, in one call per contiguous run (grantAll)
 	stageBuf            []freePiece     // defrag's staging search, reused (defrag.go)
 	hbuf                []device.Handle // handles on their way between mappings, reused (chunks.go)
 	occBuf              []bool          // chunks a live block lies on, reused (splitFree)

@@ -494,20 +494,28 @@ func (p *pool) back(b *block, asker slot) (grew bool, err error) {
 	p.carried = p.carried[:0]
 	p.backing = b
 	defer func() { p.backing = nil }()
+	p.ungranted = p.ungranted[:0]
 	for i := c0; i <= c1 && err == nil; {
 		c := &ch[i]
 		switch {
 		case c.ready:
 			i++
-		case c.span >= 0: // mapped, but a failure left it without access
+		case c.span >= 0: // mapped, but without access (a failure, or mapped by this back)
 			s := &p.spans[c.span]
-			err = p.grant(c.span)
+			if !s.access {
+				p.ungranted = append(p.ungranted, c.span)
+			}
 			i = int(s.c0 + s.n)
 		default:
 			r1 := p.runEnd(seg, i, c1)
 			err = p.newSpan(seg, i, r1, c1, asker)
 			i = r1
 		}
+	}
+	// The spans mapped above get access together (grantAll), also after a
+	// failure: they stay, empty, for the retry.
+	if gerr := p.grantAll(); err == nil {
+		err = gerr
 	}
 	if err != nil {
 		p.vacate(b) // the spans made stay, empty (see above)

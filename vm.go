@@ -391,10 +391,60 @@ func (p *pool) attach(i int32, seg *segment, r0, c1 int, access bool) error {
 		p.pushEmpty(i)
 	}
 	if !access {
+		if p.backing != nil { // granted with its neighbours at the end of back (grantAll)
+			p.ungranted = append(p.ungranted, i)
+			return nil
+		}
 		return p.grant(i)
 	}
 	s.access = true
 	p.markReady(i)
+	return nil
+}
+
+// grantAll grants access to the spans the current back mapped without it
+// (attach), one call per run of spans side by side: a block over several
+// spans (a large request, or one whose chunks came from several moved
+// spans) costs one access grant, not one a span. cuMemSetAccess takes a
+// range over several mappings, and is the dearest of the calls a move
+// makes (about 110 us with work queued on PyTorch's legacy default
+// stream, against 10-30 us for a map or an unmap; docs/BENCHMARKS.md,
+// "Where the tightening's step time goes"). A span already granted, or
+// released since, is passed over. On a refusal the spans of that run and
+// after stay mapped without access, as a failed grant leaves them (back
+// grants such a span when a block next needs it).
+func (p *pool) grantAll() error {
+	a := p.a
+	us := p.ungranted
+	p.ungranted = us[:0]
+	us = slices.DeleteFunc(us, func(i int32) bool { return !p.spans[i].inUse || p.spans[i].access })
+	slices.SortFunc(us, func(x, y int32) int { return spanCompare(&p.spans[x], &p.spans[y]) })
+	for k := 0; k < len(us); {
+		s := &p.spans[us[k]]
+		if !s.inUse || s.access {
+			k++
+			continue
+		}
+		end := k + 1
+		for end < len(us) {
+			t, last := &p.spans[us[end]], &p.spans[us[end-1]]
+			if !t.inUse || t.access || t.seg != s.seg || t.c0 != last.c0+last.n {
+				break
+			}
+			end++
+		}
+		last := &p.spans[us[end-1]]
+		n := uint64(last.c0+last.n-s.c0) * a.gran
+		if err := a.vm.SetAccess(device.Ptr(s.seg.chunkAddr(int(s.c0), a.gran)), n); err != nil {
+			return err
+		}
+		a.c.setAccess.Add(1)
+		for _, i := range us[k:end] {
+			p.spans[i].access = true
+			p.markReady(i)
+		}
+		k = end
+	}
 	return nil
 }
 

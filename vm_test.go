@@ -152,3 +152,50 @@ func TestArenaOutlastsHoles(t *testing.T) {
 		t.Errorf("reserved %d MiB on a device of %d MiB", st.Reserved/miB, capacity/miB)
 	}
 }
+
+// TestOneGrantPerRun: the spans one request maps side by side get access
+// in one call (grantAll), whether created or moved there, and the memory
+// reads as ready: a second request over the same chunks makes no call.
+func TestOneGrantPerRun(t *testing.T) {
+	a := newAlloc(t, newSim(1<<30), gpumem.Config{Mode: gpumem.ModeVirtual, SpanSize: 2 * miB})
+	b, err := a.Alloc(16*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "Alloc")
+	st := a.Stats()
+	if st.Creates != 8 || st.Maps != 8 || st.SetAccess != 1 {
+		t.Fatalf("16 MiB over 2 MiB spans: %d creates, %d maps, %d access grants; want 8, 8, 1", st.Creates, st.Maps, st.SetAccess)
+	}
+	if err := a.Free(b); err != nil {
+		t.Fatal(err)
+	}
+	// The eight empty spans move to a block elsewhere: one grant again.
+	keep, err := a.Alloc(1*miB, 0) // where they were
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats()
+	far, err := a.Alloc(24*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "Alloc")
+	after := a.Stats()
+	maps, grants := after.Maps-before.Maps, after.SetAccess-before.SetAccess
+	if maps < 2 || grants != 1 {
+		t.Fatalf("a 24 MiB block backed by moved and new spans: %d maps, %d access grants; want several maps, 1 grant", maps, grants)
+	}
+	if err := a.Free(far); err != nil {
+		t.Fatal(err)
+	}
+	again := a.Stats()
+	if b, err := a.Alloc(24*miB, 0); err != nil {
+		t.Fatal(err)
+	} else if s := a.Stats(); s.DeviceCalls() != again.DeviceCalls() {
+		t.Fatalf("the same request again made %d calls", s.DeviceCalls()-again.DeviceCalls())
+	} else {
+		_ = a.Free(b)
+	}
+	_ = a.Free(keep)
+}
