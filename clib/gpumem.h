@@ -175,6 +175,9 @@ typedef struct gpumem_stats {
 	/* Splits not made because the launch gate of `gpumem run`'s shim
 	 * refused to close (moves off in the process: it says why on stderr). */
 	uint64_t gate_refusals;
+	/* Host time, in nanoseconds, spent in the driver's memory calls
+	 * (device_calls) and waiting for the GPU in fences. */
+	uint64_t driver_ns, wait_ns;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------

@@ -112,7 +112,8 @@ class Stats(ctypes.Structure):
          # later versions (an older library leaves them 0)
          "alloc_bytes", "free_bytes", "alloc_requested", "free_requested",
          "segments", "retries", "device_allocs", "device_frees", "pool_reserved",
-         "peak_live_buffers", "peak_segments", "fences", "gate_refusals")]
+         "peak_live_buffers", "peak_segments", "fences", "gate_refusals",
+         "driver_ns", "wait_ns")]
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_}

@@ -98,6 +98,8 @@ def test_allocate_free_stats():
         s = gpumem.stats(0)
         assert s["allocated"] == 8 << 20 and s["live_buffers"] == 8, s
         assert s["reserved"] >= 8 << 20
+        # the host time of the driver calls that grew it (the simulated device's)
+        assert s["device_calls"] > 0 and s["driver_ns"] > 0 and s["wait_ns"] == 0, s
         for p in ptrs:
             lib.deallocate(p, 0)
         s = gpumem.stats(0)
