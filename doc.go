@@ -172,7 +172,8 @@
 //     pass it by. If none is ready and other streams' frees are pending,
 //     order this stream after them on the GPU (orderAfter, see the stream
 //     contract) and search again. Give each run of missing chunks a span
-//     (back, newSpan).
+//     (back, newSpan), and the spans mapped side by side access in one
+//     call (grantAll).
 //  6. If the limit or the device refused (a shortage), unlock, wait for
 //     every pending free (with several pools, return every pool's cache to
 //     the device), lock and retry once (makeRoomFor in pressure.go).
