@@ -1,9 +1,11 @@
 package gpumem_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device"
 	"github.com/gpumem/gpumem/internal/longtest"
 	"github.com/gpumem/gpumem/replay"
 	"github.com/gpumem/gpumem/trace"
@@ -198,4 +200,38 @@ func TestOneGrantPerRun(t *testing.T) {
 		_ = a.Free(b)
 	}
 	_ = a.Free(keep)
+}
+
+// TestOneGrantPerRunFails: when the one access grant of a block over
+// several spans fails, the request fails with the fault and nothing is
+// lost: the spans stay mapped, without access, and the same request
+// again grants them in one call, creating nothing.
+func TestOneGrantPerRunFails(t *testing.T) {
+	dev := newSim(1 << 30)
+	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual, SpanSize: 2 * miB})
+	dev.FailNth("SetAccess", 1)
+	if _, err := a.Alloc(16*miB, 0); !errors.Is(err, device.ErrInjected) {
+		t.Fatalf("Alloc with the grant failing: %v, want the injected fault", err)
+	}
+	mustCheck(t, a, "a failed grant")
+	dev.ClearFaults()
+	before := a.Stats()
+	b, err := a.Alloc(16*miB, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCheck(t, a, "the retry")
+	after := a.Stats()
+	if c, m, g := after.Creates-before.Creates, after.Maps-before.Maps, after.SetAccess-before.SetAccess; c != 0 || m != 0 || g != 1 {
+		t.Fatalf("the retry made %d creates, %d maps, %d grants; want 0, 0, 1", c, m, g)
+	}
+	if err := a.Free(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Leaks(); err != nil {
+		t.Fatal(err)
+	}
 }
