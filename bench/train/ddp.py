@@ -4,6 +4,10 @@ per GPU, under one allocator (native, expandable or gpumem). Launch with
 
     python3 -m torch.distributed.run --nproc_per_node 4 bench/train/ddp.py gpumem --out ddp.jsonl
 
+--fake-world N runs it without torchrun, one process on one GPU as rank 0
+of N under PyTorch's fake process group: no communication, but FSDP's
+streams, copies and the memory they hand to each other, as on N GPUs.
+
 Without --fsdp: GPT-2 small (124M parameters) under DistributedDataParallel
 (program "gpt2_ddp"). With --fsdp: a 0.76B-parameter GPT-2 (1536 wide, 24
 layers) sharded by FSDP2 (fully_shard on each block, then on the whole
@@ -40,8 +44,15 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--fsdp", action="store_true")
     ap.add_argument("--record", metavar="DIR")
+    ap.add_argument("--fake-world", type=int, default=0, metavar="N",
+                    help="no torchrun: one process on one GPU as rank 0 of N, under PyTorch's fake process "
+                         "group (collectives do nothing; FSDP's streams, copies and memory handoffs run): "
+                         "the streams of N ranks on one GPU, the losses meaningless")
     args = ap.parse_args()
-    rank, local, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.fake_world:
+        rank, local, world = 0, 0, args.fake_world
+    else:
+        rank, local, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     if args.allocator == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import torch
@@ -60,7 +71,11 @@ def main():
         recording.__enter__()
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    if args.fake_world:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401 (registers the "fake" backend)
+        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world)
+    else:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     torch.zeros(1, device="cuda")
     pid = os.getpid()
     watch = subprocess.Popen([sys.executable, os.path.join(HERE, "nvmlwatch.py"), str(pid)],
@@ -120,6 +135,8 @@ def main():
     warm = max(2, args.steps // 5)
     if recording is not None:
         recording.__exit__(None, None, None)
+    if args.fake_world:
+        program += "_fake%d" % world
     rec = {"program": program, "allocator": args.allocator, "tag": args.tag, "rank": rank, "world": world,
            "steps": args.steps, "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": peak_reserved,
            "median_step_ms": statistics.median(times[warm:]), "step_ms": times, "losses": losses,
