@@ -2,13 +2,17 @@
 (program, allocator, tag, in the order they ran): each rank's NVML peak and
 peak reserved, the spread of the NVML peaks over the ranks (largest over
 smallest, less one), the median step time of rank 0 against the first
-native run of the same program, and the largest relative loss difference
-from that run (rank 0).
+native run of the same program, the median of rank 0's steady steps (those
+after the longest sequence has run, where no allocator has reason to grow),
+gpumem's host time in driver calls and fences on rank 0 (in the
+steps that reach a new length, and in the steady ones; ddp.py records it
+per step), and the largest relative loss difference from that run (rank 0).
 
 A run is the set of lines of one launch: a rank seen again starts the
 next run."""
 
 import json
+import statistics
 import sys
 
 GIB = 1 << 30
@@ -28,14 +32,30 @@ def load(path):
     return runs
 
 
+def steady(rec):
+    """Indices of rec's steady steps: those after the longest sequence has
+    run (and after warm-up), where no allocator has reason to grow."""
+    lengths, warm = rec["lengths"], max(2, len(rec["lengths"]) // 5)
+    last = max(range(len(lengths)), key=lambda i: (lengths[i], -i))  # the first longest
+    return list(range(max(warm, last + 1), len(lengths)))
+
+
+def host_ms(rec, steps):
+    """gpumem's host time in driver calls and fences over steps, ms."""
+    per = rec.get("gpumem_per_step") or {}
+    if "DriverNanos" not in per:
+        return None
+    return sum(per["DriverNanos"][i] + per["WaitNanos"][i] for i in steps) / 1e6
+
+
 def main(path):
     runs = load(path)
     base = {}
     for (prog, alloc, tag), ranks in runs:
         if alloc == "native" and prog not in base and 0 in ranks:
             base[prog] = ranks[0]
-    print("| program | allocator | NVML peak MiB per rank | spread | peak reserved MiB per rank | median step ms (rank 0) | vs native | loss diff vs native |")
-    print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |")
+    print("| program | allocator | NVML peak MiB per rank | spread | peak reserved MiB per rank | median step ms (rank 0) | vs native | steady steps ms | host ms in driver calls and fences: growth / steady | loss diff vs native |")
+    print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: |")
     for (prog, alloc, tag), ranks in runs:
         r0, b = ranks.get(0), base.get(prog)
         nv = [ranks[k]["nvml_peak_bytes"] for k in sorted(ranks)]
@@ -45,8 +65,17 @@ def main(path):
         step = r0["median_step_ms"] if r0 else float("nan")
         vs = "%+.1f%%" % ((step / b["median_step_ms"] - 1) * 100) if b and r0 else "-"
         diff = max(abs(x - y) / abs(y) for x, y in zip(r0["losses"], b["losses"])) if b and r0 else 0
-        print("| %s | %s | %s | %s | %s | %.1f | %s | %.1e |" % (
-            prog, alloc + (" " + tag if tag else ""), peaks, spread, res, step, vs, diff))
+        st, host = "-", "-"
+        if r0 and "lengths" in r0:
+            ss = steady(r0)
+            st = "%.1f" % statistics.median(r0["step_ms"][i] for i in ss) if ss else "-"
+            warm = max(2, len(r0["lengths"]) // 5)
+            grow = [i for i in range(warm, len(r0["lengths"])) if i not in ss]
+            g, h = host_ms(r0, grow), host_ms(r0, ss)
+            if g is not None:
+                host = "%.1f / %.1f" % (g, h)
+        print("| %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1e |" % (
+            prog, alloc + (" " + tag if tag else ""), peaks, spread, res, step, vs, st, host, diff))
 
 
 if __name__ == "__main__":
