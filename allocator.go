@@ -120,6 +120,7 @@ type counters struct {
 	splits, copies, copiedBytes            atomic.Uint64
 	splitNanos, gateRefusals               atomic.Uint64
 	driverNanos, waitNanos                 atomic.Uint64
+	misses, missNanos                      atomic.Uint64
 }
 
 // New makes an allocator over dev.
@@ -261,8 +262,12 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 	p.settle()
 	b := p.allocFast(rounded, si)
 	if b == nil {
+		t0 := time.Now()
 		var err error
-		if b, err = p.allocSlow(rounded, size, si); err != nil {
+		b, err = p.allocSlow(rounded, size, si)
+		a.c.misses.Add(1)
+		a.c.missNanos.Add(uint64(time.Since(t0)))
+		if err != nil {
 			p.mu.Unlock()
 			return Buffer{}, err
 		}

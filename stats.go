@@ -91,6 +91,12 @@ type Stats struct {
 	// calling thread, for telling where a slow step's time went; on the
 	// simulated device they measure the simulation.
 	DriverNanos, WaitNanos uint64
+	// Misses counts the allocations the cache could not serve at once (the
+	// slow path: a search over the fitting free blocks, other streams'
+	// events queried, a stream wait, growth); MissNanos is their host time
+	// (DriverNanos and WaitNanos within it). What the allocator costs the
+	// host beyond its cache hits.
+	Misses, MissNanos uint64
 }
 
 // DeviceCalls is the number of memory-management calls made to the driver.
@@ -185,6 +191,7 @@ func (a *Allocator) Stats() Stats {
 	s.Reserves, s.Fences, s.Handoffs, s.Orders = c.reserves.Load(), c.fences.Load(), c.handoffs.Load(), c.orders.Load()
 	s.Splits, s.Copies, s.CopiedBytes, s.SplitNanos = c.splits.Load(), c.copies.Load(), c.copiedBytes.Load(), c.splitNanos.Load()
 	s.DriverNanos, s.WaitNanos = c.driverNanos.Load(), c.waitNanos.Load()
+	s.Misses, s.MissNanos = c.misses.Load(), c.missNanos.Load()
 	s.GateRefusals = c.gateRefusals.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s

@@ -195,8 +195,10 @@ func (d slowSim) Synchronize() error {
 }
 
 // TestStatsDriverAndWaitTime: Stats.DriverNanos counts the host time of
-// the driver's memory calls and Stats.WaitNanos that of the waits for the
-// GPU (fences), and nothing else: a cache hit adds to neither.
+// the driver's memory calls, Stats.WaitNanos that of the waits for the
+// GPU (fences), Stats.Misses and MissNanos the allocations the cache did
+// not serve at once and their time, and nothing else: a cache hit adds to
+// none of them.
 func TestStatsDriverAndWaitTime(t *testing.T) {
 	const create, wait = 3 * time.Millisecond, 5 * time.Millisecond
 	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
@@ -214,6 +216,9 @@ func TestStatsDriverAndWaitTime(t *testing.T) {
 			if st.DeviceCalls() == 0 || st.DriverNanos == 0 || st.WaitNanos != 0 || st.Fences != 0 {
 				t.Errorf("after one growth: %d calls, DriverNanos %d, %d fences, WaitNanos %d", st.DeviceCalls(), st.DriverNanos, st.Fences, st.WaitNanos)
 			}
+			if st.Misses != 1 || st.MissNanos < st.DriverNanos {
+				t.Errorf("after one growth: %d misses, MissNanos %d; want 1, at least DriverNanos %d", st.Misses, st.MissNanos, st.DriverNanos)
+			}
 			if err := a.Free(b); err != nil {
 				t.Fatal(err)
 			}
@@ -227,8 +232,8 @@ func TestStatsDriverAndWaitTime(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if hit := a.Stats(); hit.DriverNanos != before.DriverNanos || hit.WaitNanos != before.WaitNanos {
-				t.Errorf("cache hits added DriverNanos %d -> %d, WaitNanos %d -> %d", before.DriverNanos, hit.DriverNanos, before.WaitNanos, hit.WaitNanos)
+			if hit := a.Stats(); hit.DriverNanos != before.DriverNanos || hit.WaitNanos != before.WaitNanos || hit.Misses != before.Misses || hit.MissNanos != before.MissNanos {
+				t.Errorf("cache hits added DriverNanos %d -> %d, WaitNanos %d -> %d, Misses %d -> %d", before.DriverNanos, hit.DriverNanos, before.WaitNanos, hit.WaitNanos, before.Misses, hit.Misses)
 			}
 			if err := a.Trim(); err != nil { // gives the span back after a fence
 				t.Fatal(err)

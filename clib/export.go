@@ -414,6 +414,7 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		peak_live_buffers: C.uint64_t(s.PeakLiveBuffers), peak_segments: C.uint64_t(s.PeakSegments),
 		fences: C.uint64_t(s.Fences), gate_refusals: C.uint64_t(s.GateRefusals),
 		driver_ns: C.uint64_t(s.DriverNanos), wait_ns: C.uint64_t(s.WaitNanos),
+		misses: C.uint64_t(s.Misses), miss_ns: C.uint64_t(s.MissNanos),
 	}
 	return 0
 }

@@ -176,8 +176,10 @@ typedef struct gpumem_stats {
 	 * refused to close (moves off in the process: it says why on stderr). */
 	uint64_t gate_refusals;
 	/* Host time, in nanoseconds, spent in the driver's memory calls
-	 * (device_calls) and waiting for the GPU in fences. */
-	uint64_t driver_ns, wait_ns;
+	 * (device_calls) and waiting for the GPU in fences; allocations the
+	 * cache could not serve at once (the slow path) and their host time,
+	 * those two included. */
+	uint64_t driver_ns, wait_ns, misses, miss_ns;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------

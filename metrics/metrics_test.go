@@ -106,6 +106,12 @@ func TestScrape(t *testing.T) {
 	if got := value("gpumem_driver_seconds_total", "0"); got != float64(sa.DriverNanos)/1e9 || got <= 0 {
 		t.Errorf("driver_seconds_total{device=0} = %v, want %d ns, above 0 after its creates", got, sa.DriverNanos)
 	}
+	if got := value("gpumem_misses_total", "0"); got != float64(sa.Misses) || got == 0 {
+		t.Errorf("misses_total{device=0} = %v, want %d, above 0 after its growth", got, sa.Misses)
+	}
+	if got := value("gpumem_miss_seconds_total", "0"); got != float64(sa.MissNanos)/1e9 {
+		t.Errorf("miss_seconds_total{device=0} = %v, want %d ns", got, sa.MissNanos)
+	}
 	if got := value("gpumem_wait_seconds_total", "1"); got != float64(sb.WaitNanos)/1e9 {
 		t.Errorf("wait_seconds_total{device=1} = %v, want %d ns", got, sb.WaitNanos)
 	}

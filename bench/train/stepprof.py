@@ -7,7 +7,8 @@ process, as run.py does (a synchronize ends every step), and records:
 
 - every step's wall time, and gpumem's counters' change over that step
   (driver calls, fences, creates are in device_calls; driver_ns and wait_ns,
-  the host time of those calls and of the fences; moves: splits, copies,
+  the host time of those calls and of the fences; misses and miss_ns, the
+  allocations the cache did not serve at once and their host time; moves: splits, copies,
   copied_bytes, and split_ns, the host's wall time inside the moves);
 - over K steps after the warm-up, a torch.profiler trace (CPU and CUDA):
   the GPU's busy time (the union of its kernels, copies and sets), so the
@@ -35,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 COUNTERS = ("device_calls", "fences", "splits", "copies", "copied_bytes", "split_ns", "allocs",
-            "driver_ns", "wait_ns")
+            "driver_ns", "wait_ns", "misses", "miss_ns")
 
 
 def union_us(intervals):
@@ -118,6 +119,7 @@ def main():
         st = dict(gm.stats())
         full = json.loads(gpumem.library().stats_json(0))  # the host time of driver calls and waits
         st["driver_ns"], st["wait_ns"] = full.get("DriverNanos", 0), full.get("WaitNanos", 0)
+        st["misses"], st["miss_ns"] = full.get("Misses", 0), full.get("MissNanos", 0)
         return {k: st.get(k, 0) for k in COUNTERS}
 
     torch.zeros(1, device="cuda")

@@ -100,6 +100,7 @@ def test_allocate_free_stats():
         assert s["reserved"] >= 8 << 20
         # the host time of the driver calls that grew it (the simulated device's)
         assert s["device_calls"] > 0 and s["driver_ns"] > 0 and s["wait_ns"] == 0, s
+        assert s["misses"] > 0 and s["miss_ns"] >= s["driver_ns"], s
         for p in ptrs:
             lib.deallocate(p, 0)
         s = gpumem.stats(0)
