@@ -36,6 +36,8 @@
 #                                   driver and inside PyTorch), ranks
 #                                   (FSDP2 on every GPU, each rank's pool
 #                                   in gpumem top and one gpumem serve),
+#                                   fsdp (FSDP2 on every GPU under each
+#                                   allocator, ROUNDS interleaved),
 #                                   histories (PyTorch's expandable
 #                                   segments' real placements, as the
 #                                   emulation's test data:
@@ -357,6 +359,26 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 			wait "$train" || echo "FAIL: the FSDP run" | tee -a "$out/ranks.log" >&2
 			kill "$served" 2>/dev/null || true
 			echo "pools in top: $(grep -c '^ *[0-9][0-9]* ' "$out/top.txt"), pids in metrics: $(grep '^gpumem_' "$out/metrics.txt" | grep -o 'pid="[0-9]*"' | sort -u | wc -l) (ranks: $n)" | tee -a "$out/ranks.log" >&2
+			;;
+		fsdp)
+			# Issue 40's four-GPU bar: FSDP2 on every GPU of the machine
+			# (torchrun, bench/train/ddp.py --fsdp) under gpumem,
+			# expandable segments and native, interleaved ROUNDS times
+			# (2), STEPS steps each (30): fsdp.jsonl (every rank's NVML
+			# peak, steps, gpumem's counters and host times per step) and
+			# fsdp.md (bench/train/ddp_table.py: steady steps, the host
+			# time of growth against steady).
+			use_wheel_library
+			local n r a
+			n=$(nvidia-smi -L | wc -l)
+			for r in $(seq "${ROUNDS:-2}"); do
+				for a in gpumem expandable native; do
+					python3 -m torch.distributed.run --nproc_per_node "$n" bench/train/ddp.py "$a" --fsdp \
+						--steps "${STEPS:-30}" --tag "r$r" --out "$out/fsdp.jsonl" >>"$out/fsdp.log" 2>&1 ||
+						echo "FAIL: $a round $r" | tee -a "$out/fsdp.log" >&2
+				done
+			done
+			python3 bench/train/ddp_table.py "$out/fsdp.jsonl" >"$out/fsdp.md"
 			;;
 		pathcost)
 			# What an allocation costs on the real device: the C caller's
