@@ -37,12 +37,13 @@ only.
 
 With --json, each trace is one JSON object on one line, with the keys trace,
 device, mode, events, peak_live_bytes, peak_reserved_bytes, ratio, ooms,
-ns_per_op, maps, unmaps, device_calls, creates, releases, fences,
-peak_active_bytes and end_reserved_bytes, and with --defrag splits, copies,
+ns_per_op, maps, unmaps, device_calls, creates, releases, fences, misses
+(the allocations the cache did not serve at once), peak_active_bytes and
+end_reserved_bytes, and with --defrag splits, copies,
 copied_bytes and split_ns (the spans whose live chunks moved, the device
 copies and their bytes, the wall time of the splits); with
 --warm or --passes also passes: {n, peak_reserved_bytes and ratio over all
-passes, creates_later, maps_later, releases_later, ooms_later,
+passes, creates_later, maps_later, releases_later, misses_later, ooms_later,
 ns_per_op_later, splits_later and split_ns_later with --defrag, and
 first_oom_later when a
 later pass ran out of memory}; when a request ran out

@@ -84,6 +84,9 @@ type Result struct {
 	// so that its frees serve a request (gpumem.Stats).
 	Handoffs uint64 `json:"handoffs,omitempty"`
 	Orders   uint64 `json:"orders,omitempty"`
+	// Misses counts the allocations the cache did not serve at once
+	// (gpumem.Stats.Misses): the slow path's share of the requests.
+	Misses uint64 `json:"misses"`
 	// Splits, Copies and CopiedBytes: sparse spans whose live chunks
 	// moved, the runs of live chunks copied (each a new handle) and their
 	// bytes (gpumem.Config.Defrag; else 0).
@@ -148,6 +151,7 @@ type PassesResult struct {
 	CreatesLater  uint64 `json:"creates_later"` // in the passes after the first
 	MapsLater     uint64 `json:"maps_later"`
 	ReleasesLater uint64 `json:"releases_later"`
+	MissesLater   uint64 `json:"misses_later"` // Result.Misses, of the passes after the first
 	// OOMsLater counts the requests of the passes after the first that ran
 	// out of memory (a capacity or limit the first pass fitted in may not
 	// hold a later pass whose layout has drifted); FirstOOMLater is the
@@ -304,6 +308,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		Fences:            st.Fences - before.Fences,
 		Handoffs:          st.Handoffs - before.Handoffs,
 		Orders:            st.Orders - before.Orders,
+		Misses:            st.Misses - before.Misses,
 		Splits:            st.Splits - before.Splits,
 		Copies:            st.Copies - before.Copies,
 		SplitNs:           st.SplitNanos - before.SplitNanos,
@@ -340,7 +345,8 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 		end := a.Stats()
 		r.Passes = &PassesResult{N: passes, PeakReservedBytes: end.PeakReserved,
 			CreatesLater: end.Creates - st.Creates, MapsLater: end.Maps - st.Maps, ReleasesLater: end.Releases - st.Releases,
-			OOMsLater: oomsLater, FirstOOMLater: firstLater, SplitsLater: end.Splits - st.Splits, SplitNsLater: end.SplitNanos - st.SplitNanos}
+			OOMsLater: oomsLater, FirstOOMLater: firstLater, SplitsLater: end.Splits - st.Splits, SplitNsLater: end.SplitNanos - st.SplitNanos,
+			MissesLater: end.Misses - st.Misses}
 		r.Passes.PeakLiveBytes = tr.PeakLivePasses(passes)
 		if r.Passes.PeakLiveBytes > 0 {
 			r.Passes.Ratio = float64(end.PeakReserved) / float64(r.Passes.PeakLiveBytes)

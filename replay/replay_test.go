@@ -316,7 +316,7 @@ func TestReplayTouchError(t *testing.T) {
 // contract; renaming one breaks its users.
 func TestResultJSONKeys(t *testing.T) {
 	want := []string{"trace", "device", "mode", "events", "peak_live_bytes", "peak_reserved_bytes", "ratio", "ooms",
-		"ns_per_op", "maps", "unmaps", "device_calls", "creates", "releases", "fences", "peak_active_bytes", "end_reserved_bytes"}
+		"ns_per_op", "maps", "unmaps", "device_calls", "creates", "releases", "fences", "misses", "peak_active_bytes", "end_reserved_bytes"}
 	raw, err := json.Marshal(replay.Result{Trace: "x", Ratio: 1.5})
 	if err != nil {
 		t.Fatal(err)
