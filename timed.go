@@ -11,7 +11,10 @@ import (
 
 // timedVM is the device's virtual memory with the host time of every call
 // added to a counter (Stats.DriverNanos). Only growth, moves and releases
-// call it: never a cache hit.
+// call it: never a cache hit. Package device/timed times a whole device by
+// operation for the replay (--driver-times), but wraps only devices with
+// every optional capability, keeps a map per operation, and sits outside
+// the allocator; this is the allocator's own total, for any device.
 type timedVM struct {
 	device.VirtualMemory
 	ns *atomic.Uint64
