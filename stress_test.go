@@ -135,8 +135,14 @@ func stress(t *testing.T, base gpumem.Config, release bool) {
 	mode := base.Mode
 	const workers = 4
 	rounds, perRound := 20, 500
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		rounds, perRound = 4, 150
+	case raceDetector:
+		// 8 subtests of 4 workers: 90 s of the race suite's 3.5 minutes
+		// on two cores at 20 rounds, about 36 s at 8; `go test ./...`
+		// (.ci/run's second step) runs all 20 without the detector.
+		rounds = 8
 	}
 	dev := sim.MustNew(sim.Config{Capacity: 256 * miB})
 	cfg := base
