@@ -1885,6 +1885,326 @@ def ctc_asr_varlen(seed=0):
     torch.cuda.synchronize()
 
 
+# ---------------------------------------------------------------------------
+# The fifth holdout (MANIFEST.md): written and split before their first
+# recording.
+
+
+def _segsum(x):
+    """segsum[..., i, j] = x[..., j+1] + ... + x[..., i] for i >= j, and -inf
+    above the diagonal: the log decay between two positions of a chunk
+    (Mamba-2's state-space duality)."""
+    t = x.shape[-1]
+    c = x.cumsum(-1)
+    s = c[..., :, None] - c[..., None, :]
+    keep = torch.ones(t, t, device=x.device, dtype=torch.bool).tril()
+    return s.masked_fill(~keep, float("-inf"))
+
+
+def mamba_scan_lm(seed=0):
+    """A Mamba-2-style state-space language model written here: each block
+    projects to a gate, an input (a causal depthwise conv1d), B, C and a
+    step size per head, and runs the selective scan chunk by chunk (the
+    state-space duality: decays between positions of a chunk by cumulative
+    sums, exp, einsums within chunks, the states carried between chunks by
+    another), 12 blocks of dim 768 (24 heads, state 64), AdamW under bf16
+    autocast at random lengths 512..4,096 (multiples of 256, batch 1..16
+    within 16k tokens) and a random chunk length (64, 128 or 256) each step;
+    30 steps."""
+    torch.manual_seed(seed)
+
+    def ssd(X, A, B, C, l):
+        # X (b, n, h, p); A (b, n, h), log decays; B and C (b, n, h, s)
+        b, n, h, p = X.shape
+        c = n // l
+        X, B, C = X.reshape(b, c, l, h, p), B.reshape(b, c, l, h, -1), C.reshape(b, c, l, h, -1)
+        A = A.reshape(b, c, l, h).permute(0, 3, 1, 2)
+        acum = A.cumsum(-1)
+        y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, torch.exp(_segsum(A)), X)
+        decay = torch.exp(acum[..., -1:] - acum)
+        states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay, X)
+        states = torch.cat([torch.zeros_like(states[:, :1]), states], 1)
+        carry = torch.exp(_segsum(F.pad(acum[..., -1], (1, 0))))
+        states = torch.einsum("bhzc,bchpn->bzhpn", carry, states)[:, :-1]
+        y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, torch.exp(acum))
+        return (y_diag + y_off).reshape(b, n, h, p)
+
+    class Mamba2(nn.Module):
+        def __init__(self, dim, heads):
+            super().__init__()
+            inner, self.state, self.h = 2 * dim, 64, heads
+            self.p = inner // heads
+            self.ln = nn.LayerNorm(dim)
+            self.inp = nn.Linear(dim, 2 * inner + 2 * self.state + heads)
+            self.conv = nn.Conv1d(inner, inner, 4, groups=inner, padding=3)
+            self.dt_bias = nn.Parameter(torch.zeros(heads))
+            self.a_log = nn.Parameter(torch.log(torch.rand(heads) * 15 + 1))
+            self.d = nn.Parameter(torch.ones(heads))
+            self.out = nn.Linear(inner, dim)
+            self.chunk = 128
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            inner = self.h * self.p
+            z, u, bm, cm, dt = self.inp(self.ln(x)).split([inner, inner, self.state, self.state, self.h], -1)
+            u = F.silu(self.conv(u.transpose(1, 2))[..., :n].transpose(1, 2))
+            dt = F.softplus(dt.float() + self.dt_bias)
+            a = -torch.exp(self.a_log.float()) * dt
+            uh = u.float().reshape(b, n, self.h, self.p)
+            bh = bm.float()[:, :, None, :].expand(b, n, self.h, self.state)
+            ch = cm.float()[:, :, None, :].expand(b, n, self.h, self.state)
+            y = ssd(uh * dt[..., None], a, bh, ch, self.chunk) + uh * self.d[:, None]
+            return x + self.out(y.reshape(b, n, inner).to(x.dtype) * F.silu(z))
+
+    model = LM(32000, 768, 24, 12, block=Mamba2).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng, g = _rng("mamba_scan_lm", seed), _gen(seed)
+    for _ in range(30):
+        b = rng.choice([1, 2, 4, 8, 16])
+        n = 256 * rng.randint(2, min(16, 16384 // (256 * b)))
+        chunk = rng.choice([64, 128, 256])
+        for blk in model.blocks:
+            blk.chunk = chunk
+        x = torch.randint(0, 32000, (b, n + 1), device=DEVICE, generator=g)
+        with torch.autocast("cuda", dtype=BF16):
+            loss = model.loss(x)
+        _step(loss, opt)
+    torch.cuda.synchronize()
+
+
+def swin_train(seed=0):
+    """A hierarchical vision transformer: torchvision's Swin-T (shifted 7x7
+    windows: torch.roll, window partitions and their copies, a relative
+    position bias per window, patch merging; random weights) trained with
+    AdamW under bf16 autocast at random resolutions (160..384 in steps of
+    32; batch at most 64 and 48 images of 256x256 worth of pixels, at least
+    half that); 40 steps."""
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = torchvision.models.swin_t(weights=None, num_classes=1000).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng, g = _rng("swin_train", seed), _gen(seed)
+    for _ in range(40):
+        r = rng.choice(range(160, 385, 32))
+        most = max(1, min(64, 48 * 256 * 256 // (r * r)))
+        b = rng.randint(max(1, most // 2), most)
+        x = torch.randn(b, 3, r, r, device=DEVICE, generator=g)
+        y = torch.randint(0, 1000, (b,), device=DEVICE, generator=g)
+        with torch.autocast("cuda", dtype=BF16):
+            loss = F.cross_entropy(model(x), y)
+        _step(loss, opt)
+    torch.cuda.synchronize()
+
+
+def nerf_rays(seed=0):
+    """NeRF-style volume rendering, written here: random batches of rays
+    (2,048..12,288), 64 stratified samples each through a positional
+    encoding and an 8-layer MLP (width 256, a skip) to density and color,
+    alpha compositing by cumprod; then 64 more samples a ray drawn from the
+    coarse weights by inverse-CDF sampling (torch.searchsorted, gather),
+    merged and sorted, and of those 128 only the ones near a coarse sample
+    of above-average weight evaluated (a mask: how many is known only on
+    the GPU), scattered back by index_put; MSE of both renders to random
+    colors, Adam, bf16 autocast; 60 steps."""
+    torch.manual_seed(seed)
+
+    def encode(pt, k):
+        f = 2.0 ** torch.arange(k, device=pt.device, dtype=torch.float32) * math.pi
+        y = pt[..., None] * f
+        return torch.cat([pt, y.sin().flatten(-2), y.cos().flatten(-2)], -1)
+
+    class Field(nn.Module):
+        def __init__(self, w=256):
+            super().__init__()
+            din = 3 + 6 * 10
+            self.a = nn.ModuleList([nn.Linear(din, w)] + [nn.Linear(w, w) for _ in range(3)])
+            self.b = nn.ModuleList([nn.Linear(w + din, w)] + [nn.Linear(w, w) for _ in range(3)])
+            self.sigma = nn.Linear(w, 1)
+            self.rgb = nn.Sequential(nn.Linear(w + 3 + 6 * 4, w // 2), nn.ReLU(), nn.Linear(w // 2, 3))
+
+        def forward(self, pts, dirs):
+            e = encode(pts, 10)
+            h = e
+            for lin in self.a:
+                h = F.relu(lin(h))
+            h = torch.cat([h, e.to(h.dtype)], -1)
+            for lin in self.b:
+                h = F.relu(lin(h))
+            sigma = F.softplus(self.sigma(h).float()).squeeze(-1)
+            rgb = torch.sigmoid(self.rgb(torch.cat([h, encode(dirs, 4).to(h.dtype)], -1)).float())
+            return sigma, rgb
+
+    def render(sigma, rgb, z):
+        delta = torch.cat([z[:, 1:] - z[:, :-1], torch.full_like(z[:, :1], 1e10)], -1)
+        alpha = 1 - torch.exp(-sigma * delta)
+        trans = torch.cumprod(torch.cat([torch.ones_like(alpha[:, :1]), 1 - alpha + 1e-10], -1), -1)[:, :-1]
+        w = alpha * trans
+        return (w[..., None] * rgb).sum(1), w
+
+    field = Field().to(DEVICE)
+    opt = torch.optim.Adam(field.parameters(), lr=5e-4)
+    rng, g = _rng("nerf_rays", seed), _gen(seed)
+    nc = nf = 64
+    for _ in range(60):
+        r = rng.choice([2048, 4096, 8192, 12288])
+        o = torch.randn(r, 3, device=DEVICE, generator=g)
+        d = F.normalize(torch.randn(r, 3, device=DEVICE, generator=g), dim=-1)
+        target = torch.rand(r, 3, device=DEVICE, generator=g)
+        t = (torch.arange(nc, device=DEVICE) + torch.rand(r, nc, device=DEVICE, generator=g)) / nc
+        z = 2.0 + 4.0 * t
+        with torch.autocast("cuda", dtype=BF16):
+            pts = o[:, None] + d[:, None] * z[..., None]
+            sigma, rgb = field(pts, d[:, None].expand(r, nc, 3))
+            color_c, w = render(sigma, rgb, z)
+            # inverse-CDF samples from the coarse weights
+            pdf = w.detach() + 1e-5
+            cdf = torch.cat([torch.zeros_like(pdf[:, :1]), (pdf / pdf.sum(-1, keepdim=True)).cumsum(-1)], -1)
+            u = torch.rand(r, nf, device=DEVICE, generator=g).contiguous()
+            idx = torch.searchsorted(cdf.contiguous(), u, right=True)
+            lo, hi = (idx - 1).clamp(0, nc), idx.clamp(0, nc)
+            zb = torch.cat([z, z[:, -1:] + 4.0 / nc], -1)
+            c0, c1 = cdf.gather(1, lo), cdf.gather(1, hi)
+            frac = ((u - c0) / (c1 - c0).clamp_min(1e-6)).clamp(0, 1)
+            zf = zb.gather(1, lo) + frac * (zb.gather(1, hi) - zb.gather(1, lo))
+            zall, _ = torch.sort(torch.cat([z, zf], -1), -1)
+            near = torch.searchsorted(z.contiguous(), zall.contiguous()).clamp(max=nc - 1)
+            wn = w.detach().gather(1, near)
+            keep = wn > wn.mean(-1, keepdim=True)
+            ri, ci = keep.nonzero(as_tuple=True)
+            pa = o[ri] + d[ri] * zall[ri, ci][:, None]
+            s_k, c_k = field(pa, d[ri])
+            sig = torch.zeros(r, 2 * nc, device=DEVICE).index_put((ri, ci), s_k)
+            col = torch.zeros(r, 2 * nc, 3, device=DEVICE).index_put((ri, ci), c_k)
+            color_f, _ = render(sig, col, zall)
+            loss = F.mse_loss(color_c, target) + F.mse_loss(color_f, target)
+        _step(loss, opt)
+    torch.cuda.synchronize()
+
+
+def save_on_cpu_train(seed=0):
+    """Training with activations offloaded to the host: a 16-layer
+    transformer (dim 1,024) whose tensors saved for backward go to pinned
+    host memory as the forward pass makes them and come back as the
+    backward pass needs them (torch.autograd.graph.save_on_cpu with
+    pin_memory: a device-to-host copy per saved tensor, the device tensor
+    dropped, a host-to-device copy in backward), AdamW under bf16 autocast
+    at random lengths 512..2,048 (batch 1..16 within 8k tokens); 20 steps."""
+    torch.manual_seed(seed)
+    model = LM(32000, 1024, 16, 16).to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng, g = _rng("save_on_cpu_train", seed), _gen(seed)
+    for _ in range(20):
+        b, n = _tokens_batch(rng, 512, 2048, 8192, [1, 2, 4, 8, 16])
+        x = torch.randint(0, 32000, (b, n + 1), device=DEVICE, generator=g)
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            with torch.autocast("cuda", dtype=BF16):
+                loss = model.loss(x)
+        _step(loss, opt)
+    torch.cuda.synchronize()
+
+
+def dpsgd_per_sample(seed=0):
+    """Differentially private training as Opacus does it, written with
+    torch.func: per-sample gradients of a small CNN (functional_call under
+    vmap(grad): a batch x parameters gradient, about 0.5M parameters each),
+    every example's gradient clipped to norm 1, summed, Gaussian noise
+    added, a plain SGD step on new parameter tensors; batches of
+    64..1,024 random 32x32 images; 40 steps."""
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1), nn.GroupNorm(8, 64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.GroupNorm(8, 128), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(128, 256, 3, padding=1), nn.GroupNorm(8, 256), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).to(DEVICE)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss_one(prm, x, y):
+        return F.cross_entropy(functional_call(model, prm, (x[None],)), y[None])
+
+    per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))
+    rng, g = _rng("dpsgd_per_sample", seed), _gen(seed)
+    for _ in range(40):
+        b = rng.choice([64, 128, 256, 512, 1024])
+        x = torch.randn(b, 3, 32, 32, device=DEVICE, generator=g)
+        y = torch.randint(0, 10, (b,), device=DEVICE, generator=g)
+        gs = per_sample(params, x, y)
+        norms = torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in gs.values()))
+        scale = (1.0 / (norms + 1e-6)).clamp(max=1.0)
+        for k, v in gs.items():
+            noisy = (v * scale.view(-1, *[1] * (v.dim() - 1))).sum(0)
+            noisy = noisy + torch.randn(noisy.shape, device=DEVICE, generator=g)
+            params[k] = params[k] - 0.1 * noisy / b
+        del gs
+    torch.cuda.synchronize()
+
+
+def rnnt_asr(seed=0):
+    """Speech recognition with a transducer, written here: a convolutional
+    subsampler (stride 4) and a 6-layer transformer encoder (dim 512) over
+    log-mel frames of random length, an LSTM prediction network over the
+    transcript, the joint network over every (frame, label) pair (batch x
+    frames x labels x 320, then logits over 256 symbols, log-softmaxed), and
+    the RNN-T loss by its forward recursion over frames (a logcumsumexp over
+    labels a frame, autograd through every frame's); utterances of
+    400..1,600 frames (batch 2..16 within 12,800 frames), transcripts of
+    10..80 symbols; AdamW in float32; 30 steps."""
+    torch.manual_seed(seed)
+    vocab = 256
+
+    class Transducer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sub = nn.Sequential(nn.Conv1d(80, 512, 3, stride=2, padding=1), nn.GELU(),
+                                     nn.Conv1d(512, 512, 3, stride=2, padding=1), nn.GELU())
+            layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, norm_first=True)
+            self.enc = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
+            self.embed = nn.Embedding(vocab, 320)
+            self.pred = nn.LSTM(320, 512, batch_first=True)
+            self.je, self.jp, self.jo = nn.Linear(512, 320), nn.Linear(512, 320), nn.Linear(320, vocab)
+
+        def forward(self, x, labels):
+            e = self.enc(self.sub(x.transpose(1, 2)).transpose(1, 2))
+            p, _ = self.pred(self.embed(F.pad(labels, (1, 0))))
+            j = torch.tanh(self.je(e)[:, :, None] + self.jp(p)[:, None])
+            return self.jo(j).log_softmax(-1)
+
+    def loss_fn(lp, labels, t_lens, u_lens):
+        b, t_max, u1, _ = lp.shape
+        blank = lp[..., 0]
+        emit = lp[:, :, :-1].gather(-1, labels[:, None, :, None].expand(b, t_max, u1 - 1, 1)).squeeze(-1)
+        alphas, prev = [], None
+        for t in range(t_max):
+            e = torch.cat([torch.zeros_like(emit[:, t, :1]), emit[:, t].cumsum(-1)], -1)
+            a = e if prev is None else e + torch.logcumsumexp(prev + blank[:, t - 1] - e, -1)
+            alphas.append(a)
+            prev = a
+        alpha = torch.stack(alphas, 1)
+        bi = torch.arange(b, device=lp.device)
+        ll = alpha[bi, t_lens - 1, u_lens] + blank[bi, t_lens - 1, u_lens]
+        return -(ll / u_lens).mean()
+
+    model = Transducer().to(DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng, g = _rng("rnnt_asr", seed), _gen(seed)
+    for _ in range(30):
+        n = rng.randint(400, 1600)
+        fit = [c for c in [2, 4, 8, 16] if c * n <= 12800] or [2]
+        b = rng.choice(fit)
+        lens = [rng.randint(n // 2, n) for _ in range(b)]
+        lens[0] = n
+        u_lens = [rng.randint(10, 80) for _ in range(b)]
+        x = torch.randn(b, n, 80, device=DEVICE, generator=g)
+        labels = torch.randint(1, vocab, (b, max(u_lens)), device=DEVICE, generator=g)
+        t_lens = torch.tensor([(m + 3) // 4 for m in lens], device=DEVICE)
+        lp = model(x, labels)
+        loss = loss_fn(lp, labels, t_lens, torch.tensor(u_lens, device=DEVICE))
+        _step(loss, opt)
+    torch.cuda.synchronize()
+
+
 # name: (function, split, what it exercises). Chosen before any recording;
 # MANIFEST.md gives the rule. The order is the recording order: the fourteen
 # kinds the issue asks for first (8 tune, 6 holdout), then six for breadth,
@@ -1940,4 +2260,11 @@ PROGRAMS = {
     "compiled_lm_varlen": (compiled_lm_varlen, "holdout", "torch.compile with dynamic shapes, training at random lengths"),
     # In voxel_bev's place (MANIFEST.md), split before its first recording.
     "ctc_asr_varlen": (ctc_asr_varlen, "holdout", "CTC loss over padded variable-length utterances, a transformer encoder"),
+    # The fifth holdout (MANIFEST.md), split before their first recording.
+    "mamba_scan_lm": (mamba_scan_lm, "holdout", "a Mamba-2-style selective scan by chunks (cumsum, exp, einsums) at random lengths and chunks"),
+    "swin_train": (swin_train, "holdout", "torchvision Swin-T: shifted windows (roll, partition copies) at random resolutions"),
+    "nerf_rays": (nerf_rays, "holdout", "NeRF rays: cumprod compositing, searchsorted resampling, a mask of samples (sizes known on the GPU) scattered back"),
+    "save_on_cpu_train": (save_on_cpu_train, "holdout", "activations saved to pinned host memory in forward and brought back in backward (save_on_cpu)"),
+    "dpsgd_per_sample": (dpsgd_per_sample, "holdout", "per-sample gradients by torch.func vmap(grad), clipped and noised, parameters made anew each step"),
+    "rnnt_asr": (rnnt_asr, "holdout", "a transducer: a batch x frames x labels joint tensor and a loss recursion over frames"),
 }
