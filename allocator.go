@@ -120,6 +120,8 @@ type counters struct {
 	splits, copies, copiedBytes            atomic.Uint64
 	splitNanos, gateRefusals               atomic.Uint64
 	driverNanos, waitNanos                 atomic.Uint64
+	createNanos, mapNanos, accessNanos     atomic.Uint64
+	unmapNanos, releaseNanos               atomic.Uint64
 	misses, missNanos                      atomic.Uint64
 }
 
@@ -165,7 +167,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 	}
 	a.gran = segmentRound
 	if a.mode == ModeVirtual {
-		a.vm = timedVM{vm, &a.c.driverNanos}
+		a.vm = timedVM{vm, &a.c}
 		a.gran = vm.Granularity()
 		if a.gran == 0 || a.gran&(a.gran-1) != 0 || a.gran < minBlock {
 			return nil, fmt.Errorf("gpumem: New: device granularity %d is not a power of two ≥ %d", a.gran, minBlock)

@@ -91,6 +91,14 @@ type Stats struct {
 	// calling thread, for telling where a slow step's time went; on the
 	// simulated device they measure the simulation.
 	DriverNanos, WaitNanos uint64
+	// CreateNanos, MapNanos, SetAccessNanos, UnmapNanos and ReleaseNanos
+	// are the parts of DriverNanos spent in each virtual-memory call
+	// (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease;
+	// the counts are Creates, Maps, SetAccess, Unmaps and Releases): which
+	// call a slow growth step waited in. (On four H200s under FSDP2 a span
+	// cost 8 ms of driver time where alone it costs 60 us:
+	// docs/BENCHMARKS.md, "FSDP2 and the ranks on four H200s".)
+	CreateNanos, MapNanos, SetAccessNanos, UnmapNanos, ReleaseNanos uint64
 	// Misses counts the allocations the cache could not serve at once (the
 	// slow path: a search over the fitting free blocks, other streams'
 	// events queried, a stream wait, growth); MissNanos is their host time
@@ -190,6 +198,10 @@ func (a *Allocator) Stats() Stats {
 	s.Maps, s.Unmaps, s.SetAccess = c.maps.Load(), c.unmaps.Load(), c.setAccess.Load()
 	s.Reserves, s.Fences, s.Handoffs, s.Orders = c.reserves.Load(), c.fences.Load(), c.handoffs.Load(), c.orders.Load()
 	s.Splits, s.Copies, s.CopiedBytes, s.SplitNanos = c.splits.Load(), c.copies.Load(), c.copiedBytes.Load(), c.splitNanos.Load()
+	// Each call's part before the total: a call adds to the total first
+	// (timedVM.since), so the parts read never exceed the total read.
+	s.CreateNanos, s.MapNanos, s.SetAccessNanos = c.createNanos.Load(), c.mapNanos.Load(), c.accessNanos.Load()
+	s.UnmapNanos, s.ReleaseNanos = c.unmapNanos.Load(), c.releaseNanos.Load()
 	s.DriverNanos, s.WaitNanos = c.driverNanos.Load(), c.waitNanos.Load()
 	s.Misses, s.MissNanos = c.misses.Load(), c.missNanos.Load()
 	s.GateRefusals = c.gateRefusals.Load()

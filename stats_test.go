@@ -213,6 +213,21 @@ func TestStatsDriverAndWaitTime(t *testing.T) {
 			if mode == gpumem.ModeVirtual && (st.Creates == 0 || st.DriverNanos < uint64(st.Creates)*uint64(create)) {
 				t.Errorf("%d creates of %v each, DriverNanos %v", st.Creates, create, time.Duration(st.DriverNanos))
 			}
+			if mode == gpumem.ModeVirtual {
+				// Each call's part: the creates' is at least their
+				// known time, every call made has a part, and the
+				// parts add up to no more than the total.
+				parts := st.CreateNanos + st.MapNanos + st.SetAccessNanos + st.UnmapNanos + st.ReleaseNanos
+				if st.CreateNanos < uint64(st.Creates)*uint64(create) || st.Maps > 0 && st.MapNanos == 0 || st.SetAccess > 0 && st.SetAccessNanos == 0 || parts > st.DriverNanos {
+					t.Errorf("%d creates (%v each): CreateNanos %d, MapNanos %d (%d maps), SetAccessNanos %d (%d grants), their sum %d against DriverNanos %d",
+						st.Creates, create, st.CreateNanos, st.MapNanos, st.Maps, st.SetAccessNanos, st.SetAccess, parts, st.DriverNanos)
+				}
+				if st.UnmapNanos != 0 || st.ReleaseNanos != 0 {
+					t.Errorf("before any unmap or release: UnmapNanos %d, ReleaseNanos %d", st.UnmapNanos, st.ReleaseNanos)
+				}
+			} else if st.CreateNanos+st.MapNanos+st.SetAccessNanos != 0 {
+				t.Errorf("plain mode made virtual-memory calls: %+v", st)
+			}
 			if st.DeviceCalls() == 0 || st.DriverNanos == 0 || st.WaitNanos != 0 || st.Fences != 0 {
 				t.Errorf("after one growth: %d calls, DriverNanos %d, %d fences, WaitNanos %d", st.DeviceCalls(), st.DriverNanos, st.Fences, st.WaitNanos)
 			}
@@ -244,6 +259,9 @@ func TestStatsDriverAndWaitTime(t *testing.T) {
 			}
 			if st.DriverNanos <= before.DriverNanos {
 				t.Errorf("the release added no DriverNanos (%d)", st.DriverNanos)
+			}
+			if mode == gpumem.ModeVirtual && (st.Releases == 0 || st.ReleaseNanos == 0 || st.UnmapNanos == 0) {
+				t.Errorf("after the trim: %d releases, ReleaseNanos %d, UnmapNanos %d", st.Releases, st.ReleaseNanos, st.UnmapNanos)
 			}
 		})
 	}

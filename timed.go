@@ -10,49 +10,59 @@ import (
 )
 
 // timedVM is the device's virtual memory with the host time of every call
-// added to a counter (Stats.DriverNanos). Only growth, moves and releases
-// call it: never a cache hit. Package device/timed times a whole device by
-// operation for the replay (--driver-times), but wraps only devices with
-// every optional capability, keeps a map per operation, and sits outside
-// the allocator; this is the allocator's own total, for any device.
+// added to a counter (Stats.DriverNanos), and that of each kind of call to
+// its own (Stats.CreateNanos and the others: which call a slow growth
+// waited in). Only growth, moves and releases call it: never a cache hit.
+// Package device/timed times a whole device by operation for the replay
+// (--driver-times), but wraps only devices with every optional capability,
+// keeps a map per operation, and sits outside the allocator; this is the
+// allocator's own total, for any device.
 type timedVM struct {
 	device.VirtualMemory
-	ns *atomic.Uint64
+	c *counters
 }
 
-func (t timedVM) since(t0 time.Time) { t.ns.Add(uint64(time.Since(t0))) }
+// since adds the time since t0 to the total and, if not nil, to one call's
+// counter.
+func (t timedVM) since(t0 time.Time, call *atomic.Uint64) {
+	d := uint64(time.Since(t0))
+	t.c.driverNanos.Add(d)
+	if call != nil {
+		call.Add(d)
+	}
+}
 
 func (t timedVM) Reserve(size, align uint64) (device.Ptr, error) {
-	defer t.since(time.Now())
+	defer t.since(time.Now(), nil)
 	return t.VirtualMemory.Reserve(size, align)
 }
 
 func (t timedVM) ReleaseAddress(p device.Ptr, size uint64) error {
-	defer t.since(time.Now())
+	defer t.since(time.Now(), nil)
 	return t.VirtualMemory.ReleaseAddress(p, size)
 }
 
 func (t timedVM) Create(size uint64) (device.Handle, error) {
-	defer t.since(time.Now())
+	defer t.since(time.Now(), &t.c.createNanos)
 	return t.VirtualMemory.Create(size)
 }
 
 func (t timedVM) Release(h device.Handle) error {
-	defer t.since(time.Now())
+	defer t.since(time.Now(), &t.c.releaseNanos)
 	return t.VirtualMemory.Release(h)
 }
 
 func (t timedVM) Map(p device.Ptr, size uint64, h device.Handle) error {
-	defer t.since(time.Now())
+	defer t.since(time.Now(), &t.c.mapNanos)
 	return t.VirtualMemory.Map(p, size, h)
 }
 
 func (t timedVM) SetAccess(p device.Ptr, size uint64) error {
-	defer t.since(time.Now())
+	defer t.since(time.Now(), &t.c.accessNanos)
 	return t.VirtualMemory.SetAccess(p, size)
 }
 
 func (t timedVM) Unmap(p device.Ptr, size uint64) error {
-	defer t.since(time.Now())
+	defer t.since(time.Now(), &t.c.unmapNanos)
 	return t.VirtualMemory.Unmap(p, size)
 }

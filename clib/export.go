@@ -415,6 +415,9 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		fences: C.uint64_t(s.Fences), gate_refusals: C.uint64_t(s.GateRefusals),
 		driver_ns: C.uint64_t(s.DriverNanos), wait_ns: C.uint64_t(s.WaitNanos),
 		misses: C.uint64_t(s.Misses), miss_ns: C.uint64_t(s.MissNanos),
+		create_ns: C.uint64_t(s.CreateNanos), map_ns: C.uint64_t(s.MapNanos),
+		set_access_ns: C.uint64_t(s.SetAccessNanos), unmap_ns: C.uint64_t(s.UnmapNanos),
+		release_ns: C.uint64_t(s.ReleaseNanos),
 	}
 	return 0
 }

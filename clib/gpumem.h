@@ -180,6 +180,10 @@ typedef struct gpumem_stats {
 	 * cache could not serve at once (the slow path) and their host time,
 	 * those two included. */
 	uint64_t driver_ns, wait_ns, misses, miss_ns;
+	/* The parts of driver_ns spent in cuMemCreate, cuMemMap,
+	 * cuMemSetAccess, cuMemUnmap and cuMemRelease: which call a slow
+	 * growth waited in. */
+	uint64_t create_ns, map_ns, set_access_ns, unmap_ns, release_ns;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------

@@ -88,6 +88,9 @@ func counter(name, help string, f func(s gpumem.Stats) uint64) metric {
 var deviceCalls = prometheus.NewDesc("gpumem_device_calls_total",
 	"Memory-management calls made to the driver, by call.", append(labels, "call"), nil)
 
+var driverCallSeconds = prometheus.NewDesc("gpumem_driver_call_seconds_total",
+	"Host time spent in the driver's virtual-memory calls, by call (part of gpumem_driver_seconds_total).", append(labels, "call"), nil)
+
 var metricsList = []metric{
 	gauge("allocated_bytes", "Bytes requested by live buffers.", func(s gpumem.Stats) uint64 { return s.Allocated }),
 	gauge("allocated_peak_bytes", "Peak of allocated_bytes since the start or the last peak reset.", func(s gpumem.Stats) uint64 { return s.PeakAllocated }),
@@ -128,6 +131,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- m.desc
 	}
 	ch <- deviceCalls
+	ch <- driverCallSeconds
 	ch <- outsideDesc
 }
 
@@ -147,6 +151,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}{{"alloc", s.DeviceAllocs}, {"free", s.DeviceFrees}, {"create", s.Creates}, {"release", s.Releases},
 			{"map", s.Maps}, {"unmap", s.Unmaps}, {"set_access", s.SetAccess}, {"reserve", s.Reserves}} {
 			ch <- prometheus.MustNewConstMetric(deviceCalls, prometheus.CounterValue, float64(call.n), src.Device, src.Pool, call.name)
+		}
+		for _, call := range []struct {
+			name string
+			ns   uint64
+		}{{"create", s.CreateNanos}, {"release", s.ReleaseNanos}, {"map", s.MapNanos}, {"unmap", s.UnmapNanos}, {"set_access", s.SetAccessNanos}} {
+			ch <- prometheus.MustNewConstMetric(driverCallSeconds, prometheus.CounterValue, float64(call.ns)/1e9, src.Device, src.Pool, call.name)
 		}
 		if src.OutsideKnown {
 			ch <- prometheus.MustNewConstMetric(outsideDesc, prometheus.GaugeValue, float64(src.Outside), src.Device, src.Pool)

@@ -106,6 +106,12 @@ func TestScrape(t *testing.T) {
 	if got := value("gpumem_driver_seconds_total", "0"); got != float64(sa.DriverNanos)/1e9 || got <= 0 {
 		t.Errorf("driver_seconds_total{device=0} = %v, want %d ns, above 0 after its creates", got, sa.DriverNanos)
 	}
+	if got := value("gpumem_driver_call_seconds_total", "0", "call", "create"); got != float64(sa.CreateNanos)/1e9 || got <= 0 {
+		t.Errorf("driver_call_seconds_total{call=create} = %v, want %d ns, above 0 after its creates", got, sa.CreateNanos)
+	}
+	if got := value("gpumem_driver_call_seconds_total", "0", "call", "set_access"); got != float64(sa.SetAccessNanos)/1e9 {
+		t.Errorf("driver_call_seconds_total{call=set_access} = %v, want %d ns", got, sa.SetAccessNanos)
+	}
 	if got := value("gpumem_misses_total", "0"); got != float64(sa.Misses) || got == 0 {
 		t.Errorf("misses_total{device=0} = %v, want %d, above 0 after its growth", got, sa.Misses)
 	}

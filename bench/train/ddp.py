@@ -103,7 +103,8 @@ def main():
     # releases, and the host time of its driver calls and of its waits for
     # the GPU), to tell growth steps and host waits from the rest.
     per_step = {"Creates": [], "Fences": [], "Orders": [], "Releases": [], "Maps": [], "Unmaps": [],
-                "DriverNanos": [], "WaitNanos": [], "Misses": [], "MissNanos": []}
+                "DriverNanos": [], "WaitNanos": [], "Misses": [], "MissNanos": [],
+                "CreateNanos": [], "MapNanos": [], "SetAccessNanos": [], "UnmapNanos": [], "ReleaseNanos": []}
     counts = (lambda: gpumem.library().stats_json(local)) if args.allocator == "gpumem" else None
     if counts:
         import json

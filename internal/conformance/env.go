@@ -370,6 +370,14 @@ func statsIdentities(st gpumem.Stats) error {
 	if st.Splits > 0 && st.SplitNanos == 0 {
 		bad("Splits %d took SplitNanos %d", st.Splits, st.SplitNanos)
 	}
+	// The virtual-memory calls' parts of the driver's time are within it
+	// (Stats reads them first); a kind of call never made took no time
+	// unless one failed (a failed call is timed, not counted), which
+	// the fault-free identities cannot tell: only the sum is checked.
+	if parts := st.CreateNanos + st.MapNanos + st.SetAccessNanos + st.UnmapNanos + st.ReleaseNanos; parts > st.DriverNanos {
+		bad("CreateNanos %d + MapNanos %d + SetAccessNanos %d + UnmapNanos %d + ReleaseNanos %d > DriverNanos %d",
+			st.CreateNanos, st.MapNanos, st.SetAccessNanos, st.UnmapNanos, st.ReleaseNanos, st.DriverNanos)
+	}
 	// Every mapping the driver holds is a span's or a dormant one
 	// (Config.Compact); with no span mapped there is neither.
 	if st.Maps < st.Unmaps || uint64(max(st.DormantMappings, 0)) > st.Maps-st.Unmaps || st.DormantMappings < 0 {

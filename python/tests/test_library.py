@@ -101,6 +101,9 @@ def test_allocate_free_stats():
         # the host time of the driver calls that grew it (the simulated device's)
         assert s["device_calls"] > 0 and s["driver_ns"] > 0 and s["wait_ns"] == 0, s
         assert s["misses"] > 0 and s["miss_ns"] >= s["driver_ns"], s
+        # which calls that time went to: the creates' and maps' parts of it
+        assert 0 < s["create_ns"] + s["map_ns"] + s["set_access_ns"] <= s["driver_ns"], s
+        assert s["create_ns"] > 0 and s["unmap_ns"] == 0 and s["release_ns"] == 0, s
         for p in ptrs:
             lib.deallocate(p, 0)
         s = gpumem.stats(0)
