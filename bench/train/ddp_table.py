@@ -1,4 +1,4 @@
-"""ddp_table.py FILE: the table of ddp.py's JSON lines, one row per run
+"""ddp_table.py FILE (.jsonl, or .jsonl.gz): the table of ddp.py's JSON lines, one row per run
 (program, allocator, tag, in the order they ran): each rank's NVML peak and
 peak reserved, the spread of the NVML peaks over the ranks (largest over
 smallest, less one), the median step time of rank 0 against the first
@@ -7,10 +7,14 @@ after the longest sequence has run, where no allocator has reason to grow),
 gpumem's host time in driver calls and fences on rank 0 (in the
 steps that reach a new length, and in the steady ones; ddp.py records it
 per step), and the largest relative loss difference from that run (rank 0).
+After the table, for each gpumem run whose records have them (ddp.py since
+bae9ffd), rank 0's driver time by call over the whole run: which call a
+slow growth waited in.
 
 A run is the set of lines of one launch: a rank seen again starts the
 next run."""
 
+import gzip
 import json
 import statistics
 import sys
@@ -20,7 +24,7 @@ GIB = 1 << 30
 
 def load(path):
     runs = []  # [(key, {rank: rec})]
-    for line in open(path):
+    for line in (gzip.open(path, "rt") if path.endswith(".gz") else open(path)):
         line = line.strip()
         if not line.startswith("{"):
             continue
@@ -76,6 +80,27 @@ def main(path):
                 host = "%.1f / %.1f" % (g, h)
         print("| %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1e |" % (
             prog, alloc + (" " + tag if tag else ""), peaks, spread, res, step, vs, st, host, diff))
+    for (prog, alloc, tag), ranks in runs:
+        line = by_call(ranks.get(0))
+        if line:
+            print("\n%s %s%s, rank 0, driver time by call: %s" % (prog, alloc, " " + tag if tag else "", line))
+
+
+def by_call(rec):
+    """rec's driver time by call over all its steps, with the counts where
+    ddp.py records them; None without the per-call times."""
+    per = (rec or {}).get("gpumem_per_step") or {}
+    if "CreateNanos" not in per:
+        return None
+    out = []
+    for name, ns, n in (("create", "CreateNanos", "Creates"), ("map", "MapNanos", "Maps"),
+                        ("set_access", "SetAccessNanos", None), ("unmap", "UnmapNanos", "Unmaps"),
+                        ("release", "ReleaseNanos", "Releases")):
+        ms = sum(per[ns]) / 1e6
+        calls = sum(per[n]) if n and n in per else None
+        each = " (%d calls, %.3f ms each)" % (calls, ms / calls) if calls else ""
+        out.append("%s %.1f ms%s" % (name, ms, each))
+    return ", ".join(out)
 
 
 if __name__ == "__main__":
