@@ -43,7 +43,10 @@
 #                                   emulation's test data:
 #                                   HISTORY_PROGRAMS=a,b), compactsteps
 #                                   (the default against compact=true,
-#                                   span_size=16MiB, step by step).
+#                                   span_size=16MiB, step by step),
+#                                   vmmjob (a span's driver calls timed
+#                                   on every GPU while an FSDP2 job runs,
+#                                   and without one).
 #
 # The GPU machine of this project has no Go and no network: build here, carry
 # build/gpu, run there. Results land in at most 8 files (the device tool's
@@ -444,6 +447,49 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 					done
 				done
 			done
+			;;
+		vmmjob)
+			# Where the four-GPU growth steps' driver time comes from
+			# (docs/BENCHMARKS.md, "FSDP2 and the ranks on four H200s":
+			# 8 ms a span inside FSDP2's ranks, 58-230 us in
+			# bench/core/vmm_cost.c alone). vmm_cost runs on every GPU
+			# at once, outside the job: before it, 25, 35 and 50 s after
+			# the job's start (model building takes about 20 s, step 0's
+			# growth 13 s on four H200s, then steady steps), for each of
+			# gpumem and expandable segments. Slow only while the job runs: the
+			# device is what slows the calls (its kernels, its traffic);
+			# slow in the job's ranks alone (STEPS=30 run fsdp prints
+			# their driver time by call): their own contexts are.
+			# vmm_job.txt.
+			local cc_home=${CUDA_HOME:-/usr/local/cuda} n a d when
+			[ -f "$cc_home/include/cuda.h" ] || cc_home=$(dirname "$(dirname "$(command -v nvcc)")")
+			gcc -O2 -o "$out/vmm_cost" bench/core/vmm_cost.c -I"$cc_home/include" -L"$cc_home/lib64/stubs" -lcuda
+			n=$(nvidia-smi -L | wc -l)
+			probe() { # $1: a label
+				echo "== $1"
+				for d in $(seq 0 $((n - 1))); do "$out/vmm_cost" "$d" 100 32 >"$out/vmm_$d.txt" 2>&1 & done
+				wait
+				for d in $(seq 0 $((n - 1))); do cat "$out/vmm_$d.txt"; done
+			}
+			{
+				machine
+				probe "no job"
+				use_wheel_library
+				for a in gpumem expandable; do
+					python3 -m torch.distributed.run --nproc_per_node "$n" bench/train/ddp.py "$a" --fsdp \
+						--steps 40 --tag vmmjob --out "$out/vmm_job.jsonl" >"$out/vmm_job_$a.log" 2>&1 &
+					local job=$!
+					for when in 25 35 50; do
+						sleep $((when - ${last:-0}))
+						last=$when
+						probe "$a job running, ${when} s after its start"
+					done
+					last=0
+					wait "$job" || echo "FAIL: the $a job"
+				done
+				probe "no job, after"
+			} >"$out/vmm_job.txt" 2>&1
+			rm -f "$out"/vmm_[0-9]*.txt "$out/vmm_cost"
 			;;
 		table)
 			{
