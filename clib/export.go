@@ -24,6 +24,7 @@ import (
 
 	"github.com/gpumem/gpumem"
 	gpudevice "github.com/gpumem/gpumem/device"
+	"github.com/gpumem/gpumem/internal/announce"
 	"github.com/gpumem/gpumem/internal/host"
 )
 
@@ -40,6 +41,10 @@ var theHost = sync.OnceValue(func() *host.Host {
 	}
 	return h
 })
+
+// The announcements' directory (GPUMEM_RUN_DIR, TMPDIR) is read from the
+// environment as it is at the first call too.
+func init() { announce.Getenv = getenv }
 
 // getenv reads the process's environment as it is now (C's getenv).
 func getenv(name string) string {

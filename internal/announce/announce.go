@@ -17,12 +17,24 @@ import (
 	"syscall"
 )
 
+// Getenv reads the environment for Dir. The C library (clib) sets it to C's
+// getenv before its first call: in a c-shared library os.Getenv reads the
+// Go runtime's copy of the environment, made as the library loaded, so a
+// GPUMEM_RUN_DIR a Python program put in os.environ after loading it was
+// seen or not depending on that race (python/tests/test_library.py's
+// test_run_dir_set_in_os_environ_is_read failed 3 runs in 12).
+var Getenv = os.Getenv
+
 // Dir is the directory of announcements.
 func Dir() string {
-	if d := os.Getenv("GPUMEM_RUN_DIR"); d != "" {
+	if d := Getenv("GPUMEM_RUN_DIR"); d != "" {
 		return d
 	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("gpumem-%d", os.Getuid()))
+	tmp := Getenv("TMPDIR") // os.TempDir's rule on Unix, through Getenv
+	if tmp == "" {
+		tmp = "/tmp"
+	}
+	return filepath.Join(tmp, fmt.Sprintf("gpumem-%d", os.Getuid()))
 }
 
 // Announce records that this process serves its pools at addr.

@@ -28,3 +28,23 @@ func TestAnnounceAndList(t *testing.T) {
 		t.Error("the announcement of an exited process was not removed")
 	}
 }
+
+// TestDirReadsGetenv: Dir reads GPUMEM_RUN_DIR, then TMPDIR, through
+// Getenv (the C library's getenv), not the Go runtime's copy.
+func TestDirReadsGetenv(t *testing.T) {
+	t.Setenv("GPUMEM_RUN_DIR", "/go/copy")
+	defer func(g func(string) string) { Getenv = g }(Getenv)
+	env := map[string]string{"GPUMEM_RUN_DIR": "/c/environ"}
+	Getenv = func(k string) string { return env[k] }
+	if d := Dir(); d != "/c/environ" {
+		t.Errorf("Dir() = %q, want GPUMEM_RUN_DIR through Getenv, /c/environ", d)
+	}
+	env = map[string]string{"TMPDIR": "/c/tmp"}
+	if d, want := Dir(), filepath.Join("/c/tmp", "gpumem-"+strconv.Itoa(os.Getuid())); d != want {
+		t.Errorf("Dir() = %q, want %q", d, want)
+	}
+	env = map[string]string{}
+	if d, want := Dir(), filepath.Join("/tmp", "gpumem-"+strconv.Itoa(os.Getuid())); d != want {
+		t.Errorf("Dir() = %q, want %q", d, want)
+	}
+}
