@@ -15,6 +15,11 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.dirname(HERE)  # python/
 ROOT = os.path.dirname(PACKAGE)
+# The tests that import the package in this process (not through run())
+# find it here whichever test file pytest collects first: run alone,
+# test_library.py's in-process tests did not.
+if PACKAGE not in sys.path:
+    sys.path.insert(0, PACKAGE)
 
 
 def library_path():
