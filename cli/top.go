@@ -128,6 +128,7 @@ func (e *env) topFrame(w io.Writer) {
 		fmt.Fprintln(tw, "pid\tNVML\tgpumem reserved\toutside gpumem (context; measured)\tunexplained\t")
 		procs := r.Processes
 		sort.Slice(procs, func(i, j int) bool { return procs[i].UsedMemory > procs[j].UsedMemory })
+		more := false // a gpumem process holds more than its pool and its measured context
 		for _, p := range procs {
 			res, gm := reserved[p.PID]
 			resCol, ctxCol, rest := "-", "", ""
@@ -139,6 +140,7 @@ func (e *env) topFrame(w io.Writer) {
 					ctxCol = units.Format(ctx)
 				}
 				rest = signedBytes(p.UsedMemory, res+ctx)
+				more = more || known && p.UsedMemory > res+ctx
 				if p.UsedMemory > 0 {
 					rest += fmt.Sprintf(" (%+.2f%%)", 100*(float64(p.UsedMemory)-float64(res+ctx))/float64(p.UsedMemory))
 				}
@@ -146,6 +148,10 @@ func (e *env) topFrame(w io.Writer) {
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", p.PID, units.Format(p.UsedMemory), resCol, ctxCol, rest)
 		}
 		tw.Flush()
+		if more {
+			// What the column cannot tell apart, said once per GPU.
+			fmt.Fprintln(w, "unexplained: device memory the process took outside gpumem after its context was measured (kernels loaded lazily, NCCL's own buffers, a library's own cudaMalloc)")
+		}
 		fmt.Fprintln(w)
 	}
 	if len(pools) == 0 {
