@@ -465,10 +465,14 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 			[ -f "$cc_home/include/cuda.h" ] || cc_home=$(dirname "$(dirname "$(command -v nvcc)")")
 			gcc -O2 -o "$out/vmm_cost" bench/core/vmm_cost.c -I"$cc_home/include" -L"$cc_home/lib64/stubs" -lcuda
 			n=$(nvidia-smi -L | wc -l)
-			probe() { # $1: a label
+			probe() { # $1: a label. Waits for its own processes only (not the job).
 				echo "== $1"
-				for d in $(seq 0 $((n - 1))); do "$out/vmm_cost" "$d" 100 32 >"$out/vmm_$d.txt" 2>&1 & done
-				wait
+				local pids=() d
+				for d in $(seq 0 $((n - 1))); do
+					"$out/vmm_cost" "$d" 100 32 >"$out/vmm_$d.txt" 2>&1 &
+					pids+=($!)
+				done
+				wait "${pids[@]}"
 				for d in $(seq 0 $((n - 1))); do cat "$out/vmm_$d.txt"; done
 			}
 			{
@@ -478,13 +482,12 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 				for a in gpumem expandable; do
 					python3 -m torch.distributed.run --nproc_per_node "$n" bench/train/ddp.py "$a" --fsdp \
 						--steps 40 --tag vmmjob --out "$out/vmm_job.jsonl" >"$out/vmm_job_$a.log" 2>&1 &
-					local job=$!
+					local job=$! last=0
 					for when in 25 35 50; do
-						sleep $((when - ${last:-0}))
+						sleep $((when - last))
 						last=$when
-						probe "$a job running, ${when} s after its start"
+						probe "$a job running, about ${when} s after its start"
 					done
-					last=0
 					wait "$job" || echo "FAIL: the $a job"
 				done
 				probe "no job, after"
