@@ -459,17 +459,20 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 			# gpumem and expandable segments. Slow only while the job runs: the
 			# device is what slows the calls (its kernels, its traffic);
 			# slow in the job's ranks alone (STEPS=30 run fsdp prints
-			# their driver time by call): their own contexts are.
+			# their driver time by call): their own contexts are; slow
+			# with vmm_cost's own kernels in flight (busy) and peer access
+			# on: a call waits for the device's work, no NCCL needed.
 			# vmm_job.txt.
 			local cc_home=${CUDA_HOME:-/usr/local/cuda} n a d when
 			[ -f "$cc_home/include/cuda.h" ] || cc_home=$(dirname "$(dirname "$(command -v nvcc)")")
 			gcc -O2 -o "$out/vmm_cost" bench/core/vmm_cost.c -I"$cc_home/include" -L"$cc_home/lib64/stubs" -lcuda
 			n=$(nvidia-smi -L | wc -l)
-			probe() { # $1: a label. Waits for its own processes only (not the job).
+			probe() { # $1: a label, then vmm_cost's peer/busy arguments. Waits for its own processes only (not the job).
 				echo "== $1"
 				local pids=() d
+				shift
 				for d in $(seq 0 $((n - 1))); do
-					"$out/vmm_cost" "$d" 100 32 >"$out/vmm_$d.txt" 2>&1 &
+					"$out/vmm_cost" "$d" 100 32 "$@" >"$out/vmm_$d.txt" 2>&1 &
 					pids+=($!)
 				done
 				wait "${pids[@]}"
@@ -478,6 +481,10 @@ print(json.dumps({"program": sys.argv[1], "allocator": "gpumem", "tag": sys.argv
 			{
 				machine
 				probe "no job"
+				# The job's situation in one process without NCCL: its
+				# own kernels in flight, peer access enabled.
+				probe "no job; this process's memsets in flight" - busy
+				probe "no job; peer access, this process's memsets in flight" peer busy
 				use_wheel_library
 				for a in gpumem expandable; do
 					python3 -m torch.distributed.run --nproc_per_node "$n" bench/train/ddp.py "$a" --fsdp \

@@ -7,12 +7,15 @@
 // H200s (docs/BENCHMARKS.md, "FSDP2 and the ranks on four H200s").
 //
 //     gcc -O2 -o vmm_cost bench/core/vmm_cost.c -I$CUDA_HOME/include -lcuda
-//     ./vmm_cost DEVICE [N] [SIZE_MIB] [peer]
+//     ./vmm_cost DEVICE [N] [SIZE_MIB] [peer|-] [busy]
 //
 // Makes N spans of SIZE_MIB (32) on DEVICE, timing each call, then unmaps
 // and releases them; prints the median and the 90th percentile of each
 // call in microseconds. "peer": first retains every device's primary
 // context and enables peer access both ways between DEVICE and each other.
+// "busy": the device has about 200 ms of memsets queued on a stream of
+// this process while the calls are made (a training job's kernels in
+// flight; whether a call waits for them shows as its time).
 #include "probe.h"
 
 static int cmp(const void *a, const void *b) {
@@ -30,6 +33,7 @@ int main(int argc, char **argv) {
 	int n = argc > 2 ? atoi(argv[2]) : 200;
 	size_t size = (size_t)(argc > 3 ? atoi(argv[3]) : 32) << 20;
 	int peer = argc > 4 && strcmp(argv[4], "peer") == 0;
+	int busy = argc > 5 && strcmp(argv[5], "busy") == 0;
 	CK(cuInit(0));
 	int count;
 	CK(cuDeviceGetCount(&count));
@@ -67,6 +71,17 @@ int main(int argc, char **argv) {
 	desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 	CUdeviceptr va;
 	CK(cuMemAddressReserve(&va, size * n, 0, 0, 0));
+	CUstream s = NULL;
+	CUdeviceptr work = 0;
+	if (busy) {
+		// about 200 ms of memsets (256 MiB each, ~60 us on an H200),
+		// queued before the calls and still running during them
+		CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+		CK(cuMemAlloc(&work, 256u << 20));
+		for (int i = 0; i < 3200; i++) {
+			CK(cuMemsetD32Async(work, (unsigned)i, (256u << 20) / 4, s));
+		}
+	}
 	CUmemGenericAllocationHandle *h = calloc(n, sizeof *h);
 	double *tc = calloc(n, sizeof(double)), *tm = calloc(n, sizeof(double)), *ta = calloc(n, sizeof(double));
 	double *tu = calloc(n, sizeof(double)), *tr = calloc(n, sizeof(double));
@@ -91,8 +106,17 @@ int main(int argc, char **argv) {
 		tu[i] = b - a, tr[i] = c - b;
 	}
 	double t2 = now_us();
-	printf("device %d of %d, %d spans of %zu MiB%s: make %.1f ms, unmake %.1f ms\n", devIdx, count, n, size >> 20,
-		   peer ? ", peer access enabled both ways" : "", (t1 - t0) / 1e3, (t2 - t1) / 1e3);
+	int pending = 0;
+	if (busy) {
+		pending = cuStreamQuery(s) == CUDA_ERROR_NOT_READY; // still busy when the calls ended
+		CK(cuStreamSynchronize(s));
+		CK(cuMemFree(work));
+		CK(cuStreamDestroy(s));
+	}
+	printf("device %d of %d, %d spans of %zu MiB%s%s: make %.1f ms, unmake %.1f ms\n", devIdx, count, n, size >> 20,
+		   peer ? ", peer access enabled both ways" : "",
+		   busy ? (pending ? ", memsets queued throughout" : ", memsets queued (done before the calls ended)") : "",
+		   (t1 - t0) / 1e3, (t2 - t1) / 1e3);
 	report("cuMemCreate", tc, n);
 	report("cuMemMap", tm, n);
 	report("cuMemSetAccess", ta, n);
