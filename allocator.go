@@ -268,7 +268,7 @@ func (a *Allocator) alloc(size uint64, s device.Stream, sc *Scope) (Buffer, erro
 		var err error
 		b, err = p.allocSlow(rounded, size, si)
 		a.c.misses.Add(1)
-		a.c.missNanos.Add(uint64(time.Since(t0)))
+		addSince(&a.c.missNanos, t0)
 		if err != nil {
 			p.mu.Unlock()
 			return Buffer{}, err

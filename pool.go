@@ -949,10 +949,8 @@ func (p *pool) fenceStream(st *streamState) error {
 	if err := a.ev.Record(st.fenceEv, st.s); err != nil {
 		return err
 	}
-	t0 := time.Now()
-	err := a.ev.Wait(st.fenceEv)
-	a.c.waitNanos.Add(uint64(time.Since(t0)))
-	return err
+	defer addSince(&a.c.waitNanos, time.Now())
+	return a.ev.Wait(st.fenceEv)
 }
 
 func (a *Allocator) syncDevice() error {
@@ -960,10 +958,8 @@ func (a *Allocator) syncDevice() error {
 		return errCapturing
 	}
 	a.c.fences.Add(1)
-	t0 := time.Now()
-	err := a.dev.Synchronize()
-	a.c.waitNanos.Add(uint64(time.Since(t0)))
-	return err
+	defer addSince(&a.c.waitNanos, time.Now())
+	return a.dev.Synchronize()
 }
 
 func (p *pool) newBlock() *block {
@@ -1040,10 +1036,8 @@ func (a *Allocator) segmentAlloc(size uint64, s device.Stream) (device.Ptr, erro
 	if a.segs != nil {
 		return a.segs.Alloc(size, s)
 	}
-	t0 := time.Now()
-	ptr, err := a.dev.Alloc(size)
-	a.c.driverNanos.Add(uint64(time.Since(t0)))
-	return ptr, err
+	defer addSince(&a.c.driverNanos, time.Now())
+	return a.dev.Alloc(size)
 }
 
 // segmentFree gives back what segmentAlloc took.
@@ -1051,10 +1045,8 @@ func (a *Allocator) segmentFree(base, size uint64, s device.Stream) error {
 	if a.segs != nil {
 		return a.segs.Free(device.Ptr(base), size, s)
 	}
-	t0 := time.Now()
-	err := a.dev.Free(device.Ptr(base))
-	a.c.driverNanos.Add(uint64(time.Since(t0)))
-	return err
+	defer addSince(&a.c.driverNanos, time.Now())
+	return a.dev.Free(device.Ptr(base))
 }
 
 // plainSegmentSize is PyTorch's proven rule: small requests share 2 MiB

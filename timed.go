@@ -22,6 +22,11 @@ type timedVM struct {
 	c *counters
 }
 
+// addSince adds the host time since t0 to counter n: the allocator's host
+// time counters (Stats.DriverNanos, WaitNanos, MissNanos), never on a
+// cache hit.
+func addSince(n *atomic.Uint64, t0 time.Time) { n.Add(uint64(time.Since(t0))) }
+
 // since adds the time since t0 to the total and, if not nil, to one call's
 // counter.
 func (t timedVM) since(t0 time.Time, call *atomic.Uint64) {
