@@ -302,6 +302,9 @@ def buckets(seed):
 
 
 if __name__ == "__main__":
+    if OUT.startswith("-"):  # -h, --help, or a mistyped option: not a directory to fill
+        print(__doc__.strip().split("\n\n")[1] if "\n\n" in __doc__ else __doc__, file=sys.stderr)
+        sys.exit(0 if OUT in ("-h", "--help") else 2)
     os.makedirs(OUT, exist_ok=True)
     first = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     count = int(sys.argv[3]) if len(sys.argv) > 3 else 5
