@@ -99,10 +99,14 @@ def main():
     lengths = random.Random(program).choices(range(lo, 1025), k=args.steps)
     g = torch.Generator(device="cuda").manual_seed(rank)
     times, losses = [], []
+    # Per step, the host's time to enqueue it (up to the synchronize) and
+    # the process's CPU time: a step whose enqueue takes as long as the
+    # step is host-bound, one far shorter waits for the GPU.
+    host_ms, cpu_ms = [], []
     # gpumem's driver work per step (creates, fences, stream waits,
     # releases, and the host time of its driver calls and of its waits for
     # the GPU), to tell growth steps and host waits from the rest.
-    per_step = {"Creates": [], "Fences": [], "Orders": [], "Releases": [], "Maps": [], "Unmaps": [],
+    per_step = {"Creates": [], "Fences": [], "Orders": [], "Releases": [], "Maps": [], "Unmaps": [], "SetAccess": [],
                 "DriverNanos": [], "WaitNanos": [], "Misses": [], "MissNanos": [],
                 "CreateNanos": [], "MapNanos": [], "SetAccessNanos": [], "UnmapNanos": [], "ReleaseNanos": []}
     counts = (lambda: gpumem.library().stats_json(local)) if args.allocator == "gpumem" else None
@@ -110,15 +114,17 @@ def main():
         import json
         before = json.loads(counts())
     for n in lengths:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x = torch.randint(0, 50257, (8, n), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(x, labels=x).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        host_ms.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
+        cpu_ms.append((time.process_time() - c0) * 1e3)
         losses.append(float(loss.detach()))
         if counts:
             now = json.loads(counts())
@@ -140,7 +146,8 @@ def main():
         program += "_fake%d" % world
     rec = {"program": program, "allocator": args.allocator, "tag": args.tag, "rank": rank, "world": world,
            "steps": args.steps, "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": peak_reserved,
-           "median_step_ms": statistics.median(times[warm:]), "step_ms": times, "losses": losses,
+           "median_step_ms": statistics.median(times[warm:]), "step_ms": times, "host_ms": host_ms,
+           "cpu_ms": cpu_ms, "losses": losses,
            "lengths": lengths, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.allocator == "gpumem":
         import json

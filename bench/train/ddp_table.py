@@ -80,10 +80,27 @@ def main(path):
                 host = "%.1f / %.1f" % (g, h)
         print("| %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1e |" % (
             prog, alloc + (" " + tag if tag else ""), peaks, spread, res, step, vs, st, host, diff))
+    ratios = against_expandable(runs)
+    if ratios:
+        print("\nsteady steps, gpumem over expandable segments in the same round (rank 0): %s; median %.3f" % (
+            ", ".join("%s %.3f" % (t, r) for t, r in ratios), statistics.median(r for _, r in ratios)))
     for (prog, alloc, tag), ranks in runs:
         line = by_call(ranks.get(0))
         if line:
             print("\n%s %s%s, rank 0, driver time by call: %s" % (prog, alloc, " " + tag if tag else "", line))
+
+
+def against_expandable(runs):
+    """(tag, gpumem's median steady step over expandable's) for each round
+    (program and tag) run under both: rounds differ by more than the
+    allocators do, so the same round is the fair comparison."""
+    med = {}
+    for (prog, alloc, tag), ranks in runs:
+        r0 = ranks.get(0)
+        if alloc in ("gpumem", "expandable") and r0 and "lengths" in r0 and steady(r0):
+            med.setdefault((prog, tag), {})[alloc] = statistics.median(r0["step_ms"][i] for i in steady(r0))
+    return [((prog + " " if len({p for p, _ in med}) > 1 else "") + tag, m["gpumem"] / m["expandable"])
+            for (prog, tag), m in med.items() if len(m) == 2]
 
 
 def by_call(rec):
@@ -94,7 +111,7 @@ def by_call(rec):
         return None
     out = []
     for name, ns, n in (("create", "CreateNanos", "Creates"), ("map", "MapNanos", "Maps"),
-                        ("set_access", "SetAccessNanos", None), ("unmap", "UnmapNanos", "Unmaps"),
+                        ("set_access", "SetAccessNanos", "SetAccess"), ("unmap", "UnmapNanos", "Unmaps"),
                         ("release", "ReleaseNanos", "Releases")):
         ms = sum(per[ns]) / 1e6
         calls = sum(per[n]) if n and n in per else None
