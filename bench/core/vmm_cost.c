@@ -15,7 +15,9 @@
 // context and enables peer access both ways between DEVICE and each other.
 // "busy": the device has about 200 ms of memsets queued on a stream of
 // this process while the calls are made (a training job's kernels in
-// flight; whether a call waits for them shows as its time).
+// flight; whether a call waits for them shows as its time). Then the same
+// N allocations of SIZE_MIB by cuMemAlloc and cuMemFree (what PyTorch's
+// native allocator calls), timed the same way.
 #include "probe.h"
 
 static int cmp(const void *a, const void *b) {
@@ -122,6 +124,20 @@ int main(int argc, char **argv) {
 	report("cuMemSetAccess", ta, n);
 	report("cuMemUnmap", tu, n);
 	report("cuMemRelease", tr, n);
+	CUdeviceptr *pl = calloc(n, sizeof *pl);
+	for (int i = 0; i < n; i++) {
+		double a = now_us();
+		CK(cuMemAlloc(&pl[i], size));
+		tc[i] = now_us() - a;
+	}
+	for (int i = 0; i < n; i++) {
+		double a = now_us();
+		CK(cuMemFree(pl[i]));
+		tr[i] = now_us() - a;
+	}
+	report("cuMemAlloc", tc, n);
+	report("cuMemFree", tr, n);
+	free(pl);
 	CK(cuMemAddressFree(va, size * n));
 	return 0;
 }
