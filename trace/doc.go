@@ -93,7 +93,9 @@
 // corrupt); a SITE of 0; an alloc line naming a SITE not defined before it;
 // a SITE defined twice; an "s" line without TEXT, or whose TEXT is longer
 // than MaxSiteText, is not UTF-8 or holds a carriage return; a line longer
-// than 64 KiB; and gzip data that is corrupt or truncated (the error then
+// than 64 KiB; a last line without a newline (every line ends with one, so
+// such a file was cut short, and its cut line may read as a shorter valid
+// one: "f 4" of "f 421 ..."); and gzip data that is corrupt or truncated (the error then
 // also wraps the gzip error, e.g. io.ErrUnexpectedEOF). Errors from the
 // underlying io.Reader itself are returned wrapped, not as syntax errors.
 //

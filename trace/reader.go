@@ -164,7 +164,13 @@ func (r *Reader) readLine() ([]byte, error) {
 		case len(b) == 0:
 			return nil, io.EOF
 		}
-		// A last line without a newline.
+		// A last line without a newline: every line a Writer writes ends
+		// with one, so the file was cut short (a copy or a recording
+		// stopped mid-line), and what the cut line says may be a prefix
+		// of what it said ("f 4" of "f 421 ..."): refuse it rather than
+		// read a wrong event.
+		r.line++
+		return nil, r.syntaxError("the last line, %s, has no newline: the trace is cut short", quote(b))
 	}
 	r.line++
 	if n := len(b); n > 0 && b[n-1] == '\n' {

@@ -89,7 +89,12 @@ func TestReadBadInput(t *testing.T) {
 		{"time backwards free", hdr + "a 0 1 0 10\nf 0 3\n", 3, "f 0: time 3 us is before the previous event's 10 us"},
 		{"line counts comments", hdr + "# note\n\na 0 1 0 0\n   \n# x\nf 1 1\n", 7, "f 1: request 1 was never allocated"},
 		{"crlf", hdr + "a 0 1 0 0\r\nf 1 1\r\n", 3, "f 1: request 1 was never allocated"},
-		{"no final newline", hdr + "a 0 1 0 0\nf 0", 3, "f event with 2 fields"},
+		// Every line ends with a newline: a file without one at its end was
+		// cut short, and its cut line may read as a shorter valid one ("f 0"
+		// of "f 0 12", "a 0 1 0 1" of "a 0 1 0 12").
+		{"no final newline", hdr + "a 0 1 0 0\nf 0", 3, `the last line, "f 0", has no newline: the trace is cut short`},
+		{"cut inside a valid line", hdr + "a 0 1 0 0\na 1 2 0 1", 3, "has no newline"},
+		{"bare header", "# gpumem-trace v1", 1, "has no newline"},
 		{"line too long", hdr + "# " + strings.Repeat("x", maxLine) + "\n", 2, "line longer than"},
 		{"nul byte", hdr + "a 0 1\x00 0 0\n", 2, `SIZE "1\x00" is not a decimal number`},
 
@@ -214,7 +219,7 @@ func TestReadGood(t *testing.T) {
 		},
 		{
 			name:    "bare header",
-			in:      "# gpumem-trace v1",
+			in:      "# gpumem-trace v1\n",
 			streams: nil,
 		},
 		{
@@ -230,8 +235,8 @@ func TestReadGood(t *testing.T) {
 			streams: []uint64{0},
 		},
 		{
-			name: "spacing comments crlf no final newline",
-			in:   "# gpumem-trace v1\r\n# comment\n\n\t a\t0  10 7 0 \r\n  #x\na 1 20 0 0\nf 0 5\na 2 1 7 6\nf 2 6",
+			name: "spacing comments crlf",
+			in:   "# gpumem-trace v1\r\n# comment\n\n\t a\t0  10 7 0 \r\n  #x\na 1 20 0 0\nf 0 5\na 2 1 7 6\nf 2 6\r\n",
 			want: []Event{
 				alloc(0, 10, 7, 0),
 				alloc(1, 20, 0, 0),

@@ -88,6 +88,8 @@ def test_parser(tmp):
         ([tracefile.HEADER + "\n", "a 0 10 0 0\n", "f 0 1\n", "f 0 2\n"], "double free"),
         ([tracefile.HEADER + "\n", "x 0\n"], "unknown event"),
         ([tracefile.HEADER + "\n", "a 0 ten 0 0\n"], "bad number"),
+        ([tracefile.HEADER + "\n", "a 0 10 0 0\n", "f 0 1"], "no final newline (cut short)"),
+        ([tracefile.HEADER], "header without a newline"),
     ]:
         b = os.path.join(tmp, "bad.trace")
         with open(b, "w") as f:

@@ -138,11 +138,19 @@ def load(path):
     seen = set()
     with _open_text(path) as f:
         first = f.readline()
+        if first and not first.endswith("\n"):
+            raise TraceError("%s: line 1: the last line, %r, has no newline: the trace is cut short" % (path, first[:40]))
         v2 = _is_header(first, HEADER_V2)
         if not v2 and not _is_header(first, HEADER):
             raise TraceError("%s: line 1: expected header %r or %r, got %r"
                              % (path, HEADER, HEADER_V2, first[:60]))
         for lineno, line in enumerate(f, start=2):
+            if not line.endswith("\n"):
+                # As package trace: every line ends with a newline, so the
+                # file was cut short and its last line may read as a
+                # shorter valid one ("f 4" of "f 421 ...").
+                raise TraceError("%s: line %d: the last line, %r, has no newline: the trace is cut short"
+                                 % (path, lineno, line[:40]))
             p = line.split()
             if not p or p[0].startswith("#"):
                 continue
