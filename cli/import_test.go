@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -219,5 +220,44 @@ func TestImportNotes(t *testing.T) {
 	code, stdout, stderr := run(t, nil, "help", "import")
 	if code != 0 || stderr != "" || !strings.HasPrefix(stdout, "Usage: gpumem import [flags] SNAPSHOT -o TRACE\n") {
 		t.Errorf("help import: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+// TestReplaySnapshot: replay, like fit and report, takes a PyTorch snapshot
+// and replays the trace gpumem import makes of its first device with a
+// history: the same events, peaks and driver calls as replaying that import,
+// under gpumem and under an emulated policy.
+func TestReplaySnapshot(t *testing.T) {
+	dir := t.TempDir()
+	for _, snap := range []string{fixtureSnapshot, filepath.Join(snapshotDir, "two_devices.pickle")} {
+		out := filepath.Join(dir, strings.TrimSuffix(filepath.Base(snap), ".pickle")+".trace")
+		if code, _, stderr := run(t, nil, "import", "-o", out, snap); code != 0 {
+			t.Fatalf("import %s: exit %d, %q", snap, code, stderr)
+		}
+		for _, extra := range [][]string{nil, {"--policy", "torch-expandable"}} {
+			fields := func(path string) map[string]any {
+				t.Helper()
+				args := append(append([]string{"replay", "--json", "--capacity", "80GiB"}, extra...), path)
+				code, stdout, stderr := run(t, nil, args...)
+				if code != 0 {
+					t.Fatalf("%v: exit %d, %q", args, code, stderr)
+				}
+				var m map[string]any
+				if err := json.Unmarshal([]byte(stdout), &m); err != nil {
+					t.Fatalf("%v: %v in %q", args, err, stdout)
+				}
+				delete(m, "trace")
+				delete(m, "ns_per_op")
+				return m
+			}
+			got, want := fields(snap), fields(out)
+			if !reflect.DeepEqual(got, want) || got["events"] == float64(0) {
+				t.Errorf("%s %v: replayed\n%v\nwant (its import)\n%v", snap, extra, got, want)
+			}
+		}
+	}
+	code, _, stderr := run(t, nil, "replay", filepath.Join(snapshotDir, "no_history.pickle"))
+	if code != ExitFail || !strings.Contains(stderr, "no_history.pickle") || !strings.Contains(stderr, "no allocation history") {
+		t.Errorf("no history: exit %d, %q", code, stderr)
 	}
 }

@@ -21,12 +21,14 @@ import (
 	"github.com/gpumem/gpumem/trace"
 )
 
-const replayAbout = `Replay replays allocation traces (gpumem-trace v1, plain or gzip) through a
-new allocator each, and prints per trace: the events, the peak of live bytes
-(the least any allocator must hold), the peak the allocator reserved from the
-device, their ratio (1.000 is no fragmentation overhead), the requests that
-failed for want of memory (OOMs), the chunks mapped and unmapped, and the time
-per event.
+const replayAbout = `Replay replays allocation traces (gpumem-trace v1 or v2, plain or gzip;
+or PyTorch memory snapshots, .pickle, the first device with an allocation
+history, as gpumem import reads them) through a new allocator each, and
+prints per trace: the events, the peak of live bytes (the least any
+allocator must hold), the peak the allocator reserved from the device,
+their ratio (1.000 is no fragmentation overhead), the requests that failed
+for want of memory (OOMs), the chunks mapped and unmapped, and the time per
+event.
 
 The device is the CUDA GPU if the driver loads, else (with one line on
 stderr) a simulated device of --capacity bytes; each trace gets a fresh
@@ -224,7 +226,7 @@ func (e *env) replay(args []string) int {
 	enc := json.NewEncoder(e.stdout)
 	status := ExitOK
 	for i, path := range paths {
-		tr, err := trace.Load(path)
+		tr, _, err := loadTraceOrSnapshot(path, -1)
 		if err != nil {
 			fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
 			status = ExitFail
@@ -470,7 +472,7 @@ func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, pat
 	enc := json.NewEncoder(e.stdout)
 	status := ExitOK
 	for i, path := range paths {
-		tr, err := trace.Load(path)
+		tr, _, err := loadTraceOrSnapshot(path, -1)
 		if err != nil {
 			fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
 			status = ExitFail
