@@ -286,20 +286,18 @@ func (p *pool) check() error {
 			if set != (h.free.heads[i] != nil) {
 				bad("heap %s: bin %d bitmap %v disagrees with its list", heapName(k), i, set)
 			}
-			// Unless the bin is listed for sortFresh, its head run (the
-			// blocks of the head's batch) is in freshCompare's order.
 			var prev *block
-			listed := h.free.dirtyBits[i/64]&(1<<(i%64)) != 0
-			run := h.free.heads[i] != nil && h.free.heads[i].batch != 0
 			for b := h.free.heads[i]; b != nil; prev, b = b, b.fnext {
 				n++
 				if b.state != blockFree || int(b.bin) != i || b.fprev != prev || b.seg.heap != h {
 					bad("heap %s: bin %d holds block 0x%x (state %s, bin %d) wrongly", heapName(k), i, b.addr, b.state, b.bin)
 				}
-				if run = run && (prev == nil || b.batch == prev.batch); run && !listed && prev != nil && freshCompare(prev, b) > 0 {
-					bad("heap %s: bin %d's latest batch out of order at block 0x%x, the bin not listed for sortFresh", heapName(k), i, b.addr)
-				}
 			}
+		}
+		// Every run of one batch's frees in a bin is in freshCompare's
+		// order, but a head run whose bin is listed for sortFresh.
+		if b := h.free.unorderedRun(); b != nil {
+			bad("heap %s: bin %d's batch out of order at block 0x%x, not its bin's head run listed for sortFresh", heapName(k), b.bin, b.addr)
 		}
 		listedBits := 0
 		for _, w := range h.free.dirtyBits {

@@ -29,6 +29,7 @@ type freeIndex struct {
 	// of order (insertFresh), each once: dirtyBits[i/64] bit i%64.
 	dirty     []int32
 	dirtyBits [numWords]uint64
+	run       []*block // sortRun's scratch
 }
 
 const (
@@ -53,9 +54,20 @@ func binOf(size uint64) int {
 	return (fl-subBits+1)*subBins + int(sl)
 }
 
-func (x *freeIndex) insert(b *block) { x.insertIn(b, binOf(b.size)) }
+// insert links b, of no batch (a carve's remainder, a new segment), at the
+// head of its bin. A head run listed for sortFresh that b would bury is
+// sorted first: sortFresh sorts head runs only, and a buried run comes back
+// to the head when the blocks above it go (insertFresh does the same).
+func (x *freeIndex) insert(b *block) {
+	i := binOf(b.size)
+	if h := x.heads[i]; h != nil && h.batch != b.batch && h.batch != 0 && x.dirtyBits[i/64]&(1<<(i%64)) != 0 {
+		x.sortRun(i, h)
+	}
+	x.insertIn(b, i)
+}
 
-// insertIn links b at the head of bin i, its bin.
+// insertIn links b at the head of bin i, its bin. (Kept small enough to
+// inline: the checks of a burial are its callers'.)
 func (x *freeIndex) insertIn(b *block, i int) {
 	b.bin = int32(i)
 	b.fprev = nil
@@ -77,13 +89,22 @@ func (x *freeIndex) insertIn(b *block, i int) {
 // head of the bin is out of order: the bin is listed for sortFresh, which
 // the pool calls before its next decision (pool.settle). So a batch costs
 // a sort of its own frees, bin by bin, and a lone free nothing more
-// (BenchmarkFreeBatch). Invariant (checkPool): a bin not listed has its
-// head run in order.
+// (BenchmarkFreeBatch). Invariant (checkPool, freeIndex.unorderedRun):
+// every run of one batch's frees side by side in a bin is in order, but
+// the head run of a listed bin; insertIn and remove keep the others so
+// when another batch's block comes above a listed run or goes from
+// between two runs of one batch.
 func (x *freeIndex) insertFresh(b *block) {
 	i := binOf(b.size)
-	if h := x.heads[i]; h != nil && h.batch == b.batch && freshCompare(h, b) < 0 && x.dirtyBits[i/64]&(1<<(i%64)) == 0 {
-		x.dirtyBits[i/64] |= 1 << (i % 64)
-		x.dirty = append(x.dirty, int32(i))
+	if h := x.heads[i]; h != nil {
+		listed := x.dirtyBits[i/64]&(1<<(i%64)) != 0
+		switch {
+		case h.batch == b.batch && freshCompare(h, b) < 0 && !listed:
+			x.dirtyBits[i/64] |= 1 << (i % 64)
+			x.dirty = append(x.dirty, int32(i))
+		case h.batch != b.batch && h.batch != 0 && listed: // a later batch buries a listed run (see insert)
+			x.sortRun(i, h)
+		}
 	}
 	x.insertIn(b, i) // binOf once
 }
@@ -98,37 +119,73 @@ func freshCompare(p, q *block) int {
 }
 
 // sortFresh puts the head run of each listed bin (its blocks of the head's
-// batch) in freshCompare's order, using run as scratch, and returns run
-// for reuse.
-func (x *freeIndex) sortFresh(run []*block) []*block {
+// batch) in freshCompare's order.
+func (x *freeIndex) sortFresh() {
 	for _, i := range x.dirty {
 		x.dirtyBits[i/64] &^= 1 << (i % 64)
-		h := x.heads[i]
-		if h == nil {
-			continue
-		}
-		run = run[:0]
-		for b := h; b != nil && b.batch == h.batch; b = b.fnext {
-			run = append(run, b)
-		}
-		after := run[len(run)-1].fnext
-		slices.SortFunc(run, freshCompare)
-		x.heads[i] = run[0]
-		run[0].fprev = nil
-		for k := 1; k < len(run); k++ {
-			run[k-1].fnext, run[k].fprev = run[k], run[k-1]
-		}
-		run[len(run)-1].fnext = after
-		if after != nil {
-			after.fprev = run[len(run)-1]
+		if h := x.heads[i]; h != nil {
+			x.sortRun(int(i), h)
 		}
 	}
 	x.dirty = x.dirty[:0]
-	return run
 }
 
+// sortRun puts the run of blocks of start's batch from start on, in bin i,
+// in freshCompare's order.
+func (x *freeIndex) sortRun(i int, start *block) {
+	run := x.run[:0]
+	for b := start; b != nil && b.batch == start.batch; b = b.fnext {
+		run = append(run, b)
+	}
+	before, after := start.fprev, run[len(run)-1].fnext
+	slices.SortFunc(run, freshCompare)
+	if before != nil {
+		before.fnext = run[0]
+	} else {
+		x.heads[i] = run[0]
+	}
+	run[0].fprev = before
+	for k := 1; k < len(run); k++ {
+		run[k-1].fnext, run[k].fprev = run[k], run[k-1]
+	}
+	run[len(run)-1].fnext = after
+	if after != nil {
+		after.fprev = run[len(run)-1]
+	}
+	clear(run)
+	x.run = run[:0]
+}
+
+// unorderedRun returns a block out of freshCompare's order within a run of
+// one batch's frees in its bin (blocks side by side in the bin's list, of
+// one batch other than 0), the head run of a bin listed for sortFresh
+// excepted; nil if there is none. Invariant (checkPool): there is none.
+func (x *freeIndex) unorderedRun() *block {
+	for i, h := range x.heads {
+		listed := x.dirtyBits[i/64]&(1<<(i%64)) != 0
+		head := true // still in the head run
+		for b := h; b != nil && b.fnext != nil; b = b.fnext {
+			n := b.fnext
+			if n.batch != b.batch {
+				head = false
+				continue
+			}
+			if n.batch != 0 && !(head && listed) && freshCompare(b, n) > 0 {
+				return n
+			}
+		}
+	}
+	return nil
+}
+
+// remove unlinks b from its bin. Where b lay between two blocks of one
+// batch not its own, their runs join: sorted now if the join is out of
+// order (a rare event: a block of another batch must have been linked
+// between them), so that every run but a listed head run stays in order.
 func (x *freeIndex) remove(b *block) {
 	i := int(b.bin)
+	p, n := b.fprev, b.fnext
+	join := p != nil && n != nil && p.batch == n.batch && p.batch != b.batch && p.batch != 0 && freshCompare(p, n) > 0
 	if b.fprev != nil {
 		b.fprev.fnext = b.fnext
 	} else {
@@ -146,6 +203,19 @@ func (x *freeIndex) remove(b *block) {
 	b.fprev, b.fnext, b.bin = nil, nil, -1
 	x.count--
 	x.bytes -= b.size
+	if join {
+		x.joinRuns(i, p)
+	}
+}
+
+// joinRuns sorts the run of p's batch that p now lies in, in bin i, from
+// its first block on (see remove).
+func (x *freeIndex) joinRuns(i int, p *block) {
+	start := p
+	for start.fprev != nil && start.fprev.batch == p.batch {
+		start = start.fprev
+	}
+	x.sortRun(i, start)
 }
 
 // find returns the free block that fits size best (see freeIndex), or nil.

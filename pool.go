@@ -54,7 +54,6 @@ type pool struct {
 	emptyBatch          uint32          // the batch (pool.batch) of the last stamp taken; 0 after a fence
 	emptyDirty          bool            // the empty list's last batch may be out of order (sortEmpty)
 	emptyRun            []int32         // sortEmpty's scratch
-	freshRun            []*block        // freeIndex.sortFresh's scratch
 	made                []int32         // spans placed by the current back (pressure.go)
 	carried             []int32         // of made, those moved with work possibly still on their handles (moveSpan)
 	backing             *block          // the block the current back backs (live, not yet marked so)
@@ -700,7 +699,7 @@ func (p *pool) settle() {
 
 func (p *pool) settleBatch() {
 	for k := range p.heaps {
-		p.freshRun = p.heaps[k].free.sortFresh(p.freshRun)
+		p.heaps[k].free.sortFresh()
 	}
 	if p.emptyDirty {
 		p.sortEmpty()
