@@ -9,7 +9,9 @@
  * the caches warm) prints the mean ns of a 4 KiB gpumem_alloc +
  * gpumem_free pair over N pairs, and then the same with CACHE KiB of
  * memory written between pairs (the caches evicted, as a program's own
- * work evicts them). The pair alone is pairs.c's figure. */
+ * work evicts them). The pair alone is pairs.c's figure. Then, for gaps
+ * around where the cost jumps, the first call after the gap (an alloc) and
+ * the call after it (a free) apart: which crossing pays. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -52,6 +54,24 @@ int main(void) {
 			int n = gaps[g] >= 200 ? 2000 : 20000;
 			printf("%6.0f   %11zu   %7.0f\n", gaps[g], sizes_kib[s], run(gaps[g], buf, sizes_kib[s] << 10, n));
 		}
+	}
+	const double near[] = {50, 80, 100, 120, 150, 200, 1000};
+	printf("\ngap us   first call ns   next call ns\n");
+	for (size_t g = 0; g < sizeof near / sizeof near[0]; g++) {
+		int n = near[g] >= 1000 ? 500 : 3000;
+		double first = 0, next = 0;
+		for (int i = 0; i < n; i++) {
+			double w = now();
+			while (now() - w < near[g] * 1000) {
+			}
+			double t0 = now();
+			void *p = gpumem_alloc(4096, 0, 0);
+			double t1 = now();
+			gpumem_free(p, 4096, 0, 0);
+			first += t1 - t0;
+			next += now() - t1;
+		}
+		printf("%6.0f   %13.0f   %12.0f\n", near[g], first / n, next / n);
 	}
 	free(buf);
 	return 0;
