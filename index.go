@@ -91,9 +91,9 @@ func (x *freeIndex) insertIn(b *block, i int) {
 // a sort of its own frees, bin by bin, and a lone free nothing more
 // (BenchmarkFreeBatch). Invariant (checkPool, freeIndex.unorderedRun):
 // every run of one batch's frees side by side in a bin is in order, but
-// the head run of a listed bin; insertIn and remove keep the others so
-// when another batch's block comes above a listed run or goes from
-// between two runs of one batch.
+// the head run of a listed bin; insert, insertFresh and remove keep the
+// others so when another batch's block comes above a listed run or goes
+// from between two runs of one batch.
 func (x *freeIndex) insertFresh(b *block) {
 	i := binOf(b.size)
 	if h := x.heads[i]; h != nil {
