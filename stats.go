@@ -96,8 +96,10 @@ type Stats struct {
 	// (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease;
 	// the counts are Creates, Maps, SetAccess, Unmaps and Releases): which
 	// call a slow growth step waited in. (On four H200s under FSDP2 a span
-	// cost 8 ms of driver time where alone it costs 60 us:
-	// docs/BENCHMARKS.md, "FSDP2 and the ranks on four H200s".)
+	// cost 8 ms of driver time where alone it costs 60 us: while such a
+	// job runs every process's calls there cost milliseconds, whatever
+	// their size; docs/BENCHMARKS.md, "FSDP2 on four H200s, six rounds".
+	// gpumem top shows the mean per call.)
 	CreateNanos, MapNanos, SetAccessNanos, UnmapNanos, ReleaseNanos uint64
 	// Misses counts the allocations the cache could not serve at once (the
 	// slow path: a search over the fitting free blocks, other streams'

@@ -21,7 +21,8 @@ const topAbout = `Top shows, refreshed every interval until interrupted, the GPU
 host and the processes holding their memory (NVML), and for each process
 that runs on gpumem and serves its handler (gpumem run --serve, serve= in
 GPUMEM_CONFIG, gpumem.serve()) its pool: bytes allocated, held from the
-driver (reserved), cached, and how fragmented the cache is. For those
+driver (reserved), cached, how fragmented the cache is, and its memory
+calls to the driver, with what one cost on average. For those
 processes it reconciles NVML's figure with gpumem's: NVML's figure is what
 gpumem reserved, plus what the process held outside gpumem when it started
 serving (its CUDA context, loaded modules, earlier allocations; measured
@@ -159,10 +160,10 @@ func (e *env) topFrame(w io.Writer) {
 		return
 	}
 	fmt.Fprintln(w, "gpumem pools")
-	fmt.Fprintln(tw, "pid\tdevice\tallocated\treserved\tpeak reserved\tcached\tfragmented\tlimit\tbuffers\t")
+	fmt.Fprintln(tw, "pid\tdevice\tallocated\treserved\tpeak reserved\tcached\tfragmented\tlimit\tbuffers\tdriver calls\t")
 	for _, p := range pools {
 		if p.Err != nil {
-			fmt.Fprintf(tw, "%d\t%s\t%v\t\t\t\t\t\t\t\n", p.PID, p.Addr, p.Err)
+			fmt.Fprintf(tw, "%d\t%s\t%v\t\t\t\t\t\t\t\t\n", p.PID, p.Addr, p.Err)
 			continue
 		}
 		devs := make([]string, 0, len(p.Stats))
@@ -173,12 +174,37 @@ func (e *env) topFrame(w io.Writer) {
 		for _, d := range devs {
 			s := p.Stats[d]
 			st := s.Stats
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%d\t\n", p.PID, d, units.Format(st.Allocated),
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%d\t%s\t\n", p.PID, d, units.Format(st.Allocated),
 				units.Format(st.Reserved), units.Format(st.PeakReserved), units.Format(st.Cached),
-				100*st.Fragmentation, units.Format(s.Limit), st.LiveBuffers)
+				100*st.Fragmentation, units.Format(s.Limit), st.LiveBuffers, driverCalls(st))
 		}
 	}
 	tw.Flush()
+}
+
+// driverCalls says how many memory calls a pool made to the driver and
+// what one cost on average: where a GPU's other work makes each call slow
+// (milliseconds on four H200s under an FSDP2 job, docs/BENCHMARKS.md), its
+// growth steps wait there.
+func driverCalls(st gpumem.Stats) string {
+	n := st.DeviceCalls()
+	if n == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d, %s each", n, shortDuration(st.DriverNanos/n))
+}
+
+// shortDuration writes ns with three significant digits or so.
+func shortDuration(ns uint64) string {
+	switch {
+	case ns < 1e3:
+		return fmt.Sprintf("%d ns", ns)
+	case ns < 1e6:
+		return fmt.Sprintf("%.1f us", float64(ns)/1e3)
+	case ns < 1e9:
+		return fmt.Sprintf("%.1f ms", float64(ns)/1e6)
+	}
+	return fmt.Sprintf("%.2f s", float64(ns)/1e9)
 }
 
 // signedBytes writes a - b, with its sign.

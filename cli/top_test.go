@@ -56,8 +56,12 @@ func TestTopOnce(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d", code)
 	}
+	calls := a.Stats().DeviceCalls() // the 7 MiB's span: a reservation, creates, maps, a grant
+	if calls == 0 {
+		t.Fatal("the served pool made no driver call")
+	}
 	for _, want := range []string{"GPU 0  NVIDIA H100 80GB HBM3", strconv.Itoa(pid), "480.00 MiB", "20.00 MiB (+", "gpumem pools", "7.00 MiB", "512.00 MiB",
-		"unexplained: device memory the process took outside gpumem"} {
+		"unexplained: device memory the process took outside gpumem", "driver calls", strconv.FormatUint(calls, 10) + ", "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the frame lacks %q:\n%s", want, out)
 		}
@@ -118,4 +122,23 @@ func TestTopInTmux(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Error("gpumem top did not end on an interrupt")
+}
+
+// TestDriverCalls: the driver column's count and mean, in units a reader
+// takes in at a glance.
+func TestDriverCalls(t *testing.T) {
+	for _, c := range []struct {
+		st   gpumem.Stats
+		want string
+	}{
+		{gpumem.Stats{}, "none"},
+		{gpumem.Stats{Creates: 1, Maps: 1, SetAccess: 1, Reserves: 1, DriverNanos: 2000}, "4, 500 ns each"},
+		{gpumem.Stats{Creates: 2, DriverNanos: 150_000}, "2, 75.0 us each"},
+		{gpumem.Stats{Maps: 1204, SetAccess: 363, Creates: 1088, DriverNanos: 7_179_000_000}, "2655, 2.7 ms each"},
+		{gpumem.Stats{Releases: 1, DriverNanos: 3_500_000_000}, "1, 3.50 s each"},
+	} {
+		if got := driverCalls(c.st); got != c.want {
+			t.Errorf("driverCalls(%+v) = %q, want %q", c.st, got, c.want)
+		}
+	}
 }
