@@ -18,13 +18,17 @@ gpumem replay.
 
 Each rank appends one JSON line: its process's NVML peak (polled from
 another process), its allocator's peak reserved, its step times (median
-after warm-up) and its losses. Sequence lengths vary per step (64..1024,
+after warm-up) and its losses; per step also the host's time to enqueue it
+and the process's CPU time (host_ms, cpu_ms), the CPU time the hypervisor
+took from the host's vCPUs (steal_ms, /proc/stat) and the process's
+involuntary context switches (nivcsw), and under gpumem its driver work. Sequence lengths vary per step (64..1024,
 the same on every rank, so that the ranks stay in step); tokens differ by
 rank."""
 
 import argparse
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,6 +38,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from run import emit  # noqa: E402
+
+
+def host_steal_ms():
+    """The host's stolen CPU time so far, all CPUs summed, in ms (/proc/stat's
+    eighth field of the cpu line); 0 where there is none to read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) * 1000.0 / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def main():
@@ -103,6 +118,11 @@ def main():
     # the process's CPU time: a step whose enqueue takes as long as the
     # step is host-bound, one far shorter waits for the GPU.
     host_ms, cpu_ms = [], []
+    # And the machine's part: the CPU time the hypervisor took from this
+    # host's vCPUs during the step (/proc/stat's steal, all CPUs summed),
+    # and how often this process was switched out involuntarily: a step
+    # slow for the host's sake, not the allocator's, shows there.
+    steal_ms, nivcsw = [], []
     # gpumem's driver work per step (creates, fences, stream waits,
     # releases, and the host time of its driver calls and of its waits for
     # the GPU), to tell growth steps and host waits from the rest.
@@ -115,6 +135,7 @@ def main():
         before = json.loads(counts())
     for n in lengths:
         t0, c0 = time.perf_counter(), time.process_time()
+        s0, v0 = host_steal_ms(), resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
         x = torch.randint(0, 50257, (8, n), device="cuda", generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(x, labels=x).loss
@@ -125,6 +146,8 @@ def main():
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
         cpu_ms.append((time.process_time() - c0) * 1e3)
+        steal_ms.append(host_steal_ms() - s0)
+        nivcsw.append(resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - v0)
         losses.append(float(loss.detach()))
         if counts:
             now = json.loads(counts())
@@ -147,7 +170,7 @@ def main():
     rec = {"program": program, "allocator": args.allocator, "tag": args.tag, "rank": rank, "world": world,
            "steps": args.steps, "nvml_peak_bytes": nvml_peak, "peak_reserved_bytes": peak_reserved,
            "median_step_ms": statistics.median(times[warm:]), "step_ms": times, "host_ms": host_ms,
-           "cpu_ms": cpu_ms, "losses": losses,
+           "cpu_ms": cpu_ms, "steal_ms": steal_ms, "nivcsw": nivcsw, "losses": losses,
            "lengths": lengths, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.allocator == "gpumem":
         import json
