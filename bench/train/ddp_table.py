@@ -7,7 +7,10 @@ after the longest sequence has run, where no allocator has reason to grow),
 gpumem's host time in driver calls and fences on rank 0 (in the
 steps that reach a new length, and in the steady ones; ddp.py records it
 per step), and the largest relative loss difference from that run (rank 0).
-After the table, for each gpumem run whose records have them (ddp.py since
+After the table: gpumem's steady steps over expandable segments' in each
+round run under both; where ddp.py recorded them, each run's host steal
+and involuntary context switches a steady step (rank 0: was the machine
+slow then?); and for each gpumem run whose records have them (ddp.py since
 bae9ffd), rank 0's driver time by call over the whole run: which call a
 slow growth waited in.
 
@@ -84,6 +87,14 @@ def main(path):
     if ratios:
         print("\nsteady steps, gpumem over expandable segments in the same round (rank 0): %s; median %.3f" % (
             ", ".join("%s %.3f" % (t, r) for t, r in ratios), statistics.median(r for _, r in ratios)))
+    stolen = [(prog, alloc, tag, statistics.median(r0["steal_ms"][i] for i in steady(r0)),
+               statistics.median(r0["nivcsw"][i] for i in steady(r0)))
+              for (prog, alloc, tag), ranks in runs
+              if (r0 := ranks.get(0)) and "steal_ms" in r0 and steady(r0)]
+    if stolen:
+        print("\nsteady steps, rank 0, median a step: the host's stolen CPU ms (all vCPUs) / involuntary switches: %s" % (
+            ", ".join("%s%s%s %.1f / %d" % (p + " " if len({x[0] for x in stolen}) > 1 else "", a, " " + t if t else "", ms, n)
+                      for p, a, t, ms, n in stolen)))
     for (prog, alloc, tag), ranks in runs:
         line = by_call(ranks.get(0))
         if line:
