@@ -606,3 +606,31 @@ func TestReplayCPUProfile(t *testing.T) {
 		t.Errorf("unwritable profile: exit %d, stderr %q; want %d and the flag named", code, errs, ExitFail)
 	}
 }
+
+// TestReplayAtPeak: --at-peak gives the make-up at the peak, in JSON (parts
+// that sum to what was held) and as a line after the table.
+func TestReplayAtPeak(t *testing.T) {
+	code, out, errs := run(t, nil, "replay", "--json", "--at-peak", "--capacity", "1GiB", "testdata/tiny.trace")
+	if code != ExitOK {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var r struct {
+		Peak uint64            `json:"peak_reserved_bytes"`
+		Raw  map[string]uint64 `json:"at_peak"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v in %q", err, out)
+	}
+	m := r.Raw
+	if m == nil {
+		t.Fatalf("no at_peak in %s", out)
+	}
+	sum := m["live_bytes"] + m["free_in_live_chunks"] + m["idle_chunks_in_live_spans"] + m["empty_spans"] + m["plain_live_bytes"] + m["plain_free_bytes"] + m["other_bytes"]
+	if sum != m["reserved_bytes"] || m["peak_reserved_bytes"] != r.Peak || m["pass"] != 1 {
+		t.Errorf("at_peak %v: the parts sum to %d; the replay's peak %d", m, sum, r.Peak)
+	}
+	code, out, _ = run(t, nil, "replay", "--at-peak", "--capacity", "1GiB", "testdata/tiny.trace")
+	if code != ExitOK || !strings.Contains(out, "tiny: right after its peak of ") || !strings.Contains(out, " live + ") {
+		t.Errorf("exit %d, the table's line missing:\n%s", code, out)
+	}
+}

@@ -48,7 +48,12 @@ copies and their bytes, the wall time of the splits); with
 passes, creates_later, maps_later, releases_later, misses_later, ooms_later,
 ns_per_op_later, splits_later and split_ns_later with --defrag, and
 first_oom_later when a
-later pass ran out of memory}; when a request ran out
+later pass ran out of memory}; with --at-peak at_peak: {pass, event,
+request, peak_reserved_bytes, reserved_bytes, live_bytes,
+free_in_live_chunks, idle_chunks_in_live_spans, empty_spans, and
+plain_live_bytes, plain_free_bytes and other_bytes where not 0: what was
+held right after the event that last raised the peak, part by part; the
+parts sum to reserved_bytes}; when a request ran out
 of memory, first_oom: {pass, event, id, verdict}, the verdict of the first
 (the fields of gpumem.h's gpumem_oom, cause and answers as words, and the
 message). Without --json, each trace's first OOM is printed after the
@@ -114,6 +119,7 @@ func (e *env) replay(args []string) int {
 	chunkHandles := fs.Bool("chunk-handles", false, "virtual mode: a physical handle per chunk, so that growth takes the free chunks of partly used spans before new memory (gpumem.Config.ChunkHandles; experimental)")
 	defrag := fs.Bool("defrag", false, "move live chunks out of sparse spans rather than grow past peak active + 1% (gpumem.Config.Defrag; synchronizes the device at each move)")
 	gather := fs.Bool("gather", false, "before an out-of-memory, move live chunks out of sparse spans until the request fits (gpumem.Config.Gather; synchronizes the device at each move; in a program, only where all GPU work, libraries' included, is launched from one thread at a time: another host thread's writes to moved memory are lost with no error)")
+	atPeak := fs.Bool("at-peak", false, "say what was held right after the event that last raised the peak of reserved bytes, part by part: live blocks, free bytes in chunks that hold one, idle chunks in spans that hold one, empty spans (JSON: at_peak; a line after the table); it reads the allocator after every event, so its times mean nothing")
 	driverTimes := fs.Bool("driver-times", false, "count and time every call to the device, by operation (JSON: driver, passes.driver_later; the table: a second table): where the time per event goes on the real driver")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replays (runtime/pprof) to `file`: where the time per event goes")
 	pol := fs.String("policy", "gpumem", "the allocation `policy`: gpumem, or another allocator's emulated on the simulated device ("+strings.Join(policy.Names()[1:], ", ")+"), or all")
@@ -215,7 +221,7 @@ func (e *env) replay(args []string) int {
 	if gpu != nil && (set["capacity"] || set["granularity"]) {
 		return e.usageError(fs, "--capacity and --granularity describe the simulated device; add --device sim to use it")
 	}
-	opt := replay.Options{Check: *check, Warm: *warm, Passes: *passes, Repeat: *repeat, DriverTimes: *driverTimes}
+	opt := replay.Options{Check: *check, Warm: *warm, Passes: *passes, Repeat: *repeat, DriverTimes: *driverTimes, AtPeak: *atPeak}
 	if gpu != nil && *touch {
 		opt.Touch = func(s device.Stream, b gpumem.Buffer) error {
 			return gpu.MemsetAsync(b.Ptr(), 0, b.Size(), s)
@@ -314,7 +320,38 @@ func writeReplayTable(w io.Writer, results []replay.Result) error {
 	if err := writeDriverTimes(w, results); err != nil {
 		return err
 	}
+	if err := writeAtPeak(w, results); err != nil {
+		return err
+	}
 	return writeFirstOOMs(w, results)
+}
+
+// writeAtPeak writes, for each result with one (--at-peak), what was held
+// at its peak, part by part.
+func writeAtPeak(w io.Writer, results []replay.Result) error {
+	for _, r := range results {
+		m := r.AtPeak
+		if m == nil {
+			continue
+		}
+		what := "a free"
+		if m.Request > 0 {
+			what = "a request of " + units.Format(m.Request)
+		}
+		line := fmt.Sprintf("\n%s: right after its peak of %s (pass %d, event %d, %s): %s reserved = %s live + %s free in chunks that hold live blocks + %s idle chunks in spans that hold live chunks + %s empty spans",
+			r.Trace, units.Format(m.PeakReservedBytes), m.Pass, m.Event, what, units.Format(m.ReservedBytes), units.Format(m.LiveBytes),
+			units.Format(m.FreeInLiveChunks), units.Format(m.IdleChunksLiveSpans), units.Format(m.EmptySpans))
+		if m.PlainLiveBytes+m.PlainFreeBytes > 0 {
+			line += fmt.Sprintf(" + plain segments: %s live, %s free", units.Format(m.PlainLiveBytes), units.Format(m.PlainFreeBytes))
+		}
+		if m.OtherBytes > 0 {
+			line += fmt.Sprintf(" + %s in handles not mapped", units.Format(m.OtherBytes))
+		}
+		if _, err := fmt.Fprintln(w, line); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeDriverTimes writes, for the results with driver times

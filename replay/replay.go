@@ -59,6 +59,75 @@ type Options struct {
 	// event is replayed: the simulated device's clock for its
 	// Config.RunAhead (a host that runs ahead of the GPU).
 	AtTime func(us uint64)
+	// AtPeak reports what the allocator held, part by part, right after
+	// the event that last raised its peak of reserved bytes, over every
+	// pass (Result.AtPeak): where the overhead at the peak lies. A
+	// diagnostic: it reads the allocator's state after every event.
+	AtPeak bool
+}
+
+// PeakMakeup is what the allocator held right after the event that last
+// raised its peak of reserved bytes, part by part (Options.AtPeak). The
+// parts sum to ReservedBytes.
+type PeakMakeup struct {
+	Pass    int    `json:"pass"`    // from 1
+	Event   int    `json:"event"`   // index in the trace
+	Request uint64 `json:"request"` // the bytes that event asked for (0: a free)
+	// PeakReservedBytes is the peak it raised (a move may take its new
+	// span before giving the old one back, so the peak can lie above
+	// ReservedBytes, what was held once the event was done).
+	PeakReservedBytes uint64 `json:"peak_reserved_bytes"`
+	ReservedBytes     uint64 `json:"reserved_bytes"`
+	// Of a virtual arena: the blocks not free (allocated, or freed with
+	// other streams' work pending), the free bytes in chunks that hold
+	// one of them, the chunks with none in spans that have one (a span is
+	// mapped whole, so they cannot be given back or moved), and the
+	// spans with no live chunk (mapped, cached, free to move).
+	LiveBytes           uint64 `json:"live_bytes"`
+	FreeInLiveChunks    uint64 `json:"free_in_live_chunks"`
+	IdleChunksLiveSpans uint64 `json:"idle_chunks_in_live_spans"`
+	EmptySpans          uint64 `json:"empty_spans"`
+	// Of plain segments (ModePlain, or a device without virtual memory):
+	// the blocks not free and the rest.
+	PlainLiveBytes uint64 `json:"plain_live_bytes,omitempty"`
+	PlainFreeBytes uint64 `json:"plain_free_bytes,omitempty"`
+	// OtherBytes is held outside spans and segments: handles not mapped
+	// (unreleased, shared, dormant moves).
+	OtherBytes uint64 `json:"other_bytes,omitempty"`
+}
+
+// makeup reads snapshot s into the parts of a PeakMakeup.
+func makeup(s gpumem.Snapshot) PeakMakeup {
+	m := PeakMakeup{PeakReservedBytes: s.Stats.PeakReserved, ReservedBytes: s.Stats.Reserved}
+	var held uint64
+	for _, seg := range s.Segments {
+		var live uint64
+		for _, b := range seg.Blocks {
+			if b.State != "free" {
+				live += b.Size
+			}
+		}
+		if seg.Kind == "plain" {
+			m.PlainLiveBytes += live
+			m.PlainFreeBytes += seg.Size - live
+			held += seg.Size
+			continue
+		}
+		m.LiveBytes += live
+		var liveChunks uint64
+		for _, sp := range seg.Spans {
+			held += sp.Size
+			liveChunks += sp.LiveBytes
+			if sp.LiveBytes == 0 {
+				m.EmptySpans += sp.Size
+			} else {
+				m.IdleChunksLiveSpans += sp.Size - sp.LiveBytes
+			}
+		}
+		m.FreeInLiveChunks += liveChunks - min(live, liveChunks)
+	}
+	m.OtherBytes = m.ReservedBytes - min(held, m.ReservedBytes)
+	return m
 }
 
 // Result is one trace's replay. JSON keys are part of the CLI's contract.
@@ -113,6 +182,8 @@ type Result struct {
 	// FirstOOM is the first request of the first pass that ran out of
 	// memory, with the allocator's verdict; nil when none did.
 	FirstOOM *OOM `json:"first_oom,omitempty"`
+	// AtPeak is what was held at the peak, part by part (Options.AtPeak).
+	AtPeak *PeakMakeup `json:"at_peak,omitempty"`
 }
 
 // OOM is a request of a trace that ran out of memory in a replay.
@@ -276,8 +347,25 @@ func RunOn(tr *trace.Trace, a *gpumem.Allocator, opt Options) (Result, error) {
 func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, opt Options, clock *timed.Device) (Result, error) {
 	bufs := make([]gpumem.Buffer, tr.Requests)
 	before := a.Stats()
+	var atPeak *PeakMakeup
+	var watch func(n, i int)
+	if opt.AtPeak {
+		seen := before.PeakReserved
+		watch = func(n, i int) {
+			if a.Stats().PeakReserved <= seen {
+				return
+			}
+			m := makeup(a.Snapshot())
+			seen = m.PeakReservedBytes
+			m.Pass, m.Event = n, i
+			if ev := tr.Events[i]; ev.Kind == trace.Alloc {
+				m.Request = ev.Size
+			}
+			atPeak = &m
+		}
+	}
 	var first *OOM
-	elapsed, ooms, err := pass(tr, a, streams, bufs, opt, 1, &first)
+	elapsed, ooms, err := pass(tr, a, streams, bufs, opt, 1, &first, watch)
 	if err != nil {
 		return Result{}, err
 	}
@@ -328,7 +416,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	var oomsLater int
 	var firstLater *OOM
 	for n := 2; n <= passes; n++ {
-		took, o, err := pass(tr, a, streams, bufs, opt, n, &firstLater)
+		took, o, err := pass(tr, a, streams, bufs, opt, n, &firstLater, watch)
 		if err != nil {
 			return Result{}, fmt.Errorf("pass %d of %d: %w", n, passes, err)
 		}
@@ -341,6 +429,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	if r.PeakLiveBytes > 0 {
 		r.Ratio = float64(r.PeakReservedBytes) / float64(r.PeakLiveBytes)
 	}
+	r.AtPeak = atPeak
 	if passes > 1 {
 		end := a.Stats()
 		r.Passes = &PassesResult{N: passes, PeakReservedBytes: end.PeakReserved,
@@ -364,11 +453,14 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 // pass replays every event of tr once (pass number n, from 1), timing the
 // loop, and leaves the requests the trace never frees in bufs. The first
 // request that runs out of memory is recorded in *first if that is nil.
-func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM) (time.Duration, int, error) {
+func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM, watch func(n, i int)) (time.Duration, int, error) {
 	ooms := 0
 	start := time.Now()
 	trims := 0 // tr.Trims done: the program's empty_cache calls, replayed as Trim
 	for i, ev := range tr.Events {
+		if watch != nil && i > 0 {
+			watch(n, i-1) // after the event before
+		}
 		if opt.AtTime != nil {
 			opt.AtTime(ev.TimeUS)
 		}
@@ -412,6 +504,9 @@ func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream
 			return 0, 0, fmt.Errorf("replay %s: event %d (f %d): %w", tr.Name, i, ev.ID, err)
 		}
 		bufs[slot] = gpumem.Buffer{}
+	}
+	if watch != nil && len(tr.Events) > 0 {
+		watch(n, len(tr.Events)-1)
 	}
 	if trims < len(tr.Trims) { // after the last event: the next pass begins trimmed
 		if err := a.Trim(); err != nil {
