@@ -453,6 +453,8 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 // pass replays every event of tr once (pass number n, from 1), timing the
 // loop, and leaves the requests the trace never frees in bufs. The first
 // request that runs out of memory is recorded in *first if that is nil.
+// watch, if not nil, is called after each event with n and the event's
+// index (Options.AtPeak).
 func pass(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Stream, bufs []gpumem.Buffer, opt Options, n int, first **OOM, watch func(n, i int)) (time.Duration, int, error) {
 	ooms := 0
 	start := time.Now()
