@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -632,5 +633,39 @@ func TestReplayAtPeak(t *testing.T) {
 	code, out, _ = run(t, nil, "replay", "--at-peak", "--capacity", "1GiB", "testdata/tiny.trace")
 	if code != ExitOK || !strings.Contains(out, "tiny: right after its peak of ") || !strings.Contains(out, " live + ") {
 		t.Errorf("exit %d, the table's line missing:\n%s", code, out)
+	}
+}
+
+// TestReplayPartial: a recording cut short (gzip data that stops early) is
+// an error, or with --partial replayed up to its last whole line with a
+// note saying where it was cut: the same events as trace.LoadPartial reads.
+func TestReplayPartial(t *testing.T) {
+	var text strings.Builder
+	text.WriteString("# gpumem-trace v1\n")
+	for i := range 3000 { // sizes that do not repeat, so that the gzip data grows with the events
+		fmt.Fprintf(&text, "a %d %d 0 %d\nf %d %d\n", i, 4096+i*512, 2*i, i, 2*i+1)
+	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(text.String()))
+	zw.Close()
+	path := filepath.Join(t.TempDir(), "died.trace.gz")
+	if err := os.WriteFile(path, gz.Bytes()[:gz.Len()*2/3], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := trace.LoadPartial(path)
+	if !errors.Is(err, trace.ErrCutShort) || before == nil || len(before.Events) == 0 {
+		t.Fatalf("LoadPartial: %v; want some events and the cut", err)
+	}
+	if code, _, errs := run(t, nil, "replay", "--device", "sim", path); code != ExitFail || !strings.Contains(errs, "truncated gzip stream") {
+		t.Errorf("without --partial: exit %d, %q", code, errs)
+	}
+	code, out, errs := run(t, nil, "replay", "--device", "sim", "--json", "--partial", path)
+	var r struct {
+		Events int `json:"events"`
+	}
+	if code != ExitOK || json.Unmarshal([]byte(out), &r) != nil || r.Events != len(before.Events) ||
+		!strings.Contains(errs, "truncated gzip stream") || !strings.Contains(errs, "replaying what came before the cut") {
+		t.Errorf("--partial: exit %d, %d events (want %d), stdout %q, stderr %q", code, r.Events, len(before.Events), out, errs)
 	}
 }

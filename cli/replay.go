@@ -59,7 +59,10 @@ of memory, first_oom: {pass, event, id, verdict}, the verdict of the first
 message). Without --json, each trace's first OOM is printed after the
 table: its cause with the numbers, and what would have fit (after a trim,
 with virtual-memory spans, a smaller request), then the first OOM of the
-later passes. A capacity the first pass fitted in may not hold a later
+later passes. A trace cut short (gzip data or a last line that stops
+early: a recording whose process died) is an error; --partial replays it
+up to its last whole line instead, with a note on stderr saying where it
+was cut. A capacity the first pass fitted in may not hold a later
 pass: --passes with --capacity or --limit says whether it does. The
 first-pass ratio is what a program as long as its trace holds;
 passes.ratio is what it holds if it goes on doing the same (its peak may
@@ -119,6 +122,7 @@ func (e *env) replay(args []string) int {
 	chunkHandles := fs.Bool("chunk-handles", false, "virtual mode: a physical handle per chunk, so that growth takes the free chunks of partly used spans before new memory (gpumem.Config.ChunkHandles; experimental)")
 	defrag := fs.Bool("defrag", false, "move live chunks out of sparse spans rather than grow past peak active + 1% (gpumem.Config.Defrag; synchronizes the device at each move)")
 	gather := fs.Bool("gather", false, "before an out-of-memory, move live chunks out of sparse spans until the request fits (gpumem.Config.Gather; synchronizes the device at each move; in a program, only where all GPU work, libraries' included, is launched from one thread at a time: another host thread's writes to moved memory are lost with no error)")
+	partial := fs.Bool("partial", false, "replay a trace cut short (a recording whose process died, gzip data or a last line that stops early) up to its last whole line, with a note on stderr that says where it was cut; without it such a trace is an error")
 	atPeak := fs.Bool("at-peak", false, "say what was held right after the event that last raised the peak of reserved bytes, part by part: live blocks, free bytes in chunks that hold one, idle chunks in spans that hold one, empty spans (JSON: at_peak; a line after the table); it reads the allocator after every event, so its times mean nothing")
 	driverTimes := fs.Bool("driver-times", false, "count and time every call to the device, by operation (JSON: driver, passes.driver_later; the table: a second table): where the time per event goes on the real driver")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the replays (runtime/pprof) to `file`: where the time per event goes")
@@ -156,7 +160,7 @@ func (e *env) replay(args []string) int {
 		}()
 	}
 	if *pol != "gpumem" {
-		return e.replayPolicies(fs, set, *pol, paths, uint64(capacity), *passes, *check, *jsonOut)
+		return e.replayPolicies(fs, set, *pol, paths, uint64(capacity), *passes, *check, *jsonOut, e.cutNote(*partial))
 	}
 
 	cfg := gpumem.Config{
@@ -232,7 +236,7 @@ func (e *env) replay(args []string) int {
 	enc := json.NewEncoder(e.stdout)
 	status := ExitOK
 	for i, path := range paths {
-		tr, _, err := loadTraceOrSnapshot(path, -1)
+		tr, _, err := loadInput(path, -1, e.cutNote(*partial))
 		if err != nil {
 			fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
 			status = ExitFail
@@ -282,6 +286,17 @@ func (e *env) replay(args []string) int {
 		}
 	}
 	return status
+}
+
+// cutNote returns, with partial, what replay says of a trace cut short
+// (loadInput); nil without.
+func (e *env) cutNote(partial bool) func(error) {
+	if !partial {
+		return nil
+	}
+	return func(err error) {
+		fmt.Fprintf(e.stderr, "gpumem replay: note: %v; replaying what came before the cut (--partial)\n", err)
+	}
 }
 
 // writeReplayTable writes results as an aligned table, the trace names
@@ -490,7 +505,7 @@ var gpumemOnly = []string{"device", "gpu", "granularity", "mode", "limit", "prea
 // replayPolicies is gpumem replay --policy NAME (or all) for a policy other
 // than gpumem alone: every trace under the policy, or under each, on the
 // simulated device's accounting.
-func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, paths []string, capacity uint64, passes int, check, jsonOut bool) int {
+func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, paths []string, capacity uint64, passes int, check, jsonOut bool, cut func(error)) int {
 	names := []string{name}
 	if name == "all" {
 		names = policy.Names()
@@ -509,7 +524,7 @@ func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, pat
 	enc := json.NewEncoder(e.stdout)
 	status := ExitOK
 	for i, path := range paths {
-		tr, _, err := loadTraceOrSnapshot(path, -1)
+		tr, _, err := loadInput(path, -1, cut)
 		if err != nil {
 			fmt.Fprintf(e.stderr, "gpumem replay: %v\n", err)
 			status = ExitFail

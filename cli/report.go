@@ -114,6 +114,13 @@ func policyNames(s string) ([]string, error) {
 // whatever the file's name. For a snapshot it also returns what the trace
 // came from.
 func loadTraceOrSnapshot(path string, dev int) (*trace.Trace, string, error) {
+	return loadInput(path, dev, nil)
+}
+
+// loadInput is loadTraceOrSnapshot; with cut not nil, a trace cut short is
+// read up to the cut (trace.LoadPartial) and cut is called with the error
+// that says where.
+func loadInput(path string, dev int, cut func(error)) (*trace.Trace, string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, "", err
@@ -126,7 +133,15 @@ func loadTraceOrSnapshot(path string, dev int) (*trace.Trace, string, error) {
 		if dev >= 0 {
 			return nil, "", fmt.Errorf("%s: --device picks a device of a snapshot; this is not one", path)
 		}
-		tr, err := trace.Load(path)
+		if cut == nil {
+			tr, err := trace.Load(path)
+			return tr, "", err
+		}
+		tr, err := trace.LoadPartial(path)
+		if err != nil && tr != nil { // cut short: what came before the cut
+			cut(err)
+			err = nil
+		}
 		return tr, "", err
 	}
 	s, err := torchsnapshot.Load(path)

@@ -96,8 +96,12 @@
 // than 64 KiB; a last line without a newline (every line ends with one, so
 // such a file was cut short, and its cut line may read as a shorter valid
 // one: "f 4" of "f 421 ..."); and gzip data that is corrupt or truncated (the error then
-// also wraps the gzip error, e.g. io.ErrUnexpectedEOF). Errors from the
-// underlying io.Reader itself are returned wrapped, not as syntax errors.
+// also wraps the gzip error, e.g. io.ErrUnexpectedEOF). The two faults of a
+// trace that stops early, truncated gzip data and a last line without its
+// newline, also match [ErrCutShort]: [ReadPartial] and [LoadPartial] read
+// such a trace up to its last whole line (a recording whose process died).
+// Errors from the underlying io.Reader itself are returned wrapped, not as
+// syntax errors.
 //
 // # Replay
 //

@@ -92,12 +92,20 @@ func appendSite(b []byte, site uint32, text string) []byte {
 // trace data.
 var ErrSyntax = errors.New("trace: syntax error")
 
+// ErrCutShort is matched (with errors.Is) by the syntax errors of a trace
+// that ends where it should not: gzip data that stops before its end, or a
+// last line without its newline (a copy cut short, or a recording whose
+// process died). What comes before the cut is whole: ReadPartial and
+// LoadPartial read it.
+var ErrCutShort = errors.New("trace: cut short")
+
 // SyntaxError reports malformed trace data: where it is and what is wrong.
 type SyntaxError struct {
 	Name string // file name as given to Read or Load; "" when unknown
 	Line int    // 1-based line number
 	Msg  string // what is wrong, starting with the event's kind and ID when known
 	Err  error  // the gzip error for corrupt or truncated compressed data, else nil
+	Cut  bool   // the data ends before the trace does (ErrCutShort)
 }
 
 // Error returns, for example,
@@ -110,8 +118,11 @@ func (e *SyntaxError) Error() string {
 	return s
 }
 
-// Is reports whether target is ErrSyntax.
-func (e *SyntaxError) Is(target error) bool { return target == ErrSyntax }
+// Is reports whether target is ErrSyntax, or ErrCutShort for a trace cut
+// short.
+func (e *SyntaxError) Is(target error) bool {
+	return target == ErrSyntax || target == ErrCutShort && e.Cut
+}
 
 // Unwrap returns the underlying gzip error, if any.
 func (e *SyntaxError) Unwrap() error { return e.Err }

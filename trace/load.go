@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"errors"
 	"io"
 	"math"
 	"os"
@@ -53,9 +54,39 @@ type Trace struct {
 // name is the file name used in error messages; Trace.Name is name without
 // directory and extensions.
 func Read(r io.Reader, name string) (*Trace, error) {
-	rd, err := newReader(r, name)
+	t, cut, err := read(r, name, false)
+	if err == nil {
+		err = cut
+	}
 	if err != nil {
 		return nil, err
+	}
+	return t, nil
+}
+
+// ReadPartial reads a trace as Read does, but one cut short (ErrCutShort:
+// a process that died while recording, a copy cut off) is read up to its
+// last whole line: it returns the trace of what came before the cut, whose
+// requests not freed by then stay live, with the error that says where it
+// was cut (as io.ReadFull returns what it read with io.ErrUnexpectedEOF).
+// Any other fault returns nil and the error, as Read does.
+func ReadPartial(r io.Reader, name string) (*Trace, error) {
+	t, cut, err := read(r, name, true)
+	if err != nil {
+		return nil, err
+	}
+	return t, cut
+}
+
+// read reads a whole trace; with partial, an error that is ErrCutShort ends
+// it (returned as cut) instead of failing it.
+func read(r io.Reader, name string, partial bool) (*Trace, error, error) {
+	rd, err := newReader(r, name)
+	if err != nil {
+		if partial && errors.Is(err, ErrCutShort) {
+			return &Trace{Name: baseName(name)}, err, nil
+		}
+		return nil, nil, err
 	}
 	t := &Trace{Name: baseName(name)}
 	var (
@@ -66,17 +97,22 @@ func Read(r io.Reader, name string) (*Trace, error) {
 		seen       map[uint64]bool
 		lastStream uint64
 	)
+	var cut error
 	for {
 		ev, slot, err := rd.next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return nil, err
+			if partial && errors.Is(err, ErrCutShort) {
+				cut = err
+				break
+			}
+			return nil, nil, err
 		}
 		if ev.Kind == Alloc {
 			if live > math.MaxUint64-ev.Size {
-				return nil, rd.syntaxError("a %d: the live requests add up to more than 2^64 bytes", ev.ID)
+				return nil, nil, rd.syntaxError("a %d: the live requests add up to more than 2^64 bytes", ev.ID)
 			}
 			live += ev.Size
 			t.PeakLiveBytes = max(t.PeakLiveBytes, live)
@@ -110,7 +146,7 @@ func Read(r io.Reader, name string) (*Trace, error) {
 			t.Sites[site] = d.text
 		}
 	}
-	return t, nil
+	return t, cut, nil
 }
 
 // Load reads and checks the trace in the file at path.
@@ -121,6 +157,16 @@ func Load(path string) (*Trace, error) {
 	}
 	defer f.Close()
 	return Read(f, filepath.Base(path))
+}
+
+// LoadPartial reads the trace in the file at path as ReadPartial does.
+func LoadPartial(path string) (*Trace, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ReadPartial(f, filepath.Base(path))
 }
 
 // baseName returns name without directory and without the extensions ".gz",

@@ -170,7 +170,9 @@ func (r *Reader) readLine() ([]byte, error) {
 		// of what it said ("f 4" of "f 421 ..."): refuse it rather than
 		// read a wrong event.
 		r.line++
-		return nil, r.syntaxError("the last line, %s, has no newline: the trace is cut short", quote(b))
+		e := r.syntaxError("the last line, %s, has no newline: the trace is cut short", quote(b)).(*SyntaxError)
+		e.Cut = true
+		return nil, e
 	}
 	r.line++
 	if n := len(b); n > 0 && b[n-1] == '\n' {
@@ -191,7 +193,7 @@ func (r *Reader) readError(err error) error {
 		var corrupt flate.CorruptInputError
 		switch {
 		case errors.Is(err, io.ErrUnexpectedEOF):
-			return &SyntaxError{Name: r.name, Line: line, Msg: "truncated gzip stream", Err: err}
+			return &SyntaxError{Name: r.name, Line: line, Msg: "truncated gzip stream", Err: err, Cut: true}
 		case errors.Is(err, gzip.ErrChecksum), errors.Is(err, gzip.ErrHeader), errors.As(err, &corrupt):
 			return &SyntaxError{Name: r.name, Line: line, Msg: "corrupt gzip data", Err: err}
 		}

@@ -599,3 +599,49 @@ func TestV2RoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestReadPartial: a trace cut short (a last line without its newline,
+// gzip data that stops early) reads up to its last whole line, with the
+// error that says where, which is ErrCutShort; a whole trace reads as
+// Read reads it; any other fault is an error with no trace.
+func TestReadPartial(t *testing.T) {
+	whole := "# gpumem-trace v1\na 0 100 0 0\na 1 200 0 1\nf 0 2\na 2 300 0 3\n"
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(whole + strings.Repeat("# padding so that the cut falls in the data\n", 50) + "f 1 4\n"))
+	zw.Close()
+	for _, c := range []struct {
+		name, in string
+		events   int
+		cut      bool
+	}{
+		{"whole", whole, 4, false},
+		{"cut inside a line", whole + "f 2", 4, true},
+		{"cut inside the header", "# gpumem-tr", 0, true},
+		{"gzip cut", gz.String()[:gz.Len()-20], -1, true},
+	} {
+		tr, err := ReadPartial(strings.NewReader(c.in), "p.trace")
+		if !c.cut {
+			if err != nil || len(tr.Events) != c.events {
+				t.Errorf("%s: %v, %d events; want %d, no error", c.name, err, len(tr.Events), c.events)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrCutShort) || !errors.Is(err, ErrSyntax) || tr == nil {
+			t.Errorf("%s: %v, trace %v; want the trace before the cut and ErrCutShort", c.name, err, tr != nil)
+			continue
+		}
+		if c.events >= 0 && len(tr.Events) != c.events {
+			t.Errorf("%s: %d events; want %d", c.name, len(tr.Events), c.events)
+		}
+		if c.events < 0 && (len(tr.Events) != 4 || tr.PeakLiveBytes != 500) {
+			t.Errorf("%s: %d events, peak %d; want the 4 before the cut, peak 500", c.name, len(tr.Events), tr.PeakLiveBytes)
+		}
+		if _, err := Read(strings.NewReader(c.in), "p.trace"); !errors.Is(err, ErrCutShort) {
+			t.Errorf("%s: Read gives %v; want the cut as an error", c.name, err)
+		}
+	}
+	if tr, err := ReadPartial(strings.NewReader("# gpumem-trace v1\nf 7 0\n"), "p.trace"); tr != nil || err == nil || errors.Is(err, ErrCutShort) {
+		t.Errorf("a free never allocated: %v, %v; want no trace and a syntax error", tr, err)
+	}
+}
