@@ -150,23 +150,19 @@ func read(r io.Reader, name string, partial bool) (*Trace, error, error) {
 }
 
 // Load reads and checks the trace in the file at path.
-func Load(path string) (*Trace, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return Read(f, filepath.Base(path))
-}
+func Load(path string) (*Trace, error) { return loadFile(path, Read) }
 
 // LoadPartial reads the trace in the file at path as ReadPartial does.
-func LoadPartial(path string) (*Trace, error) {
+func LoadPartial(path string) (*Trace, error) { return loadFile(path, ReadPartial) }
+
+// loadFile reads the file at path with read, named by its base name.
+func loadFile(path string, read func(io.Reader, string) (*Trace, error)) (*Trace, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return ReadPartial(f, filepath.Base(path))
+	return read(f, filepath.Base(path))
 }
 
 // baseName returns name without directory and without the extensions ".gz",
