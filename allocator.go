@@ -123,6 +123,7 @@ type counters struct {
 	createNanos, mapNanos, accessNanos     atomic.Uint64
 	unmapNanos, releaseNanos               atomic.Uint64
 	misses, missNanos                      atomic.Uint64
+	eventCalls, eventNanos                 atomic.Uint64
 }
 
 // New makes an allocator over dev.
@@ -195,7 +196,7 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 	}
 	a.spanChunks = int(max(span/a.gran, 1))
 	if ev, ok := device.AsEvents(dev); ok {
-		a.ev = ev
+		a.ev = timedEvents{ev, &a.c}
 	}
 	a.pools.Store(&poolTable{})
 	if err := a.preallocate(); err != nil {

@@ -107,6 +107,15 @@ type Stats struct {
 	// (DriverNanos and WaitNanos within it). What the allocator costs the
 	// host beyond its cache hits.
 	Misses, MissNanos uint64
+	// EventCalls counts the calls to the device's events (cuEventQuery,
+	// cuEventRecord, cuStreamWaitEvent, creating and destroying events),
+	// and EventNanos is their host time: what keeping the streams' order
+	// costs the host (frees' work queried before their memory is reused,
+	// other streams' epochs, stream waits). Waiting for an event to
+	// complete is a fence, in WaitNanos. No cache hit makes one; most are
+	// made on misses (MissNanos includes them), the rest on frees that
+	// other streams used (Buffer.RecordStream) and in Trim.
+	EventCalls, EventNanos uint64
 }
 
 // DeviceCalls is the number of memory-management calls made to the driver.
@@ -206,6 +215,7 @@ func (a *Allocator) Stats() Stats {
 	s.UnmapNanos, s.ReleaseNanos = c.unmapNanos.Load(), c.releaseNanos.Load()
 	s.DriverNanos, s.WaitNanos = c.driverNanos.Load(), c.waitNanos.Load()
 	s.Misses, s.MissNanos = c.misses.Load(), c.missNanos.Load()
+	s.EventCalls, s.EventNanos = c.eventCalls.Load(), c.eventNanos.Load()
 	s.GateRefusals = c.gateRefusals.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()
 	return s

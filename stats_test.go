@@ -176,7 +176,7 @@ func TestStatsPeakCounts(t *testing.T) {
 // a known time, for the host-time counters.
 type slowSim struct {
 	*sim.Device
-	create, wait time.Duration
+	create, wait, query time.Duration
 }
 
 func (d slowSim) Create(size uint64) (device.Handle, error) {
@@ -187,6 +187,11 @@ func (d slowSim) Create(size uint64) (device.Handle, error) {
 func (d slowSim) Wait(e device.Event) error {
 	time.Sleep(d.wait)
 	return d.Device.Wait(e)
+}
+
+func (d slowSim) Query(e device.Event) (bool, error) {
+	time.Sleep(d.query)
+	return d.Device.Query(e)
 }
 
 func (d slowSim) Synchronize() error {
@@ -203,7 +208,7 @@ func TestStatsDriverAndWaitTime(t *testing.T) {
 	const create, wait = 3 * time.Millisecond, 5 * time.Millisecond
 	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
 		t.Run(mode.String(), func(t *testing.T) {
-			dev := slowSim{sim.MustNew(sim.Config{Capacity: 256 * miB}), create, wait}
+			dev := slowSim{sim.MustNew(sim.Config{Capacity: 256 * miB}), create, wait, 0}
 			a := newAlloc(t, dev, gpumem.Config{Mode: mode})
 			b, err := a.Alloc(8*miB, 0)
 			if err != nil {
@@ -247,8 +252,9 @@ func TestStatsDriverAndWaitTime(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if hit := a.Stats(); hit.DriverNanos != before.DriverNanos || hit.WaitNanos != before.WaitNanos || hit.Misses != before.Misses || hit.MissNanos != before.MissNanos {
-				t.Errorf("cache hits added DriverNanos %d -> %d, WaitNanos %d -> %d, Misses %d -> %d", before.DriverNanos, hit.DriverNanos, before.WaitNanos, hit.WaitNanos, before.Misses, hit.Misses)
+			if hit := a.Stats(); hit.DriverNanos != before.DriverNanos || hit.WaitNanos != before.WaitNanos || hit.Misses != before.Misses || hit.MissNanos != before.MissNanos ||
+				hit.EventCalls != before.EventCalls || hit.EventNanos != before.EventNanos {
+				t.Errorf("cache hits added DriverNanos %d -> %d, WaitNanos %d -> %d, Misses %d -> %d, EventCalls %d -> %d", before.DriverNanos, hit.DriverNanos, before.WaitNanos, hit.WaitNanos, before.Misses, hit.Misses, before.EventCalls, hit.EventCalls)
 			}
 			if err := a.Trim(); err != nil { // gives the span back after a fence
 				t.Fatal(err)
@@ -264,5 +270,57 @@ func TestStatsDriverAndWaitTime(t *testing.T) {
 				t.Errorf("after the trim: %d releases, ReleaseNanos %d, UnmapNanos %d", st.Releases, st.ReleaseNanos, st.UnmapNanos)
 			}
 		})
+	}
+}
+
+// TestStatsEventTime: Stats.EventCalls and EventNanos count the event calls
+// that keep the streams' order (here: stream b's miss queries the epoch of
+// stream a, whose frees it could reuse) and their host time, and a cache
+// hit makes none.
+func TestStatsEventTime(t *testing.T) {
+	const query = 2 * time.Millisecond
+	dev := slowSim{sim.MustNew(sim.Config{Capacity: 1 << 30}), 0, 0, query}
+	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
+	sa, _ := dev.NewStream()
+	sb, _ := dev.NewStream()
+	x, err := a.Alloc(64*miB, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	st := a.Stats()
+	if st.EventCalls != 0 || st.EventNanos != 0 {
+		t.Errorf("one stream's alloc and free: EventCalls %d, EventNanos %d; want none", st.EventCalls, st.EventNanos)
+	}
+	y, err := a.Alloc(64*miB, sb) // a miss: stream a's frees are looked at
+	if err != nil {
+		t.Fatal(err)
+	}
+	st = a.Stats()
+	if st.EventCalls == 0 {
+		t.Fatalf("stream b's miss beside stream a's free made no event call (%+v)", st)
+	}
+	// Every query sleeps: EventNanos holds at least one query's time, and
+	// the miss's time holds the event time.
+	if st.EventNanos < uint64(query) || st.MissNanos < st.EventNanos {
+		t.Errorf("EventCalls %d: EventNanos %v, MissNanos %v; want at least one query (%v), within MissNanos", st.EventCalls, time.Duration(st.EventNanos), time.Duration(st.MissNanos), query)
+	}
+	if err := a.Free(y); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats()
+	for i := 0; i < 50; i++ { // cache hits on stream b
+		b, err := a.Alloc(64*miB, sb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if hit := a.Stats(); hit.EventCalls != before.EventCalls || hit.EventNanos != before.EventNanos {
+		t.Errorf("cache hits made event calls: EventCalls %d -> %d, EventNanos %d -> %d", before.EventCalls, hit.EventCalls, before.EventNanos, hit.EventNanos)
 	}
 }

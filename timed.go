@@ -71,3 +71,43 @@ func (t timedVM) Unmap(p device.Ptr, size uint64) error {
 	defer t.since(time.Now(), &t.c.unmapNanos)
 	return t.VirtualMemory.Unmap(p, size)
 }
+
+// timedEvents is the device's events with the host time of every call but
+// Wait added to Stats.EventNanos and the calls counted in EventCalls: what
+// keeping the streams' order costs the host (queries of other streams'
+// frees, epochs, stream waits). Wait is a fence: the callers add its time
+// to WaitNanos. No cache hit makes an event call.
+type timedEvents struct {
+	device.Events
+	c *counters
+}
+
+func (t timedEvents) since(t0 time.Time) {
+	t.c.eventNanos.Add(uint64(time.Since(t0)))
+	t.c.eventCalls.Add(1)
+}
+
+func (t timedEvents) NewEvent() (device.Event, error) {
+	defer t.since(time.Now())
+	return t.Events.NewEvent()
+}
+
+func (t timedEvents) DestroyEvent(e device.Event) error {
+	defer t.since(time.Now())
+	return t.Events.DestroyEvent(e)
+}
+
+func (t timedEvents) Record(e device.Event, s device.Stream) error {
+	defer t.since(time.Now())
+	return t.Events.Record(e, s)
+}
+
+func (t timedEvents) Query(e device.Event) (bool, error) {
+	defer t.since(time.Now())
+	return t.Events.Query(e)
+}
+
+func (t timedEvents) StreamWait(s device.Stream, e device.Event) error {
+	defer t.since(time.Now())
+	return t.Events.StreamWait(s, e)
+}

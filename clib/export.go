@@ -422,7 +422,8 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		misses: C.uint64_t(s.Misses), miss_ns: C.uint64_t(s.MissNanos),
 		create_ns: C.uint64_t(s.CreateNanos), map_ns: C.uint64_t(s.MapNanos),
 		set_access_ns: C.uint64_t(s.SetAccessNanos), unmap_ns: C.uint64_t(s.UnmapNanos),
-		release_ns: C.uint64_t(s.ReleaseNanos),
+		release_ns:  C.uint64_t(s.ReleaseNanos),
+		event_calls: C.uint64_t(s.EventCalls), event_ns: C.uint64_t(s.EventNanos),
 	}
 	return 0
 }

@@ -184,6 +184,11 @@ typedef struct gpumem_stats {
 	 * cuMemSetAccess, cuMemUnmap and cuMemRelease: which call a slow
 	 * growth waited in. */
 	uint64_t create_ns, map_ns, set_access_ns, unmap_ns, release_ns;
+	/* Calls to the device's events (queries, records, stream waits) and
+	 * their host time: what keeping the streams' order costs, mostly on
+	 * misses (miss_ns includes them). Waits for an event are fences
+	 * (wait_ns). */
+	uint64_t event_calls, event_ns;
 } gpumem_stats;
 
 /* --- PyTorch's CUDAPluggableAllocator entry points ------------------------

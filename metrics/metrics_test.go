@@ -36,6 +36,9 @@ func TestScrape(t *testing.T) {
 	}
 	x, _ := b.Alloc(1<<20, 0)
 	_ = b.Free(x)
+	if err := b.Trim(); err != nil { // a fence: an event recorded and waited for
+		t.Fatal(err)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewCollector(func() []Source {
 		return []Source{{Device: "0", Pool: "gpumem", Allocator: a}, {Device: "1", Pool: "gpumem", Allocator: b, Outside: 560 << 20, OutsideKnown: true}}
@@ -117,6 +120,12 @@ func TestScrape(t *testing.T) {
 	}
 	if got := value("gpumem_miss_seconds_total", "0"); got != float64(sa.MissNanos)/1e9 {
 		t.Errorf("miss_seconds_total{device=0} = %v, want %d ns", got, sa.MissNanos)
+	}
+	if got := value("gpumem_event_calls_total", "1"); got != float64(sb.EventCalls) || got == 0 {
+		t.Errorf("event_calls_total{device=1} = %v, want %d, above 0 after its fence's record", got, sb.EventCalls)
+	}
+	if got := value("gpumem_event_seconds_total", "1"); got != float64(sb.EventNanos)/1e9 {
+		t.Errorf("event_seconds_total{device=1} = %v, want %d ns", got, sb.EventNanos)
 	}
 	if got := value("gpumem_wait_seconds_total", "1"); got != float64(sb.WaitNanos)/1e9 {
 		t.Errorf("wait_seconds_total{device=1} = %v, want %d ns", got, sb.WaitNanos)

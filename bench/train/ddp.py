@@ -128,7 +128,8 @@ def main():
     # the GPU), to tell growth steps and host waits from the rest.
     per_step = {"Creates": [], "Fences": [], "Orders": [], "Releases": [], "Maps": [], "Unmaps": [], "SetAccess": [],
                 "DriverNanos": [], "WaitNanos": [], "Misses": [], "MissNanos": [],
-                "CreateNanos": [], "MapNanos": [], "SetAccessNanos": [], "UnmapNanos": [], "ReleaseNanos": []}
+                "CreateNanos": [], "MapNanos": [], "SetAccessNanos": [], "UnmapNanos": [], "ReleaseNanos": [],
+                "EventCalls": [], "EventNanos": []}
     counts = (lambda: gpumem.library().stats_json(local)) if args.allocator == "gpumem" else None
     if counts:
         import json

@@ -99,6 +99,9 @@ def main(path):
         line = by_call(ranks.get(0))
         if line:
             print("\n%s %s%s, rank 0, driver time by call: %s" % (prog, alloc, " " + tag if tag else "", line))
+        line = misses(ranks.get(0))
+        if line:
+            print("\n%s %s%s, rank 0, a steady step (median): %s" % (prog, alloc, " " + tag if tag else "", line))
 
 
 def against_expandable(runs):
@@ -129,6 +132,21 @@ def by_call(rec):
         each = " (%d calls, %.3f ms each)" % (calls, ms / calls) if calls else ""
         out.append("%s %.1f ms%s" % (name, ms, each))
     return ", ".join(out)
+
+
+def misses(rec):
+    """gpumem's slow path in rec's steady steps, the median a step: the
+    misses and their host time, and within it the event calls (the
+    streams' order) and the driver calls and fences; None where ddp.py
+    did not record the event calls (before they were counted)."""
+    per = (rec or {}).get("gpumem_per_step") or {}
+    if "EventNanos" not in per or not steady(rec):
+        return None
+    ss = steady(rec)
+    med = lambda k, scale=1: statistics.median(per[k][i] for i in ss) / scale
+    return "%d misses in %.2f ms; %d event calls in %.2f ms; driver calls %.2f ms, fences %.2f ms" % (
+        med("Misses"), med("MissNanos", 1e6), med("EventCalls"), med("EventNanos", 1e6),
+        med("DriverNanos", 1e6), med("WaitNanos", 1e6))
 
 
 if __name__ == "__main__":

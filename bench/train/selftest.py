@@ -13,6 +13,9 @@ no torch), from the repository root:
   the first differing placement and reserved figure, both peaks; and
   fixture: a history's requests as a trace and each allocation's offset in
   its pool.
+- ddp_table.py's steady-step line of gpumem's slow path: the medians of a
+  hand-made record's steady steps, and none for a record made before the
+  event calls were counted.
 - programs.py, parsed (not imported: it needs torch): every PROGRAMS
   entry names a function (steps, log, seed=0) of the module, with more
   steps than run.py's warm-up, listed in the module's docstring.
@@ -185,6 +188,25 @@ class Programs(unittest.TestCase):
             self.assertRegex(doc, r"\n    %s " % name)
         for name in ("gpt2_generate", "beam_search_decode", "infer_server"):
             self.assertIn(name, names)
+
+
+class DDPTableMisses(unittest.TestCase):
+    def test_misses(self):
+        sys.path.insert(0, HERE)
+        import ddp_table
+        # Ten steps, the longest first at step 4: steady steps 5..9.
+        lengths = [64, 128, 256, 512, 1024, 256, 1024, 64, 128, 512]
+        per = {"Misses": [9, 9, 9, 9, 10, 20, 30, 40, 50, 60],
+               "MissNanos": [0] * 4 + [1e6, 2e6, 3e6, 4e6, 5e6, 6e6],
+               "EventCalls": [0] * 4 + [1, 2, 3, 4, 5, 6],
+               "EventNanos": [0] * 4 + [1e5, 2e5, 3e5, 4e5, 5e5, 6e5],
+               "DriverNanos": [0] * 10, "WaitNanos": [0] * 4 + [0, 0, 0, 1e6, 1e6, 1e6]}
+        rec = {"lengths": lengths, "gpumem_per_step": per}
+        self.assertEqual(ddp_table.steady(rec), [5, 6, 7, 8, 9])
+        line = ddp_table.misses(rec)
+        self.assertEqual(line, "40 misses in 4.00 ms; 4 event calls in 0.40 ms; driver calls 0.00 ms, fences 1.00 ms")
+        del per["EventNanos"]
+        self.assertIsNone(ddp_table.misses(rec))
 
 
 if __name__ == "__main__":

@@ -104,10 +104,16 @@ def test_allocate_free_stats():
         # which calls that time went to: the creates' and maps' parts of it
         assert 0 < s["create_ns"] + s["map_ns"] + s["set_access_ns"] <= s["driver_ns"], s
         assert s["create_ns"] > 0 and s["unmap_ns"] == 0 and s["release_ns"] == 0, s
+        # one stream: no event call yet
+        assert s["event_calls"] == 0 and s["event_ns"] == 0, s
         for p in ptrs:
             lib.deallocate(p, 0)
         s = gpumem.stats(0)
         assert s["allocated"] == 0 and s["frees"] == 8 and s["cached"] == s["reserved"] > 0, s
+        # a trim fences the stream first: an event recorded (and waited for)
+        lib.trim(0)
+        s = gpumem.stats(0)
+        assert s["event_calls"] > 0 and s["event_ns"] > 0 and s["reserved"] == 0, s
         # free by pointer alone
         p = lib.allocate(4096, 0, 7)
         lib.deallocate(p, -1)
