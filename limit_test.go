@@ -141,6 +141,60 @@ func TestHopelessRequestTakesNothing(t *testing.T) {
 	}
 }
 
+// TestRequestOverTheLimitFailsAtOnce: a request larger than the limit (the
+// device's whole memory when none is set) fails before anything else: no
+// address space reserved for it (a petabyte request used to build books
+// for a petabyte arena: minutes and gigabytes of host memory), no retry,
+// and the cache not given back for it.
+func TestRequestOverTheLimitFailsAtOnce(t *testing.T) {
+	for _, mode := range []gpumem.Mode{gpumem.ModeVirtual, gpumem.ModePlain} {
+		for _, tc := range []struct {
+			name  string
+			limit uint64
+			size  uint64
+		}{
+			{"a petabyte", 0, 1 << 50},
+			{"one byte over the limit", 1 << 30, 1<<30 + 1},
+		} {
+			t.Run(mode.String()+"/"+tc.name, func(t *testing.T) {
+				dev := newSim(4 << 30)
+				a := newAlloc(t, dev, gpumem.Config{Mode: mode, Limit: tc.limit})
+				live, err := a.Alloc(64*miB, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cached, err := a.Alloc(64*miB, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := a.Free(cached); err != nil {
+					t.Fatal(err)
+				}
+				before := a.Stats()
+				_, err = a.Alloc(tc.size, 0)
+				var oom *gpumem.OutOfMemoryError
+				if !errors.As(err, &oom) || oom.Cause != gpumem.CauseLimit || oom.Requested != tc.size {
+					t.Fatalf("Alloc(%d): %v, want an out-of-memory error for the limit", tc.size, err)
+				}
+				after := a.Stats()
+				if after.Reserves != before.Reserves || after.Segments != before.Segments {
+					t.Errorf("the request reserved address space: %d -> %d reservations, %d -> %d segments", before.Reserves, after.Reserves, before.Segments, after.Segments)
+				}
+				if after.Retries != before.Retries || after.Trims != before.Trims || after.Cached != before.Cached || after.Reserved != before.Reserved {
+					t.Errorf("the request was retried or gave the cache back: retries %d -> %d, trims %d -> %d, cached %d -> %d, reserved %d -> %d",
+						before.Retries, after.Retries, before.Trims, after.Trims, before.Cached, after.Cached, before.Reserved, after.Reserved)
+				}
+				if after.OOMs != before.OOMs+1 || after.Misses != before.Misses+1 {
+					t.Errorf("OOMs %d -> %d, misses %d -> %d: want one more of each", before.OOMs, after.OOMs, before.Misses, after.Misses)
+				}
+				if err := a.Free(live); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
 // TestGrowthToTheLimit: a block that fits exactly under the limit is
 // served, in a grown allocator too, whose growth at the frontier otherwise
 // maps chunks ahead of the block (found by the Python tests: the error's

@@ -74,6 +74,15 @@ func (s *shortage) Error() string {
 // free and a retry (makeRoomFor), then under Config.Gather a split and a
 // retry at a time, then the whole cache given back and a last retry.
 func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
+	a := p.a
+	if size > a.root.limit.Load() {
+		// More than the limit (at most the device's memory): no memory
+		// could ever serve it. It fails at once, before an arena is
+		// reserved for it (address space, and books on the host in
+		// proportion to it: a petabyte took minutes and gigabytes) and
+		// before the retries give every cached byte back for nothing.
+		return nil, p.oom(size, si, &shortage{cause: CauseLimit})
+	}
 	b, err := p.allocate(rounded, si)
 	if err == nil {
 		return b, nil
@@ -82,7 +91,6 @@ func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 	if !errors.As(err, &sh) {
 		return nil, err
 	}
-	a := p.a
 	a.c.retries.Add(1)
 	p.mu.Unlock()
 	a.makeRoomFor(p)
@@ -130,12 +138,20 @@ func (p *pool) allocSlow(rounded, size uint64, si slot) (*block, error) {
 	// for the retry): an out-of-memory leaves none behind, and its
 	// verdict counts what a trim would give back.
 	_ = p.releaseEmpty(0, false)
+	return nil, p.oom(size, si, sh)
+}
+
+// oom counts an out-of-memory of a request of size bytes on stream slot si
+// and returns its verdict (oomError), which reads every pool: called with
+// p.mu held, it lets go of it meanwhile.
+func (p *pool) oom(size uint64, si slot, sh *shortage) error {
+	a := p.a
 	a.c.ooms.Add(1)
 	s := p.streams[si].s // under mu: addStream may grow the slice meanwhile
 	p.mu.Unlock()
 	oom := a.oomError(size, s, sh)
 	p.mu.Lock()
-	return nil, oom
+	return oom
 }
 
 // reclaim returns every pool's cache to the device (keeping preallocation),

@@ -217,7 +217,8 @@ func TestReplayOOM(t *testing.T) {
 	// 8 MiB cannot hold tiny's 14 MiB peak: requests fail, the replay goes
 	// on. The first three requests (7.9 MiB) pack into the device's four
 	// chunks and the second 4 MiB reuses the first one's hole, so only the
-	// 10 MiB request fails.
+	// 10 MiB request fails. Larger than the limit, it fails at once, the
+	// cache as it was: its free 3 MiB piece is what would have fit.
 	code, out, errs := run(t, nil, "replay", "--device", "sim", "--capacity", "8MiB", "--json", "testdata/tiny.trace")
 	if code != 0 || errs != "" || !strings.Contains(out, `"ooms":1,`) {
 		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errs)
@@ -234,13 +235,13 @@ func TestReplayOOM(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	if v := r.FirstOOM.Verdict; r.FirstOOM.Event != 7 || r.FirstOOM.ID != 4 || v["cause"] != "limit" ||
-		v["requested"] != float64(10<<20) || v["would_fit"] != float64(2<<20) || v["after_trim"] != "no" {
-		t.Errorf("first_oom %+v: want event 7 (request 4 of 10 MiB), the limit, 2 MiB would fit, no help from a trim", r.FirstOOM)
+		v["requested"] != float64(10<<20) || v["would_fit"] != float64(3<<20) || v["after_trim"] != "no" {
+		t.Errorf("first_oom %+v: want event 7 (request 4 of 10 MiB), the limit, 3 MiB would fit, no help from a trim", r.FirstOOM)
 	}
 	// The table, then the verdict.
 	code, out, errs = run(t, nil, "replay", "--device", "sim", "--capacity", "8MiB", "testdata/tiny.trace")
 	want := "tiny: first OOM at event 7 (request 4): gpumem: out of memory (allocator limit): requested 10.00 MiB (10485760) on stream 0: live buffers hold 4.00 MiB of the limit of 8.00 MiB (the device's whole memory)"
-	if code != 0 || errs != "" || !strings.Contains(out, want) || !strings.Contains(out, "largest request that would have fit: 2.00 MiB") {
+	if code != 0 || errs != "" || !strings.Contains(out, want) || !strings.Contains(out, "largest request that would have fit: 3.00 MiB") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want the first OOM's verdict", code, out, errs)
 	}
 	// Over three passes the same request fails in each: the later passes'

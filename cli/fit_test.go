@@ -69,3 +69,33 @@ func TestFitVerdict(t *testing.T) {
 		t.Errorf("shortSize(17.6836 GiB) = %q, want 17.69 GiB", got)
 	}
 }
+
+// TestPetabyteRequest: a trace whose one request (1e15 bytes, within the
+// trace format's 1 PiB) is larger than any device answers at once: the
+// replay's out-of-memory on its simulated device, fit's "more than the
+// largest device", and a --capacity beyond policy.MaxCapacity refused
+// (each used to build allocator books for a petabyte arena: minutes and
+// gigabytes of host memory).
+func TestPetabyteRequest(t *testing.T) {
+	code, out, errs := run(t, nil, "replay", "testdata/petabyte.trace")
+	if code != ExitOK || !strings.Contains(out, "out of memory (allocator limit): requested 909.49 TiB") {
+		t.Errorf("replay: exit %d, stderr %q, stdout:\n%s", code, errs, out)
+	}
+	code, _, errs = run(t, nil, "fit", "testdata/petabyte.trace")
+	if code != ExitFail || !strings.Contains(errs, "holds 909.49 TiB live at its peak: more than the largest device fit models (4.00 TiB)") {
+		t.Errorf("fit: exit %d, stderr %q", code, errs)
+	}
+	for _, args := range [][]string{
+		{"replay", "--capacity", "1PiB", "testdata/tiny.trace"},
+		{"replay", "--policy", "torch-native", "--capacity", "5TiB", "testdata/tiny.trace"},
+		{"report", "--capacity", "8TiB", "-o", t.TempDir() + "/r.html", "testdata/tiny.trace"},
+	} {
+		code, _, errs := run(t, nil, args...)
+		if code != ExitUsage || !strings.Contains(errs, "the simulated device models at most 4.00 TiB") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errs)
+		}
+	}
+	if code, _, errs := run(t, nil, "replay", "--capacity", "4TiB", "testdata/tiny.trace"); code != ExitOK {
+		t.Errorf("--capacity 4TiB: exit %d, stderr %q", code, errs)
+	}
+}

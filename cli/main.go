@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/policy"
 )
 
 // Version is gpumem's version as "gpumem version" prints it. When empty
@@ -280,6 +281,18 @@ func (e *env) usageError(fs *cmdFlags, msg string) int {
 // sizeFlag is a flag.Value holding a size in bytes, set with units.Parse's
 // syntax.
 type sizeFlag uint64
+
+// capacityProblem says what is wrong with a --capacity, "" if nothing: 0,
+// or more than the largest device the policies model (policy.MaxCapacity).
+func capacityProblem(c sizeFlag) string {
+	switch {
+	case c == 0:
+		return "invalid value 0 for flag --capacity"
+	case c > policy.MaxCapacity:
+		return fmt.Sprintf("invalid value %s for flag --capacity: the simulated device models at most %s", units.Format(uint64(c)), units.Format(policy.MaxCapacity))
+	}
+	return ""
+}
 
 func (s *sizeFlag) Set(v string) error {
 	n, err := units.ParseBare(v)

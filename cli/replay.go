@@ -189,6 +189,9 @@ func (e *env) replay(args []string) int {
 	if *queryLag < 0 {
 		return e.usageError(fs, fmt.Sprintf("invalid value %d for flag --query-lag: want 0 or more", *queryLag))
 	}
+	if msg := capacityProblem(capacity); msg != "" {
+		return e.usageError(fs, msg)
+	}
 	simCfg := sim.Config{Capacity: uint64(capacity), Granularity: uint64(granularity), QueryLag: *queryLag,
 		RunAhead: uint64(runAhead.Microseconds())}
 	if *runAhead < 0 {
@@ -517,8 +520,8 @@ func (e *env) replayPolicies(fs *cmdFlags, set map[string]bool, name string, pat
 			return e.usageError(fs, fmt.Sprintf("--%s configures gpumem or the GPU; it does not apply to --policy %s", f, name))
 		}
 	}
-	if capacity == 0 {
-		return e.usageError(fs, "invalid value 0 for flag --capacity")
+	if msg := capacityProblem(sizeFlag(capacity)); msg != "" {
+		return e.usageError(fs, msg)
 	}
 	var results []policy.Result
 	enc := json.NewEncoder(e.stdout)

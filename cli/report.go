@@ -56,8 +56,8 @@ func (e *env) report(args []string) int {
 		return e.usageError(fs, fmt.Sprintf("one TRACE or SNAPSHOT at a time; got %d", len(paths)))
 	case *out == "":
 		return e.usageError(fs, "-o FILE is required")
-	case capacity == 0:
-		return e.usageError(fs, "invalid value 0 for flag --capacity")
+	case capacityProblem(capacity) != "":
+		return e.usageError(fs, capacityProblem(capacity))
 	}
 	names, err := policyNames(*pols)
 	if err != nil {

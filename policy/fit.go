@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/trace"
 )
 
@@ -10,8 +11,13 @@ import (
 // device's 2 MiB granule.
 const FitGranularity = 2 << 20
 
-// maxFitCapacity bounds Fit's search: 1 PiB, trace.MaxSize.
-const maxFitCapacity = trace.MaxSize
+// MaxCapacity is the largest device the policies are run on, and so
+// bounds Fit's search: 4 TiB, 14 times the most memory a GPU has. gpumem's
+// books grow with its device (an arena of address space twice the
+// device's size, a record per 2 MiB chunk of it: 60 MiB and 0.03 s a
+// replay at 4 TiB, 13 GiB and minutes at 1 PiB, trace.MaxSize), so a larger
+// simulated device would cost the host more than any trace could teach.
+const MaxCapacity = 4 << 40
 
 // FitResult is what Fit found for one trace and policy.
 type FitResult struct {
@@ -90,6 +96,9 @@ func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int
 	}
 	lo := uint64(0) // the largest capacity known not to fit
 	hi := max(roundUp(tr.PeakLiveBytes, FitGranularity), FitGranularity)
+	if hi > MaxCapacity {
+		return res, fmt.Errorf("policy %s: trace %s holds %s live at its peak: more than the largest device fit models (%s)", name, tr.Name, units.Format(tr.PeakLiveBytes), units.Format(MaxCapacity))
+	}
 	for {
 		ok, err := fits(hi)
 		if err != nil {
@@ -99,10 +108,10 @@ func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int
 			break
 		}
 		lo = hi
-		if hi >= maxFitCapacity {
+		if hi >= MaxCapacity {
 			return res, fmt.Errorf("policy %s: trace %s does not fit even a device of %d bytes", name, tr.Name, hi)
 		}
-		hi = min(2*hi, maxFitCapacity)
+		hi = min(2*hi, MaxCapacity)
 	}
 	for lo != 0 && hi-lo > FitGranularity {
 		mid := lo + (hi-lo)/2/FitGranularity*FitGranularity
@@ -118,7 +127,7 @@ func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int
 	}
 	res.Least, res.Capacity = hi, hi
 	total = res.Replays + int(FitWindow(hi)/FitGranularity)
-	for c := hi + FitGranularity; c <= res.Capacity+FitWindow(res.Capacity) && c <= maxFitCapacity; c += FitGranularity {
+	for c := hi + FitGranularity; c <= res.Capacity+FitWindow(res.Capacity) && c <= MaxCapacity; c += FitGranularity {
 		ok, err := fits(c)
 		if err != nil {
 			return res, err
