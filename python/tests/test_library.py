@@ -167,6 +167,28 @@ def test_out_of_memory_verdict():
 
 
 @needs_library
+def test_request_larger_than_the_device_fails_at_once():
+    # A petabyte (the largest size accepted) in a process we are loaded
+    # into: the limit's verdict, with no arena reserved for it (its books
+    # took 10 s and 6 GB of the host's memory before) and nothing held.
+    run("""
+        import gpumem
+        lib = gpumem.library()
+        keep = lib.allocate(1 << 20, 0, 0)
+        before = gpumem.stats(0)
+        try:
+            lib.allocate(1 << 50, 0, 0)
+            raise SystemExit("a petabyte was allocated")
+        except gpumem.OutOfMemoryError as e:
+            assert e.verdict.cause == "limit" and e.verdict.requested == 1 << 50, e.verdict
+        after = gpumem.stats(0)
+        assert after["segments"] == before["segments"] and after["reserved"] == before["reserved"], (before, after)
+        assert after["ooms"] == 1 and after["retries"] == 0, after
+        lib.deallocate(keep, 0)
+    """, config=SIM)
+
+
+@needs_library
 def test_out_of_memory_verdict_what_would_have_fit():
     # Fragmentation in mode=plain: five 20 MiB segments under a limit of
     # 100 MiB, each with a live 9 MiB buffer and 11 MiB free. No trim helps;
