@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 
+	"github.com/gpumem/gpumem/device/sim"
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/trace"
 )
@@ -12,12 +13,9 @@ import (
 const FitGranularity = 2 << 20
 
 // MaxCapacity is the largest device the policies are run on, and so
-// bounds Fit's search: 4 TiB, 14 times the most memory a GPU has. gpumem's
-// books grow with its device (an arena of address space twice the
-// device's size, a record per 2 MiB chunk of it: 60 MiB and 0.03 s a
-// replay at 4 TiB, 13 GiB and minutes at 1 PiB, trace.MaxSize), so a larger
-// simulated device would cost the host more than any trace could teach.
-const MaxCapacity = 4 << 40
+// bounds Fit's search: the simulated device's most (sim.MaxCapacity, 4
+// TiB), against trace.MaxSize's 1 PiB.
+const MaxCapacity = sim.MaxCapacity
 
 // FitResult is what Fit found for one trace and policy.
 type FitResult struct {

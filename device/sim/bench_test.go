@@ -10,7 +10,7 @@ import (
 // mappings live, so the ordered maps are not trivially small.
 func BenchmarkMapUnmap(b *testing.B) {
 	const n = 4096
-	d := MustNew(Config{Capacity: 1 << 50})
+	d := MustNew(Config{Capacity: MaxCapacity})
 	r, _ := d.Reserve(2*n*G, 0)
 	for i := 0; i < n; i++ {
 		h, err := d.Create(G)
@@ -41,7 +41,7 @@ func BenchmarkMapUnmap(b *testing.B) {
 // BenchmarkAllocFree measures one Alloc+Free with 4096 other allocations
 // live.
 func BenchmarkAllocFree(b *testing.B) {
-	d := MustNew(Config{Capacity: 1 << 50})
+	d := MustNew(Config{Capacity: MaxCapacity})
 	for i := 0; i < 4096; i++ {
 		if _, err := d.Alloc(uint64(i+1) * 512); err != nil {
 			b.Fatal(err)

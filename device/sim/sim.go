@@ -132,9 +132,17 @@ type handleRec struct {
 	words map[uint64]uint64
 }
 
+// MaxCapacity is the most memory a simulated device models: 4 TiB, 14
+// times the most a GPU has. An allocator's books grow with its device
+// (gpumem's: an arena of address space twice the device's size, a record
+// per 2 MiB chunk of it: 60 MiB at 4 TiB, 13 GiB and half a minute at
+// 1 PiB), so a larger simulated device would cost the host more than any
+// plan could use.
+const MaxCapacity = 4 << 40
+
 // New returns a simulated device, or an error if cfg is nonsense: a
 // granularity that is not a power of two >= 4096, or a capacity smaller than
-// one granule.
+// one granule or larger than MaxCapacity.
 func New(cfg Config) (*Device, error) {
 	if cfg.Capacity == 0 {
 		cfg.Capacity = DefaultCapacity
@@ -155,8 +163,8 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Capacity < g {
 		return nil, fmt.Errorf("sim: capacity %d is smaller than one granule (%d)", cfg.Capacity, g)
 	}
-	if cfg.Capacity > plainPart/2 {
-		return nil, fmt.Errorf("sim: capacity %d is too large", cfg.Capacity)
+	if cfg.Capacity > MaxCapacity {
+		return nil, fmt.Errorf("sim: capacity %d is more than %d bytes (4 TiB), the most a simulated device models", cfg.Capacity, uint64(MaxCapacity))
 	}
 	if cfg.Ordinal < 0 || cfg.Ordinal >= maxOrdinals {
 		return nil, fmt.Errorf("sim: ordinal %d: want 0 to %d", cfg.Ordinal, maxOrdinals-1)

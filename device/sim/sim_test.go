@@ -78,6 +78,9 @@ func TestNewDefaultsAndValidation(t *testing.T) {
 	if err != nil || free != 80<<30 || total != 80<<30 {
 		t.Errorf("MemInfo() = %d, %d, %v", free, total, err)
 	}
+	if _, err := New(Config{Capacity: MaxCapacity}); err != nil {
+		t.Errorf("New at MaxCapacity: %v", err)
+	}
 	d2 := newDev(t, Config{Capacity: 1 << 30, Granularity: 4096, Name: "small"})
 	if got := d2.Info(); got.Name != "small" || got.Total != 1<<30 {
 		t.Errorf("Info() = %+v", got)
@@ -86,7 +89,8 @@ func TestNewDefaultsAndValidation(t *testing.T) {
 		{Granularity: 4095},
 		{Granularity: 2048},
 		{Granularity: 3 << 20},
-		{Capacity: 1 << 20}, // smaller than one 2 MiB granule
+		{Capacity: 1 << 20},             // smaller than one 2 MiB granule
+		{Capacity: MaxCapacity + 1<<21}, // more than a simulated device models
 	} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) succeeded", cfg)

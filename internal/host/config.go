@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem"
+	"github.com/gpumem/gpumem/device/sim"
 	"github.com/gpumem/gpumem/internal/units"
 )
 
@@ -28,7 +29,8 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //
 //	device             cuda (the default) or sim (a simulated device, for
 //	                   tests and planning without a GPU)
-//	capacity           the simulated device's memory (default 80GiB)
+//	capacity           the simulated device's memory (default 80GiB, at most
+//	                   4TiB: sim.MaxCapacity)
 //	mode               auto, plain or virtual (gpumem.Mode)
 //	limit              a size, or a percentage of the device's memory
 //	preallocate        a size taken at start and kept (gpumem.Config.Preallocate)
@@ -138,8 +140,12 @@ func (c *Config) set(key, val string) error {
 		}
 	case "capacity":
 		c.SimCapacity, err = units.ParseBare(val)
-		if err == nil && c.SimCapacity == 0 {
+		switch {
+		case err != nil:
+		case c.SimCapacity == 0:
 			err = errors.New("must be more than 0")
+		case c.SimCapacity > sim.MaxCapacity:
+			err = fmt.Errorf("must be at most %s, the most a simulated device models", units.Format(sim.MaxCapacity))
 		}
 	case "mode":
 		c.Alloc.Mode, err = gpumem.ParseMode(val)

@@ -65,6 +65,7 @@ func TestParseConfig(t *testing.T) {
 		{"check=maybe", "check=maybe"},
 		{"compact=lots", "compact=lots"},
 		{"device=sim,capacity=0", "more than 0"},
+		{"device=sim,capacity=5TiB", "at most 4.00 TiB, the most a simulated device models"},
 	} {
 		_, err := ParseConfig(bad.in)
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), bad.says) {
