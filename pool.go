@@ -948,8 +948,7 @@ func (p *pool) fenceStream(st *streamState) error {
 	if err := a.ev.Record(st.fenceEv, st.s); err != nil {
 		return err
 	}
-	defer addSince(&a.c.waitNanos, time.Now())
-	return a.ev.Wait(st.fenceEv)
+	return a.ev.Wait(st.fenceEv) // its time in WaitNanos (timedEvents)
 }
 
 func (a *Allocator) syncDevice() error {

@@ -86,8 +86,9 @@ type Stats struct {
 	// DriverNanos is the host time spent in the driver's memory calls
 	// (those DeviceCalls counts, and address releases): what growth,
 	// moves and releases cost the calling thread. WaitNanos is the host
-	// time spent waiting for the GPU before memory changed hands (Fences):
-	// time the host could not run ahead. Both are wall time on the
+	// time spent waiting for the GPU before memory changed hands (Fences,
+	// and the wait for pending frees before a retry): time the host could
+	// not run ahead. Both are wall time on the
 	// calling thread, for telling where a slow step's time went; on the
 	// simulated device they measure the simulation.
 	DriverNanos, WaitNanos uint64

@@ -75,8 +75,9 @@ func (t timedVM) Unmap(p device.Ptr, size uint64) error {
 // timedEvents is the device's events with the host time of every call but
 // Wait added to Stats.EventNanos and the calls counted in EventCalls: what
 // keeping the streams' order costs the host (queries of other streams'
-// frees, epochs, stream waits). Wait is a fence: the callers add its time
-// to WaitNanos. No cache hit makes an event call.
+// frees, epochs, stream waits). Wait, the host waiting for the GPU (a
+// fence, or the wait for pending frees before a retry), adds to WaitNanos
+// instead. No cache hit makes an event call.
 type timedEvents struct {
 	device.Events
 	c *counters
@@ -105,6 +106,11 @@ func (t timedEvents) Record(e device.Event, s device.Stream) error {
 func (t timedEvents) Query(e device.Event) (bool, error) {
 	defer t.since(time.Now())
 	return t.Events.Query(e)
+}
+
+func (t timedEvents) Wait(e device.Event) error {
+	defer addSince(&t.c.waitNanos, time.Now())
+	return t.Events.Wait(e)
 }
 
 func (t timedEvents) StreamWait(s device.Stream, e device.Event) error {
