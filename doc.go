@@ -157,9 +157,10 @@
 //     stream contract) and its chunks are ready (always, for plain
 //     segments), carve the request off it, count it in its chunks, done: no
 //     device call, no map, no Go allocation.
-//  3. Otherwise (allocSlow): free the pending blocks whose events have
-//     completed, move the other streams' horizons (advanceEpoch) and look
-//     again.
+//  3. Otherwise (allocSlow): a request larger than the limit fails at
+//     once (step 8), before an arena is reserved for it; else free the
+//     pending blocks whose events have completed, move the other streams'
+//     horizons (advanceEpoch) and look again.
 //  4. Grow: a virtual heap reserves another arena if its address space is
 //     exhausted; a plain heap adopts a wholly free segment of another stream
 //     behind an event wait (adoptSegment), or allocates a segment.
