@@ -21,8 +21,10 @@ const topAbout = `Top shows, refreshed every interval until interrupted, the GPU
 host and the processes holding their memory (NVML), and for each process
 that runs on gpumem and serves its handler (gpumem run --serve, serve= in
 GPUMEM_CONFIG, gpumem.serve()) its pool: bytes allocated, held from the
-driver (reserved), cached, how fragmented the cache is, and its memory
-calls to the driver, with what one cost on average. For those
+driver (reserved), cached, how fragmented the cache is, its memory
+calls to the driver, with what one cost on average, and its misses (the
+allocations its cache could not serve at once), with what one cost the
+host and the share of that in event calls (keeping the streams' order). For those
 processes it reconciles NVML's figure with gpumem's: NVML's figure is what
 gpumem reserved, plus what the process held outside gpumem when it started
 serving (its CUDA context, loaded modules, earlier allocations; measured
@@ -160,10 +162,10 @@ func (e *env) topFrame(w io.Writer) {
 		return
 	}
 	fmt.Fprintln(w, "gpumem pools")
-	fmt.Fprintln(tw, "pid\tdevice\tallocated\treserved\tpeak reserved\tcached\tfragmented\tlimit\tbuffers\tdriver calls\t")
+	fmt.Fprintln(tw, "pid\tdevice\tallocated\treserved\tpeak reserved\tcached\tfragmented\tlimit\tbuffers\tdriver calls\tmisses\t")
 	for _, p := range pools {
 		if p.Err != nil {
-			fmt.Fprintf(tw, "%d\t%s\t%v\t\t\t\t\t\t\t\t\n", p.PID, p.Addr, p.Err)
+			fmt.Fprintf(tw, "%d\t%s\t%v\t\t\t\t\t\t\t\t\t\n", p.PID, p.Addr, p.Err)
 			continue
 		}
 		devs := make([]string, 0, len(p.Stats))
@@ -174,9 +176,9 @@ func (e *env) topFrame(w io.Writer) {
 		for _, d := range devs {
 			s := p.Stats[d]
 			st := s.Stats
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%d\t%s\t\n", p.PID, d, units.Format(st.Allocated),
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%d\t%s\t%s\t\n", p.PID, d, units.Format(st.Allocated),
 				units.Format(st.Reserved), units.Format(st.PeakReserved), units.Format(st.Cached),
-				100*st.Fragmentation, units.Format(s.Limit), st.LiveBuffers, driverCalls(st))
+				100*st.Fragmentation, units.Format(s.Limit), st.LiveBuffers, driverCalls(st), misses(st))
 		}
 	}
 	tw.Flush()
@@ -192,6 +194,21 @@ func driverCalls(st gpumem.Stats) string {
 		return "none"
 	}
 	return fmt.Sprintf("%d, %s each", n, shortDuration(st.DriverNanos/n))
+}
+
+// misses says how many allocations the cache could not serve at once and
+// what one cost the host on average, with the share of that in event
+// calls (the streams' order: about half of it under FSDP2 on two H200s,
+// docs/BENCHMARKS.md): the allocator's cost beyond its cache hits.
+func misses(st gpumem.Stats) string {
+	if st.Misses == 0 {
+		return "none"
+	}
+	out := fmt.Sprintf("%d, %s each", st.Misses, shortDuration(st.MissNanos/st.Misses))
+	if st.EventNanos > 0 && st.MissNanos > 0 {
+		out += fmt.Sprintf(" (events %.0f%%)", 100*min(float64(st.EventNanos)/float64(st.MissNanos), 1))
+	}
+	return out
 }
 
 // shortDuration writes ns with three significant digits or so.

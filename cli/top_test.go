@@ -61,7 +61,8 @@ func TestTopOnce(t *testing.T) {
 		t.Fatal("the served pool made no driver call")
 	}
 	for _, want := range []string{"GPU 0  NVIDIA H100 80GB HBM3", strconv.Itoa(pid), "480.00 MiB", "20.00 MiB (+", "gpumem pools", "7.00 MiB", "512.00 MiB",
-		"unexplained: device memory the process took outside gpumem", "driver calls", strconv.FormatUint(calls, 10) + ", "} {
+		"unexplained: device memory the process took outside gpumem", "driver calls", strconv.FormatUint(calls, 10) + ", ",
+		"misses", strconv.FormatUint(a.Stats().Misses, 10) + ", "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the frame lacks %q:\n%s", want, out)
 		}
@@ -122,6 +123,23 @@ func TestTopInTmux(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Error("gpumem top did not end on an interrupt")
+}
+
+// TestMisses: the misses column's count, mean and the event calls' share.
+func TestMisses(t *testing.T) {
+	for _, c := range []struct {
+		st   gpumem.Stats
+		want string
+	}{
+		{gpumem.Stats{}, "none"},
+		{gpumem.Stats{Misses: 4, MissNanos: 8000}, "4, 2.0 us each"},
+		{gpumem.Stats{Misses: 1521, MissNanos: 5_510_000, EventCalls: 1012, EventNanos: 2_970_000}, "1521, 3.6 us each (events 54%)"},
+		{gpumem.Stats{Misses: 1, MissNanos: 1000, EventNanos: 5000}, "1, 1.0 us each (events 100%)"}, // events on frees too: capped
+	} {
+		if got := misses(c.st); got != c.want {
+			t.Errorf("misses(%+v) = %q, want %q", c.st, got, c.want)
+		}
+	}
 }
 
 // TestDriverCalls: the driver column's count and mean, in units a reader
