@@ -73,7 +73,7 @@ func TestFitVerdict(t *testing.T) {
 // TestPetabyteRequest: a trace whose one request (1e15 bytes, within the
 // trace format's 1 PiB) is larger than any device answers at once: the
 // replay's out-of-memory on its simulated device, fit's "more than the
-// largest device", and a --capacity beyond policy.MaxCapacity refused
+// largest device", and a --capacity beyond sim.MaxCapacity refused
 // (each used to build allocator books for a petabyte arena: minutes and
 // gigabytes of host memory).
 func TestPetabyteRequest(t *testing.T) {

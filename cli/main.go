@@ -9,9 +9,9 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/gpumem/gpumem/device/sim"
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml"
-	"github.com/gpumem/gpumem/policy"
 )
 
 // Version is gpumem's version as "gpumem version" prints it. When empty
@@ -283,13 +283,13 @@ func (e *env) usageError(fs *cmdFlags, msg string) int {
 type sizeFlag uint64
 
 // capacityProblem says what is wrong with a --capacity, "" if nothing: 0,
-// or more than the largest device the policies model (policy.MaxCapacity).
+// or more than the largest device the policies model (sim.MaxCapacity).
 func capacityProblem(c sizeFlag) string {
 	switch {
 	case c == 0:
 		return "invalid value 0 for flag --capacity"
-	case c > policy.MaxCapacity:
-		return fmt.Sprintf("invalid value %s for flag --capacity: the simulated device models at most %s", units.Format(uint64(c)), units.Format(policy.MaxCapacity))
+	case c > sim.MaxCapacity:
+		return fmt.Sprintf("invalid value %s for flag --capacity: the simulated device models at most %s", units.Format(uint64(c)), units.Format(sim.MaxCapacity))
 	}
 	return ""
 }

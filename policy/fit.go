@@ -12,10 +12,9 @@ import (
 // device's 2 MiB granule.
 const FitGranularity = 2 << 20
 
-// MaxCapacity is the largest device the policies are run on, and so
-// bounds Fit's search: the simulated device's most (sim.MaxCapacity, 4
-// TiB), against trace.MaxSize's 1 PiB.
-const MaxCapacity = sim.MaxCapacity
+// maxFitCapacity bounds Fit's search: the most a simulated device models
+// (sim.MaxCapacity, 4 TiB), against trace.MaxSize's 1 PiB.
+const maxFitCapacity = sim.MaxCapacity
 
 // FitResult is what Fit found for one trace and policy.
 type FitResult struct {
@@ -94,8 +93,8 @@ func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int
 	}
 	lo := uint64(0) // the largest capacity known not to fit
 	hi := max(roundUp(tr.PeakLiveBytes, FitGranularity), FitGranularity)
-	if hi > MaxCapacity {
-		return res, fmt.Errorf("policy %s: trace %s holds %s live at its peak: more than the largest device fit models (%s)", name, tr.Name, units.Format(tr.PeakLiveBytes), units.Format(MaxCapacity))
+	if hi > maxFitCapacity {
+		return res, fmt.Errorf("policy %s: trace %s holds %s live at its peak: more than the largest device fit models (%s)", name, tr.Name, units.Format(tr.PeakLiveBytes), units.Format(maxFitCapacity))
 	}
 	for {
 		ok, err := fits(hi)
@@ -106,10 +105,10 @@ func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int
 			break
 		}
 		lo = hi
-		if hi >= MaxCapacity {
+		if hi >= maxFitCapacity {
 			return res, fmt.Errorf("policy %s: trace %s does not fit even a device of %d bytes", name, tr.Name, hi)
 		}
-		hi = min(2*hi, MaxCapacity)
+		hi = min(2*hi, maxFitCapacity)
 	}
 	for lo != 0 && hi-lo > FitGranularity {
 		mid := lo + (hi-lo)/2/FitGranularity*FitGranularity
@@ -125,7 +124,7 @@ func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int
 	}
 	res.Least, res.Capacity = hi, hi
 	total = res.Replays + int(FitWindow(hi)/FitGranularity)
-	for c := hi + FitGranularity; c <= res.Capacity+FitWindow(res.Capacity) && c <= MaxCapacity; c += FitGranularity {
+	for c := hi + FitGranularity; c <= res.Capacity+FitWindow(res.Capacity) && c <= maxFitCapacity; c += FitGranularity {
 		ok, err := fits(c)
 		if err != nil {
 			return res, err
