@@ -13,6 +13,8 @@
 //	VirtualMemory.SetAccess      cuMemSetAccess (read-write, this device)
 //	Events.*                     cuEventCreate / cuEventRecord / cuEventQuery /
 //	                             cuEventSynchronize / cuStreamWaitEvent
+//	Markers.Mark/Reached         cuStreamWriteValue64 into pinned host memory /
+//	                             a load of that memory
 //	Copier.Copy                  cuMemcpyDtoD (asynchronous to the host)
 //
 // Only Device is required. Optional capabilities are discovered by type
@@ -22,7 +24,9 @@
 //	without VirtualMemory: plain segments only (no chunk-granular growth);
 //	without Events:        a block freed on one stream is never handed to
 //	                       another stream without a full Synchronize;
-//	without Copier:        live memory is never moved (Config.Defrag is off).
+//	without Copier:        live memory is never moved (Config.Defrag is off);
+//	without Markers:       how far a stream has run is asked of the driver
+//	                       (an event query) rather than read from memory.
 //
 // Preconditions common to every backend (a backend may check them and return
 // ErrInvalid, but callers must not rely on it):
@@ -129,6 +133,49 @@ type Events interface {
 	// StreamWait makes all future work on s wait for e (cuStreamWaitEvent);
 	// it does not block the host.
 	StreamWait(s Stream, e Event) error
+}
+
+// Marker is a word of host memory that the device writes in stream order
+// (Markers).
+type Marker uint64
+
+// Markers is the optional capability of host-visible stream markers: a
+// word of pinned host memory that a stream writes when its work before the
+// write is done (cuStreamWriteValue64 to memory from cuMemHostAlloc, mapped
+// for the device). The host then learns how far the stream has run by
+// reading the word, with no driver call: what an event query says, for
+// the cost of a load (1.3 us against a few nanoseconds on an H200,
+// docs/BENCHMARKS.md, "Stream markers on an H200").
+//
+// Support depends on the device (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS):
+// where it has none NewMarker fails with an error matching ErrUnsupported,
+// so a caller tries once and keeps to its events. A marker, like an event,
+// must not be written on a stream that is being captured (Capture): the
+// write would become a node of the graph.
+type Markers interface {
+	// NewMarker creates a marker whose value is 0.
+	NewMarker() (Marker, error)
+	// DestroyMarker gives a marker back. A write to it still pending may
+	// land later: a backend gives its memory to no other marker before
+	// that.
+	DestroyMarker(m Marker) error
+	// Mark enqueues on s a write of v to m: it lands once all work
+	// enqueued on s before it has completed. One stream writes a marker,
+	// each write a larger value than the last.
+	Mark(m Marker, s Stream, v uint64) error
+	// Reached returns the value of the last write to m that has landed
+	// (0 before any). Writes land in the order they were enqueued on
+	// their stream, so with one stream writing increasing values,
+	// Reached(m) >= v means the work before the write of v is done. It
+	// makes no driver call.
+	Reached(m Marker) uint64
+}
+
+// AsMarkers returns d's marker capability, if its type has one (whether
+// the device supports it is known only when NewMarker succeeds).
+func AsMarkers(d Device) (Markers, bool) {
+	m, ok := d.(Markers)
+	return m, ok
 }
 
 // Streams is the optional capability of creating streams (for tests, replay

@@ -30,6 +30,9 @@ const (
 	opDestroyStream     = "DestroyStream"
 	opSynchronizeStream = "SynchronizeStream"
 	opCopy              = "Copy"
+	opNewMarker         = "NewMarker"
+	opDestroyMarker     = "DestroyMarker"
+	opMark              = "Mark"
 )
 
 // FailNth makes the n-th future call (n >= 1; 1 is the next call) of the
@@ -37,7 +40,8 @@ const (
 // op is a device method name ("Alloc", "Free", "MemInfo", "Synchronize",
 // "Reserve", "ReleaseAddress", "Create", "Release", "Map", "SetAccess",
 // "Unmap", "NewEvent", "DestroyEvent", "Record", "Query", "Wait",
-// "StreamWait", "NewStream", "DestroyStream", "SynchronizeStream", "Copy") or ""
+// "StreamWait", "NewStream", "DestroyStream", "SynchronizeStream", "Copy",
+// "NewMarker", "DestroyMarker", "Mark") or ""
 // for any of them. Calls count whether or not they would have succeeded; the
 // injected failure happens before argument checking and changes no state.
 // Several faults may be armed at once. FailNth panics on an unknown name or

@@ -52,10 +52,15 @@ type Config struct {
 	// that sets the clock to each event's trace time models it. 0: the GPU
 	// keeps up.
 	RunAhead uint64
+	// NoMarkers makes the device one without host-visible stream markers
+	// (device.Markers), as a GPU without 64-bit stream memory operations:
+	// NewMarker fails with device.ErrUnsupported.
+	NoMarkers bool
 }
 
 // Device is a simulated GPU. It implements device.Device,
-// device.VirtualMemory, device.Events and device.Streams. Create one with New.
+// device.VirtualMemory, device.Events, device.Markers (markers.go),
+// device.Streams and device.Capture. Create one with New.
 type Device struct {
 	name    string
 	ordinal int
@@ -65,6 +70,7 @@ type Device struct {
 	// clock SetTime sets (microseconds).
 	queryLag                     int
 	runAhead, now, base, lastSet uint64
+	noMarkers                    bool // Config.NoMarkers
 
 	mu        sync.Mutex
 	used      uint64
@@ -75,12 +81,14 @@ type Device struct {
 	vaEnd     uint64        // and of the virtual range
 	nextH     device.Handle // last handle given out
 	nextE     device.Event  // last event given out
+	nextM     device.Marker // last marker given out
 
 	allocs  tree[allocRec]
 	resv    tree[resvRec]
 	maps    tree[mapRec]
 	handles map[device.Handle]handleRec
 	events  map[device.Event]eventRec
+	markers map[device.Marker]*markerRec
 
 	streams        []*stream           // by id; nil once destroyed and idle
 	captures       map[uint64]*capture // by id (capture.go)
@@ -102,6 +110,7 @@ var (
 	_ device.Device        = (*Device)(nil)
 	_ device.VirtualMemory = (*Device)(nil)
 	_ device.Events        = (*Device)(nil)
+	_ device.Markers       = (*Device)(nil)
 	_ device.Streams       = (*Device)(nil)
 	_ device.Capture       = (*Device)(nil)
 )
@@ -176,6 +185,7 @@ func New(cfg Config) (*Device, error) {
 		gran:      g,
 		queryLag:  max(cfg.QueryLag, 0),
 		runAhead:  cfg.RunAhead,
+		noMarkers: cfg.NoMarkers,
 		ordinal:   cfg.Ordinal,
 		nextPlain: plainBase + o*plainPart,
 		plainEnd:  plainBase + (o+1)*plainPart,
@@ -183,6 +193,7 @@ func New(cfg Config) (*Device, error) {
 		vaEnd:     vaBase + (o+1)*vaPart,
 		handles:   make(map[device.Handle]handleRec),
 		events:    make(map[device.Event]eventRec),
+		markers:   make(map[device.Marker]*markerRec),
 		faults:    faults.New(faults.DeviceOps...),
 	}
 	d.streams = []*stream{{id: 0, busyIdx: -1}}
@@ -352,6 +363,7 @@ type Stats struct {
 	Creates, Releases                uint64
 	Maps, Unmaps, SetAccessCalls     uint64
 	Records, Queries, Waits          uint64
+	Marks, MarkerReads               uint64 // Mark, and Reached (a load on a GPU, no driver call)
 	StreamWaits                      uint64
 	Synchronizes                     uint64 // Synchronize and SynchronizeStream
 	CaptureViolations                uint64 // calls refused because a stream captured (capture.go): each broke a capture
@@ -362,6 +374,7 @@ type Stats struct {
 	LiveAllocs, LiveHandles          int    // plain allocations and handles (incl. released but mapped)
 	LiveMappings, LiveReservations   int
 	LiveEvents, LiveStreams, Pending int // Pending: work items not yet completed, all streams
+	LiveMarkers                      int
 }
 
 // Stats returns a snapshot of the counters.
@@ -376,6 +389,7 @@ func (d *Device) Stats() Stats {
 	s.LiveMappings = d.maps.len()
 	s.LiveReservations = d.resv.len()
 	s.LiveEvents = len(d.events)
+	s.LiveMarkers = len(d.markers)
 	s.LiveStreams = 0
 	s.Pending = 0
 	for _, st := range d.streams {

@@ -294,6 +294,7 @@ func (d *Device) caughtUp(s device.Stream, all bool) {
 	if d.runAhead == 0 {
 		return
 	}
+	d.markersCaughtUp(s, all)
 	for e, r := range d.events {
 		if r.ready > 0 && (all || r.stream == s) {
 			r.ready = 0

@@ -12,8 +12,10 @@
 // The adaptor has every optional capability of package device, so it
 // wraps only devices that have them all (the simulated device and the CUDA
 // backend do): a wrapper that claimed a capability its device lacks would
-// change what the allocator does. Methods that only read a property
-// (Info, Granularity) are not timed. Timing a call costs two clock reads
+// change what the allocator does. Markers are the exception, being
+// optional on a GPU too: NewMarker says whether the device has them
+// (device.ErrUnsupported if not), here as on the device. Methods that only
+// read a property (Info, Granularity) and Reached (a load) are not timed. Timing a call costs two clock reads
 // (tens of nanoseconds), nothing beside a driver call of microseconds;
 // on the simulated device, whose calls cost about as much, the times say
 // little and ns per event rises.
@@ -95,6 +97,9 @@ const (
 	opDestroyStream
 	opSynchronizeStream
 	opCopy
+	opNewMarker
+	opDestroyMarker
+	opMark
 	nOps
 )
 
@@ -104,6 +109,7 @@ var OpNames = [nOps]string{
 	"Reserve", "ReleaseAddress", "Create", "Release", "Map", "SetAccess", "Unmap",
 	"NewEvent", "DestroyEvent", "Record", "Query", "Wait", "StreamWait",
 	"NewStream", "DestroyStream", "SynchronizeStream", "Copy",
+	"NewMarker", "DestroyMarker", "Mark",
 }
 
 // Device wraps a device and times its calls. It is safe for concurrent use
@@ -115,6 +121,7 @@ type Device struct {
 	ev device.Events
 	st device.Streams
 	cp device.Copier
+	mk device.Markers // nil where the device's type has none
 
 	ops [nOps]struct{ calls, ns atomic.Uint64 }
 }
@@ -125,6 +132,7 @@ var (
 	_ device.Events        = (*Device)(nil)
 	_ device.Streams       = (*Device)(nil)
 	_ device.Copier        = (*Device)(nil)
+	_ device.Markers       = (*Device)(nil)
 )
 
 // ErrCapability is returned by New for a device that lacks one of the
@@ -141,6 +149,7 @@ func New(d device.Device) (*Device, error) {
 	t.ev, ok[1] = device.AsEvents(d)
 	t.st, ok[2] = device.AsStreams(d)
 	t.cp, ok[3] = device.AsCopier(d)
+	t.mk, _ = device.AsMarkers(d) // optional even on a GPU: NewMarker says
 	for i, name := range []string{"virtual memory", "events", "streams", "copies"} {
 		if !ok[i] {
 			return nil, fmt.Errorf("%w: %s has no %s (timing needs a device with every capability, as the simulated device and CUDA have)", ErrCapability, d.Info().Name, name)
@@ -279,3 +288,26 @@ func (t *Device) Copy(dst, src device.Ptr, n uint64) error {
 	defer t.done(opCopy, time.Now())
 	return t.cp.Copy(dst, src, n)
 }
+
+// NewMarker is the device's, or fails with device.ErrUnsupported where its
+// type has no markers: the wrapper claims none its device lacks.
+func (t *Device) NewMarker() (device.Marker, error) {
+	defer t.done(opNewMarker, time.Now())
+	if t.mk == nil {
+		return 0, &device.OpError{Op: "timed.NewMarker", Err: device.ErrUnsupported}
+	}
+	return t.mk.NewMarker()
+}
+
+func (t *Device) DestroyMarker(m device.Marker) error {
+	defer t.done(opDestroyMarker, time.Now())
+	return t.mk.DestroyMarker(m)
+}
+
+func (t *Device) Mark(m device.Marker, s device.Stream, v uint64) error {
+	defer t.done(opMark, time.Now())
+	return t.mk.Mark(m, s, v)
+}
+
+// Reached is not timed: on a GPU it is a load, no driver call.
+func (t *Device) Reached(m device.Marker) uint64 { return t.mk.Reached(m) }

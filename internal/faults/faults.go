@@ -18,6 +18,7 @@ var DeviceOps = []string{
 	"Reserve", "ReleaseAddress", "Create", "Release", "Map", "SetAccess", "Unmap",
 	"NewEvent", "DestroyEvent", "Record", "Query", "Wait", "StreamWait",
 	"NewStream", "DestroyStream", "SynchronizeStream", "Copy",
+	"NewMarker", "DestroyMarker", "Mark",
 }
 
 // Injector holds the armed faults of one device. Operations are named by
