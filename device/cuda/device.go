@@ -12,8 +12,9 @@ import (
 )
 
 // Device is one CUDA device driven through its primary context. It
-// implements device.Device, device.VirtualMemory, device.Events and
-// device.Streams; every method is safe for concurrent use.
+// implements device.Device, device.VirtualMemory, device.Events,
+// device.Markers (markers.go) and device.Streams; every method is safe for
+// concurrent use.
 type Device struct {
 	drv     *driver
 	ordinal int
@@ -38,12 +39,15 @@ type Device struct {
 	module     uintptr // CUmodule of the kernels, 0 until first Spin or HoldUntil
 	kernels    kernels // its CUfunctions
 	spinTarget string  // the PTX target the kernel was built for
+
+	marks markerBooks // markers.go
 }
 
 var (
 	_ device.Device        = (*Device)(nil)
 	_ device.VirtualMemory = (*Device)(nil)
 	_ device.Events        = (*Device)(nil)
+	_ device.Markers       = (*Device)(nil)
 	_ device.Streams       = (*Device)(nil)
 	_ device.Capture       = (*Device)(nil)
 	_ device.Exporter      = (*Device)(nil)
@@ -83,6 +87,8 @@ func Open(ordinal int) (*Device, error) {
 	d.uuid = formatUUID(uuid)
 	d.vmm = d.attribute(cuDeviceAttrVirtualMemorySupported) == 1
 	d.cc = [2]int{d.attribute(cuDeviceAttrComputeCapMajor), d.attribute(cuDeviceAttrComputeCapMinor)}
+	d.marks.supported = d.attribute(cuDeviceAttrStreamMemOps64) == 1 && drv.cuStreamWriteValue64 != 0 &&
+		drv.cuMemHostAlloc != 0 && drv.cuMemFreeHost != 0 && drv.cuMemHostGetDevicePointer != 0
 
 	if r := ccall(drv.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&d.ctx)), uintptr(d.dev)); r != cudaSuccess {
 		return nil, opError(drv, "cuDevicePrimaryCtxRetain", r, fmt.Sprintf("ordinal=%d", ordinal))
@@ -243,9 +249,9 @@ func (d *Device) Close() error {
 	if d.closed.Load() {
 		return nil
 	}
-	var err error
+	err := d.freeMarkers()
 	if d.module != 0 {
-		if r := d.call(d.drv.cuModuleUnload, d.module); r != cudaSuccess {
+		if r := d.call(d.drv.cuModuleUnload, d.module); r != cudaSuccess && err == nil {
 			err = d.fail("cuModuleUnload", r, "module=%#x", d.module)
 		}
 		d.module, d.kernels = 0, kernels{}

@@ -49,6 +49,10 @@ type driver struct {
 	cuMemExportToShareableHandle uintptr
 
 	cuModuleLoadDataEx, cuModuleGetFunction, cuModuleUnload, cuLaunchKernel uintptr
+
+	// Markers (markers.go): pinned host memory the device writes in stream
+	// order; 0 if the driver has none.
+	cuMemHostAlloc, cuMemFreeHost, cuMemHostGetDevicePointer, cuStreamWriteValue64 uintptr
 }
 
 func (d *driver) symbols() []dl.Symbol {
@@ -104,6 +108,10 @@ func (d *driver) symbols() []dl.Symbol {
 		{Addr: &d.cuModuleGetFunction, Names: []string{"cuModuleGetFunction"}},
 		{Addr: &d.cuModuleUnload, Names: []string{"cuModuleUnload"}},
 		{Addr: &d.cuLaunchKernel, Names: []string{"cuLaunchKernel"}},
+		{Addr: &d.cuMemHostAlloc, Names: []string{"cuMemHostAlloc"}, Optional: true},
+		{Addr: &d.cuMemFreeHost, Names: []string{"cuMemFreeHost"}, Optional: true},
+		{Addr: &d.cuMemHostGetDevicePointer, Names: []string{"cuMemHostGetDevicePointer_v2"}, Optional: true},
+		{Addr: &d.cuStreamWriteValue64, Names: []string{"cuStreamWriteValue64_v2", "cuStreamWriteValue64"}, Optional: true},
 	}
 }
 

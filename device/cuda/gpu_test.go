@@ -849,3 +849,140 @@ func TestCallRestoresContext(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUMarkers: a marker's word moves when its stream gets there, not
+// before: held behind HoldUntil it keeps its old value (and an event
+// recorded before the write stays pending), then reads the new one once
+// the hold ends, with the event done. A marker destroyed with its write
+// pending is not handed out again until the write lands; words past one
+// page come from a second slab; a marker never made reads 0 and is
+// refused.
+func TestGPUMarkers(t *testing.T) {
+	d := openGPU(t)
+	if !d.marks.supported {
+		t.Skipf("%s has no 64-bit stream memory operations: markers are not used here", d.Info().Name)
+	}
+	flag, err := d.Alloc(2 * MiB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(flag)
+	if err := d.Memset8(flag, 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(a)
+	ctrl, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(ctrl)
+	e, err := d.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyEvent(e)
+	m, err := d.NewMarker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := d.Reached(m); v != 0 {
+		t.Fatalf("a new marker reads %d, want 0", v)
+	}
+	if err := d.Mark(m, a, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SynchronizeStream(a); err != nil {
+		t.Fatal(err)
+	}
+	if v := d.Reached(m); v != 7 {
+		t.Fatalf("after a synchronize the marker reads %d, want 7", v)
+	}
+
+	if err := d.HoldUntil(a, flag, 100*spinCycles); err != nil {
+		t.Fatalf("HoldUntil: %v", err)
+	}
+	if err := d.Record(e, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Mark(m, a, 8); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if v, done := d.Reached(m), mustQuery(t, d, e); v != 7 || done {
+		t.Fatalf("50 ms into a hold: the marker reads %d (want 7), the event before it done %v (want false)", v, done)
+	}
+	// Destroyed with its write pending: its word is retired, not reused.
+	if err := d.DestroyMarker(m); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := d.NewMarker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m2 == m {
+		t.Fatalf("marker %d handed out again with its write pending", m)
+	}
+	if err := d.MemsetAsync(flag, 1, 4, ctrl); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SynchronizeStream(a); err != nil {
+		t.Fatal(err)
+	}
+	if done := mustQuery(t, d, e); !done {
+		t.Fatal("the event is pending after the stream's synchronize")
+	}
+	if !d.marks.landed(uint32(m - 1)) {
+		t.Fatal("the destroyed marker's write has not landed after the stream's synchronize")
+	}
+
+	// A page of words, then one more: the second slab; the retired word
+	// comes back once landed.
+	made := []device.Marker{m2}
+	seen := map[device.Marker]bool{m2: true}
+	for range slabWords {
+		x, err := d.NewMarker()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[x] {
+			t.Fatalf("marker %d handed out twice", x)
+		}
+		seen[x] = true
+		made = append(made, x)
+	}
+	if !seen[m] || len(*d.marks.slabs.Load()) != 2 {
+		t.Errorf("%d markers live: the retired one handed out again %v, %d slabs (want true, 2)", len(made), seen[m], len(*d.marks.slabs.Load()))
+	}
+	last := made[len(made)-1]
+	if err := d.Mark(last, ctrl, 99); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SynchronizeStream(ctrl); err != nil {
+		t.Fatal(err)
+	}
+	if v := d.Reached(last); v != 99 {
+		t.Errorf("a marker of the second slab reads %d, want 99", v)
+	}
+	for _, x := range made {
+		if err := d.DestroyMarker(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := d.Reached(1 << 40); v != 0 {
+		t.Errorf("a marker never made reads %d", v)
+	}
+	mustInvalid(t, "Mark of a marker never made", d.Mark(1<<40, a, 1))
+}
+
+func mustQuery(t *testing.T, d *Device, e device.Event) bool {
+	t.Helper()
+	done, err := d.Query(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return done
+}

@@ -77,6 +77,9 @@ const (
 	cuDeviceAttrVirtualMemorySupported = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 	cuDeviceAttrComputeCapMajor        = 75  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 	cuDeviceAttrComputeCapMinor        = 76  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+	cuDeviceAttrStreamMemOps64         = 93  // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+	cuMemHostAllocPortable             = 0x1 // CU_MEMHOSTALLOC_PORTABLE
+	cuMemHostAllocDeviceMap            = 0x2 // CU_MEMHOSTALLOC_DEVICEMAP
 	cuJitErrorLogBuffer                = 5   // CU_JIT_ERROR_LOG_BUFFER
 	cuJitErrorLogBufferSizeBytes       = 6   // CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
 )
