@@ -21,6 +21,7 @@ type Allocator struct {
 	dev   device.Device
 	vm    device.VirtualMemory // nil in ModePlain
 	ev    device.Events        // nil when the device has no events
+	mk    device.Markers       // nil without events, markers (by type) or with Config.NoMarkers; pool.mk
 	mode  Mode
 	cfg   Config
 	gran  uint64 // chunk size, the device's granularity (ModeVirtual), or segmentRound
@@ -197,6 +198,9 @@ func New(dev device.Device, cfg Config) (*Allocator, error) {
 	a.spanChunks = int(max(span/a.gran, 1))
 	if ev, ok := device.AsEvents(dev); ok {
 		a.ev = timedEvents{ev, &a.c}
+		if mk, ok := device.AsMarkers(dev); ok && !cfg.NoMarkers {
+			a.mk = timedMarkers{mk, &a.c}
+		}
 	}
 	a.pools.Store(&poolTable{})
 	if err := a.preallocate(); err != nil {

@@ -159,6 +159,14 @@ type Config struct {
 	// deadlock; CUDA's stream-ordered pools have the same hazard
 	// (cudaMemPoolReuseAllowInternalDependencies).
 	NoStreamWaits bool
+	// NoMarkers makes the allocator ask the driver how far another stream
+	// has run (an event query, about 1.3 us on an H200, more on a busy
+	// one) rather than read it from a word of pinned host memory that the
+	// stream writes when it gets there (device.Markers: a load). The
+	// decisions are the same; only the host's time differs. Where the
+	// device has no markers (no 64-bit stream memory operations) the
+	// allocator keeps to events anyway.
+	NoMarkers bool
 	// RecordSites captures the call stack of every allocation, so leak
 	// reports from Scope.Close and Close say where each leaked buffer was
 	// allocated. It costs an allocation per Alloc.

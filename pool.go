@@ -92,6 +92,10 @@ type pool struct {
 	live        int // live slots
 	freeSeq     uint64
 	spareEvents []device.Event
+	// mk is the allocator's markers until the device says it can make
+	// none (a GPU without 64-bit stream memory operations): then nil, and
+	// the epochs are events. Invariant: no stream has a marker while nil.
+	mk device.Markers
 
 	// sites counts the allocations of each call stack since the pool
 	// began (Config.RecordSites only; keyed by stackKey): the alloc_*
@@ -130,13 +134,16 @@ const maxStreams = 1 << 15
 // done (an event recorded on the stream after them has completed, or a
 // fence); those up to fenced were covered by a host wait (a fence), before
 // which no span they emptied is unmapped. epochEv is the event recorded
-// last, after the frees up to epochSeq (advanceEpoch).
+// last, after the frees up to epochSeq (advanceEpoch); with markers
+// (pool.mk) epochMk is written epochSeq there instead, and done once
+// it reads at least that.
 // after[j] says how far this stream's future work is ordered after stream
 // j's (orderAfter): j's frees stamped up to after[j] are behind an event
 // this stream waits for on the GPU, so their memory is this stream's too.
 // Invariants: last, safe, epochSeq <= pool.freeSeq; fenced <= safe (a
 // fence may pass a pending epoch: safe only grows); every after[j] <=
-// pool.freeSeq.
+// pool.freeSeq; a pending epoch has its event, or its marker where the
+// allocator uses markers (and only there has a stream one).
 type streamState struct {
 	s                         device.Stream
 	live                      bool
@@ -145,6 +152,8 @@ type streamState struct {
 	epochSeq                  uint64
 	epochEv, fenceEv          device.Event
 	haveEpochEv, epochPending bool
+	epochMk                   device.Marker
+	haveEpochMk               bool
 	haveFenceEv               bool
 	fresh                     bool // an epoch event just recorded, for pollEpochs
 }
@@ -181,7 +190,7 @@ type segment struct {
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
-	p := &pool{a: a, stream: s, empty: spanList{head: -1, tail: -1}, spanLimit: a.spanChunks}
+	p := &pool{a: a, stream: s, empty: spanList{head: -1, tail: -1}, spanLimit: a.spanChunks, mk: a.mk}
 	for k := range p.heaps {
 		p.heaps[k] = heap{pool: p, kind: k}
 	}
@@ -514,12 +523,15 @@ func (p *pool) advanceEpochs(si slot) {
 // fresh events are polled a little first, all of them together: at most
 // epochPolls rounds within epochPollTime, about what a create costs,
 // whatever the number of streams. Streams that stay busy cost that much a
-// slow path; idle ones are found done.
+// slow path; idle ones are found done. Markers are read, not queried: a
+// round is loads, so the rounds go on for the whole epochPollTime (at
+// least epochPolls of them), the GPU given as long to get there as with
+// events.
 func (p *pool) pollEpochs() {
-	ev := p.a.ev
+	markers := p.mk != nil
 	t0 := time.Now()
-	for k := 0; k < epochPolls; k++ {
-		if k > 0 && time.Since(t0) >= epochPollTime {
+	for k := 0; ; k++ {
+		if k > 0 && (k >= epochPolls && !markers || time.Since(t0) >= epochPollTime) {
 			break // the first round always runs: a thread descheduled after t0 still polls once
 		}
 		left := false
@@ -528,7 +540,7 @@ func (p *pool) pollEpochs() {
 			if !st.fresh {
 				continue
 			}
-			done, err := ev.Query(st.epochEv)
+			done, err := p.epochDone(st)
 			switch {
 			case err != nil:
 				st.fresh = false
@@ -563,7 +575,7 @@ func (p *pool) advanceEpoch(st *streamState) (fresh bool) {
 		return false
 	}
 	if st.epochPending {
-		done, err := ev.Query(st.epochEv)
+		done, err := p.epochDone(st)
 		if err != nil || !done {
 			return false
 		}
@@ -572,18 +584,55 @@ func (p *pool) advanceEpoch(st *streamState) (fresh bool) {
 	if st.last <= st.safe {
 		return false
 	}
-	if !st.haveEpochEv {
-		e, err := ev.NewEvent()
-		if err != nil {
+	if p.mk != nil && !st.haveEpochMk {
+		m, err := p.mk.NewMarker()
+		switch {
+		case errors.Is(err, device.ErrUnsupported) && !p.anyMarker():
+			p.mk = nil // events, as the device's type had no markers
+		case err != nil:
+			return false
+		default:
+			st.epochMk, st.haveEpochMk = m, true
+		}
+	}
+	if p.mk != nil {
+		// freeSeq > the last epochSeq (last > safe): the values grow.
+		if p.mk.Mark(st.epochMk, st.s, p.freeSeq) != nil {
 			return false
 		}
-		st.epochEv, st.haveEpochEv = e, true
-	}
-	if ev.Record(st.epochEv, st.s) != nil {
-		return false
+	} else {
+		if !st.haveEpochEv {
+			e, err := ev.NewEvent()
+			if err != nil {
+				return false
+			}
+			st.epochEv, st.haveEpochEv = e, true
+		}
+		if ev.Record(st.epochEv, st.s) != nil {
+			return false
+		}
 	}
 	st.epochSeq, st.epochPending = p.freeSeq, true
 	return true
+}
+
+// epochDone reports whether st's pending epoch is done: its marker reads
+// epochSeq (a load), or its event has completed (a driver call).
+func (p *pool) epochDone(st *streamState) (bool, error) {
+	if p.mk != nil {
+		return p.mk.Reached(st.epochMk) >= st.epochSeq, nil
+	}
+	return p.a.ev.Query(st.epochEv)
+}
+
+// anyMarker reports whether a stream of the pool has a marker.
+func (p *pool) anyMarker() bool {
+	for i := range p.streams {
+		if p.streams[i].haveEpochMk {
+			return true
+		}
+	}
+	return false
 }
 
 // epochPolls and epochPollTime bound pollEpochs.
@@ -1303,7 +1352,7 @@ func (p *pool) teardown() error {
 	}
 	if a.ev != nil {
 		for i := range p.streams {
-			errs = append(errs, p.streams[i].dropEvents(a.ev))
+			errs = append(errs, p.streams[i].dropEvents(a.ev, p.mk))
 		}
 		for _, e := range p.spareEvents {
 			errs = append(errs, a.ev.DestroyEvent(e))
@@ -1313,9 +1362,14 @@ func (p *pool) teardown() error {
 	return errors.Join(errs...)
 }
 
-// dropEvents destroys the stream's fence and epoch events.
-func (st *streamState) dropEvents(ev device.Events) error {
+// dropEvents destroys the stream's fence and epoch events and its marker
+// (mk: the allocator's markers, or nil).
+func (st *streamState) dropEvents(ev device.Events, mk device.Markers) error {
 	var errs []error
+	if st.haveEpochMk {
+		errs = append(errs, mk.DestroyMarker(st.epochMk))
+		st.haveEpochMk, st.epochPending = false, false
+	}
 	if st.haveFenceEv {
 		errs = append(errs, ev.DestroyEvent(st.fenceEv))
 		st.haveFenceEv = false
@@ -1390,7 +1444,7 @@ func (p *pool) dropStream(si slot) error {
 	}
 	var err error
 	if ev := p.a.ev; ev != nil {
-		err = st.dropEvents(ev)
+		err = st.dropEvents(ev, p.mk)
 	}
 	s := st.s
 	*st = streamState{}

@@ -1,6 +1,7 @@
 package gpumem_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -194,6 +195,12 @@ func (d slowSim) Query(e device.Event) (bool, error) {
 	return d.Device.Query(e)
 }
 
+// Mark sleeps as Query does: with markers it stands for the record.
+func (d slowSim) Mark(m device.Marker, s device.Stream, v uint64) error {
+	time.Sleep(d.query)
+	return d.Device.Mark(m, s, v)
+}
+
 func (d slowSim) Synchronize() error {
 	time.Sleep(d.wait)
 	return d.Device.Synchronize()
@@ -274,12 +281,19 @@ func TestStatsDriverAndWaitTime(t *testing.T) {
 }
 
 // TestStatsEventTime: Stats.EventCalls and EventNanos count the event calls
-// that keep the streams' order (here: stream b's miss queries the epoch of
-// stream a, whose frees it could reuse) and their host time, and a cache
-// hit makes none.
+// that keep the streams' order (here: stream b's miss records an epoch on
+// stream a, whose frees it could reuse, and queries it) and their host
+// time, and a cache hit makes none. With markers the record is a marker's
+// write, counted as an event call, and the queries are reads, no calls.
 func TestStatsEventTime(t *testing.T) {
+	for _, markers := range []bool{false, true} {
+		t.Run(fmt.Sprintf("markers=%v", markers), func(t *testing.T) { testStatsEventTime(t, markers) })
+	}
+}
+
+func testStatsEventTime(t *testing.T, markers bool) {
 	const query = 2 * time.Millisecond
-	dev := slowSim{sim.MustNew(sim.Config{Capacity: 1 << 30}), 0, 0, query}
+	dev := slowSim{sim.MustNew(sim.Config{Capacity: 1 << 30, NoMarkers: !markers}), 0, 0, query}
 	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
 	sa, _ := dev.NewStream()
 	sb, _ := dev.NewStream()
@@ -305,7 +319,11 @@ func TestStatsEventTime(t *testing.T) {
 	// Every query sleeps: EventNanos holds at least one query's time, and
 	// the miss's time holds the event time.
 	if st.EventNanos < uint64(query) || st.MissNanos < st.EventNanos {
-		t.Errorf("EventCalls %d: EventNanos %v, MissNanos %v; want at least one query (%v), within MissNanos", st.EventCalls, time.Duration(st.EventNanos), time.Duration(st.MissNanos), query)
+		t.Errorf("EventCalls %d: EventNanos %v, MissNanos %v; want at least one query or mark (%v), within MissNanos", st.EventCalls, time.Duration(st.EventNanos), time.Duration(st.MissNanos), query)
+	}
+	if ds := dev.Stats(); markers && (ds.Marks == 0 || ds.MarkerReads == 0 || ds.Records+ds.Queries != 0) ||
+		!markers && (ds.Marks+ds.MarkerReads != 0 || ds.Records == 0 || ds.Queries == 0) {
+		t.Errorf("markers %v: the device saw %d records, %d queries, %d marks, %d marker reads", markers, ds.Records, ds.Queries, ds.Marks, ds.MarkerReads)
 	}
 	if err := a.Free(y); err != nil {
 		t.Fatal(err)

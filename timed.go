@@ -117,3 +117,31 @@ func (t timedEvents) StreamWait(s device.Stream, e device.Event) error {
 	defer t.since(time.Now())
 	return t.Events.StreamWait(s, e)
 }
+
+// timedMarkers is the device's markers with each Mark, NewMarker and
+// DestroyMarker counted and timed as an event call is (timedEvents):
+// they stand for a record. Reached, a load, is neither.
+type timedMarkers struct {
+	device.Markers
+	c *counters
+}
+
+func (t timedMarkers) since(t0 time.Time) {
+	t.c.eventNanos.Add(uint64(time.Since(t0)))
+	t.c.eventCalls.Add(1)
+}
+
+func (t timedMarkers) NewMarker() (device.Marker, error) {
+	defer t.since(time.Now())
+	return t.Markers.NewMarker()
+}
+
+func (t timedMarkers) DestroyMarker(m device.Marker) error {
+	defer t.since(time.Now())
+	return t.Markers.DestroyMarker(m)
+}
+
+func (t timedMarkers) Mark(m device.Marker, s device.Stream, v uint64) error {
+	defer t.since(time.Now())
+	return t.Markers.Mark(m, s, v)
+}

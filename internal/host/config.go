@@ -56,6 +56,9 @@ var ErrConfig = errors.New("gpumem: bad configuration")
 //	                   more while other streams' frees are pending waits
 //	                   for their work on the GPU and reuses the memory
 //	                   (false: gpumem.Config.NoStreamWaits)
+//	markers            true (default) or false: learn how far other streams
+//	                   have run from words the GPU writes, not from event
+//	                   queries (false: gpumem.Config.NoMarkers)
 //	record_sites       true or false: allocation call stacks in leak reports
 //	check              true or false: run the invariant checker after every
 //	                   operation (slow)
@@ -184,6 +187,10 @@ func (c *Config) set(key, val string) error {
 		var on bool
 		on, err = strconv.ParseBool(val)
 		c.Alloc.NoStreamWaits = !on
+	case "markers":
+		var on bool
+		on, err = strconv.ParseBool(val)
+		c.Alloc.NoMarkers = !on
 	case "record_sites":
 		c.Alloc.RecordSites, err = strconv.ParseBool(val)
 	case "check":
