@@ -26,6 +26,15 @@ func TestConformanceSim(t *testing.T) {
 	conformance.Run(t, func(t *testing.T) conformance.Device { return newSim(1 << 30) })
 }
 
+// TestConformanceSimEvents: the suite again on a simulated device without
+// markers (device.Markers), whose epochs are events, as on a GPU without
+// 64-bit stream memory operations or with markers=false.
+func TestConformanceSimEvents(t *testing.T) {
+	conformance.Run(t, func(t *testing.T) conformance.Device {
+		return simDevice{sim.MustNew(sim.Config{Capacity: 1 << 30, NoMarkers: true})}
+	})
+}
+
 // plainDevice is the simulated device without virtual memory and without
 // events: the least a backend may offer (plus streams and the test hooks).
 // It runs the allocator's fallbacks: plain segments only, and a device

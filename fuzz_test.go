@@ -67,7 +67,7 @@ var fuzzTrace = os.Getenv("GPUMEM_FUZZ_TRACE") != ""
 
 // fuzzOps are the operations a fault may be injected into.
 var fuzzOps = []string{"Alloc", "Free", "MemInfo", "Synchronize", "Reserve", "Create", "Release",
-	"Map", "SetAccess", "Unmap", "NewEvent", "Record", "Query", "Wait", "StreamWait"}
+	"Map", "SetAccess", "Unmap", "NewEvent", "Record", "Query", "Wait", "StreamWait", "NewMarker", "Mark"}
 
 type fbuf struct {
 	buf    gpumem.Buffer

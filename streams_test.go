@@ -302,11 +302,13 @@ func TestStreamsShareOneArena(t *testing.T) {
 // event it has just recorded a little first. Past the bound of that
 // polling (a stream that stays busy) b waits for a's work on the GPU (an
 // order) and takes the memory all the same: the pool never grows.
+// The same with the epochs as markers (device.Markers) and as events.
 func TestStreamsPollJustRecordedEpoch(t *testing.T) {
 	for _, c := range []struct {
-		lag   int
-		order bool
-	}{{0, false}, {4, false}, {1000, true}} {
+		lag     int
+		order   bool
+		markers bool
+	}{{0, false, true}, {4, false, true}, {1000, true, true}, {0, false, false}, {4, false, false}, {1000, true, false}} {
 		// The polling is bounded in time too (epochPollTime, 20 µs): on a
 		// loaded machine under the race detector four queries can take
 		// longer, and b is ordered where it need not be. So a lag within
@@ -318,7 +320,7 @@ func TestStreamsPollJustRecordedEpoch(t *testing.T) {
 		}
 		var why string
 		for try := 0; try < tries; try++ {
-			if why = pollJustRecorded(t, c.lag, c.order); why == "" {
+			if why = pollJustRecorded(t, c.lag, c.order, c.markers); why == "" {
 				break
 			}
 		}
@@ -331,9 +333,9 @@ func TestStreamsPollJustRecordedEpoch(t *testing.T) {
 // pollJustRecorded runs TestStreamsPollJustRecordedEpoch's case with the
 // given query lag and returns what went wrong about the order ("" if
 // nothing); other failures are fatal.
-func pollJustRecorded(t *testing.T, lag int, order bool) string {
+func pollJustRecorded(t *testing.T, lag int, order, markers bool) string {
 	t.Helper()
-	dev := sim.MustNew(sim.Config{Capacity: 8 << 30, QueryLag: lag})
+	dev := sim.MustNew(sim.Config{Capacity: 8 << 30, QueryLag: lag, NoMarkers: !markers})
 	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
 	sa, _ := dev.NewStream()
 	sb, _ := dev.NewStream()
@@ -345,7 +347,8 @@ func pollJustRecorded(t *testing.T, lag int, order bool) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Alloc(miB, sb); err != nil { // stream b's own memory
+	own, err := a.Alloc(miB, sb) // stream b's own memory
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Free(x); err != nil {
@@ -364,13 +367,22 @@ func pollJustRecorded(t *testing.T, lag int, order bool) string {
 	if err := dev.CheckHandoff(y.Ptr(), 96*miB, sb); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []gpumem.Buffer{keep, y} {
+	for _, b := range []gpumem.Buffer{keep, y, own} {
 		if err := a.Free(b); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if ordered := after.Orders > before.Orders; ordered != order {
-		return fmt.Sprintf("query lag %d: stream b waited on the GPU for a's work: %v, want %v", lag, ordered, order)
+		return fmt.Sprintf("query lag %d, markers %v: stream b waited on the GPU for a's work: %v, want %v", lag, markers, ordered, order)
+	}
+	if st := dev.Stats(); markers != (st.Marks > 0) {
+		t.Fatalf("markers %v: %d marks", markers, st.Marks)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := dev.Stats(); st.LiveMarkers+st.LiveEvents != 0 {
+		t.Fatalf("after Close: %d markers and %d events live", st.LiveMarkers, st.LiveEvents)
 	}
 	return ""
 }

@@ -168,6 +168,29 @@ func (d *suiteGPU) Record(e device.Event, s device.Stream) error {
 	return nil
 }
 
+func (d *suiteGPU) NewMarker() (device.Marker, error) {
+	if err := d.fault("NewMarker"); err != nil {
+		return 0, err
+	}
+	return d.Device.NewMarker()
+}
+
+func (d *suiteGPU) DestroyMarker(m device.Marker) error {
+	if err := d.fault("DestroyMarker"); err != nil {
+		return err
+	}
+	return d.Device.DestroyMarker(m)
+}
+
+// Mark: a write on a held stream lands once the hold is drained (the
+// kernel holding the stream comes before it), as on the simulated device.
+func (d *suiteGPU) Mark(m device.Marker, s device.Stream, v uint64) error {
+	if err := d.fault("Mark"); err != nil {
+		return err
+	}
+	return d.Device.Mark(m, s, v)
+}
+
 func (d *suiteGPU) Query(e device.Event) (bool, error) {
 	if err := d.fault("Query"); err != nil {
 		return false, err
