@@ -87,8 +87,7 @@ func Open(ordinal int) (*Device, error) {
 	d.uuid = formatUUID(uuid)
 	d.vmm = d.attribute(cuDeviceAttrVirtualMemorySupported) == 1
 	d.cc = [2]int{d.attribute(cuDeviceAttrComputeCapMajor), d.attribute(cuDeviceAttrComputeCapMinor)}
-	d.marks.supported = d.attribute(cuDeviceAttrStreamMemOps64) == 1 && drv.cuStreamWriteValue64 != 0 &&
-		drv.cuMemHostAlloc != 0 && drv.cuMemFreeHost != 0 && drv.cuMemHostGetDevicePointer != 0
+	d.marks.init(drv, d.attribute(cuDeviceAttrStreamMemOps64), d.attribute(cuDeviceAttrStreamMemOps64V1))
 
 	if r := ccall(drv.cuDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(&d.ctx)), uintptr(d.dev)); r != cudaSuccess {
 		return nil, opError(drv, "cuDevicePrimaryCtxRetain", r, fmt.Sprintf("ordinal=%d", ordinal))

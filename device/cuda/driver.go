@@ -51,8 +51,11 @@ type driver struct {
 	cuModuleLoadDataEx, cuModuleGetFunction, cuModuleUnload, cuLaunchKernel uintptr
 
 	// Markers (markers.go): pinned host memory the device writes in stream
-	// order; 0 if the driver has none.
+	// order; 0 if the driver has none. cuStreamWriteValue64 is _v2 (CUDA
+	// 12's memory operations), else the original, whose support a device
+	// attribute of its own tells (writeValueV1).
 	cuMemHostAlloc, cuMemFreeHost, cuMemHostGetDevicePointer, cuStreamWriteValue64 uintptr
+	cuStreamWriteValue64V1                                                          uintptr
 }
 
 func (d *driver) symbols() []dl.Symbol {
@@ -111,7 +114,8 @@ func (d *driver) symbols() []dl.Symbol {
 		{Addr: &d.cuMemHostAlloc, Names: []string{"cuMemHostAlloc"}, Optional: true},
 		{Addr: &d.cuMemFreeHost, Names: []string{"cuMemFreeHost"}, Optional: true},
 		{Addr: &d.cuMemHostGetDevicePointer, Names: []string{"cuMemHostGetDevicePointer_v2"}, Optional: true},
-		{Addr: &d.cuStreamWriteValue64, Names: []string{"cuStreamWriteValue64_v2", "cuStreamWriteValue64"}, Optional: true},
+		{Addr: &d.cuStreamWriteValue64, Names: []string{"cuStreamWriteValue64_v2"}, Optional: true},
+		{Addr: &d.cuStreamWriteValue64V1, Names: []string{"cuStreamWriteValue64"}, Optional: true},
 	}
 }
 

@@ -860,7 +860,8 @@ func TestCallRestoresContext(t *testing.T) {
 func TestGPUMarkers(t *testing.T) {
 	d := openGPU(t)
 	if !d.marks.supported {
-		t.Skipf("%s has no 64-bit stream memory operations: markers are not used here", d.Info().Name)
+		t.Skipf("%s has no 64-bit stream memory operations (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS %d, its _V1 %d): markers are not used here",
+			d.Info().Name, d.attribute(cuDeviceAttrStreamMemOps64), d.attribute(cuDeviceAttrStreamMemOps64V1))
 	}
 	flag, err := d.Alloc(2 * MiB)
 	if err != nil {

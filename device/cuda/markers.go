@@ -30,7 +30,8 @@ import (
 // neither while its marker lives; last[i] is the value last enqueued to
 // word i; slabs only grows (Reached reads it without the lock).
 type markerBooks struct {
-	supported bool // 64-bit stream memory operations and the entry points (Open)
+	supported bool    // 64-bit stream memory operations and the entry points (init)
+	write     uintptr // the cuStreamWriteValue64 that the device supports
 
 	mu      sync.Mutex
 	slabs   atomic.Pointer[[]*markerSlab] // copy on write, under mu
@@ -39,6 +40,22 @@ type markerBooks struct {
 }
 
 const slabWords = 512 // a 4 KiB page of 64-bit words
+
+// init says whether the device supports markers, from its attributes
+// CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS (v2, CUDA 12's, 1 on
+// an H200 with driver 580) and its _V1 (0 there: the original operations
+// need the kernel module's NVreg_EnableStreamMemOPs), and picks the entry
+// point of the one it has.
+func (b *markerBooks) init(drv *driver, v2, v1 int) {
+	switch {
+	case drv.cuMemHostAlloc == 0 || drv.cuMemFreeHost == 0 || drv.cuMemHostGetDevicePointer == 0:
+	case v2 == 1 && drv.cuStreamWriteValue64 != 0:
+		b.write = drv.cuStreamWriteValue64
+	case v1 == 1 && drv.cuStreamWriteValue64V1 != 0:
+		b.write = drv.cuStreamWriteValue64V1
+	}
+	b.supported = b.write != 0
+}
 
 type markerSlab struct {
 	host unsafe.Pointer // the page, from cuMemHostAlloc
@@ -156,7 +173,7 @@ func (d *Device) Mark(m device.Marker, s device.Stream, v uint64) error {
 	}
 	sl := (*b.slabs.Load())[i/slabWords]
 	addr := sl.dev + 8*uintptr(i%slabWords)
-	if r := d.call(d.drv.cuStreamWriteValue64, uintptr(s), addr, uintptr(v), 0); r != cudaSuccess {
+	if r := d.call(b.write, uintptr(s), addr, uintptr(v), 0); r != cudaSuccess {
 		return d.fail("cuStreamWriteValue64", r, "stream=%#x, marker=%d, value=%d", uint64(s), uint64(m), v)
 	}
 	// After the call: a write that was never enqueued must not keep the

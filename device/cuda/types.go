@@ -77,7 +77,8 @@ const (
 	cuDeviceAttrVirtualMemorySupported = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 	cuDeviceAttrComputeCapMajor        = 75  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
 	cuDeviceAttrComputeCapMinor        = 76  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
-	cuDeviceAttrStreamMemOps64         = 93  // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+	cuDeviceAttrStreamMemOps64         = 122 // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS (CUDA 12: the v2 memory operations)
+	cuDeviceAttrStreamMemOps64V1       = 93  // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1 (before: 0 unless the kernel module enables them)
 	cuMemHostAllocPortable             = 0x1 // CU_MEMHOSTALLOC_PORTABLE
 	cuMemHostAllocDeviceMap            = 0x2 // CU_MEMHOSTALLOC_DEVICEMAP
 	cuJitErrorLogBuffer                = 5   // CU_JIT_ERROR_LOG_BUFFER
