@@ -17,7 +17,9 @@
 // host polls both and prints when each was first seen done, microseconds
 // after the queue was filled, and counts the rounds where the word broke
 // stream order: seen while the event recorded before it was not done, or
-// not yet written when the event recorded after it was.
+// not yet written when the event recorded after it was. Last, what a write
+// costs the GPU's stream: small memsets alone, with a write after each,
+// and with an event recorded after each.
 #include "probe.h"
 
 #define BUSY (1u << 28)
@@ -158,6 +160,39 @@ int main(int argc, char **argv) {
 	}
 	printf("rounds where the word ran ahead of an event recorded before it: %d; where a write before an event was seen after it: %d (of %d)\n",
 	       ahead, behind, rounds / 2);
+
+	// What a write costs the GPU: small memsets alone, with a write after
+	// each, and with an event recorded after each, queued behind the busy
+	// memsets (so the host has queued them all before the GPU gets there),
+	// timed on the GPU by timing events around them.
+	const int small = 2000;
+	CUevent g0, g1;
+	CK(cuEventCreate(&g0, 0));
+	CK(cuEventCreate(&g1, 0));
+	for (int rep = 0; rep < 3; rep++) {
+		for (int mode = 0; mode < 3; mode++) {
+			CK(cuStreamSynchronize(s));
+			queue(memsets);
+			CK(cuEventRecord(g0, s));
+			for (int i = 0; i < small; i++) {
+				CK(cuMemsetD32Async(busy, (unsigned)i, 1024, s));
+				if (mode == 1) {
+					CK(cuStreamWriteValue64(s, wordDev, (unsigned long long)i, 0));
+				} else if (mode == 2) {
+					CK(cuEventRecord(ev, s));
+				}
+			}
+			CK(cuEventRecord(g1, s));
+			double queued = now_us();
+			CK(cuStreamSynchronize(s));
+			float ms = 0;
+			CK(cuEventElapsedTime(&ms, g0, g1));
+			printf("round %d: %d memsets of 4 KiB%s: %.3f us each on the GPU (the host waited %.0f us after queueing them)\n", rep + 1, small,
+			       mode == 0 ? " alone" : mode == 1 ? ", a write after each" : ", an event recorded after each", ms * 1000 / small, now_us() - queued);
+		}
+	}
+	CK(cuEventDestroy(g0));
+	CK(cuEventDestroy(g1));
 	CK(cuEventDestroy(ev));
 	CK(cuStreamDestroy(s));
 	CK(cuMemFree(busy));
