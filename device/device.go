@@ -144,8 +144,11 @@ type Marker uint64
 // write is done (cuStreamWriteValue64 to memory from cuMemHostAlloc, mapped
 // for the device). The host then learns how far the stream has run by
 // reading the word, with no driver call: what an event query says, for
-// the cost of a load (1.3 us against a few nanoseconds on an H200,
-// docs/BENCHMARKS.md, "Stream markers on an H200").
+// the cost of a load (1.3 us against a few nanoseconds on an H200). The
+// write costs more than a record, to the host (2-3 us against 0.15) and to
+// the stream (2.8 us of GPU time against none), so markers pay where a
+// point is queried more often than it is written (docs/BENCHMARKS.md,
+// "Stream markers on an H200").
 //
 // Support depends on the device (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS):
 // where it has none NewMarker fails with an error matching ErrUnsupported,

@@ -13,10 +13,11 @@ import (
 // device (cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP), that a stream
 // writes with cuStreamWriteValue64 when its work before the write is done,
 // and the host reads with a load. On an H200 the write costs the host
-// about 2 us (a record 0.15) and the load nanoseconds (a query 1.3 us,
-// plus this package's context switch around every call); over twenty
-// rounds each of a word written before and after an event, idle or beside
-// another process's matmuls, the word never ran ahead of an event
+// 1.8-3.3 us (a record 0.15) and the stream 2.8 us of GPU time (a record
+// none: the v2 write's system-wide fence), and the load nanoseconds (a
+// query 1.3 us, plus this package's context switch around every call);
+// over fifty rounds of a word written before and after an event, idle or
+// beside another process's matmuls, the word never ran ahead of an event
 // recorded before it nor behind one recorded after (docs/BENCHMARKS.md,
 // "Stream markers on an H200").
 //
