@@ -214,7 +214,10 @@
 // stream after that free has completed (advanceEpoch records one per
 // stream and queries it on the slow path, a few times within 20 us when
 // it has just recorded it (pollEpochs), since a GPU reaches a record
-// microseconds later), or once s has been ordered after that stream on the
+// microseconds later; where the device has markers the epoch is instead a
+// number the stream writes to pinned host memory, read with a load, the
+// same decisions for no driver call: device.Markers, Config.NoMarkers),
+// or once s has been ordered after that stream on the
 // GPU: where s finds no place ready for it and would map memory while
 // other streams' frees are pending, s's stream waits (cuStreamWaitEvent)
 // for events recorded on those streams now, and their free memory is s's
