@@ -55,7 +55,7 @@ type driver struct {
 	// 12's memory operations), else the original, whose support a device
 	// attribute of its own tells (writeValueV1).
 	cuMemHostAlloc, cuMemFreeHost, cuMemHostGetDevicePointer, cuStreamWriteValue64 uintptr
-	cuStreamWriteValue64V1                                                          uintptr
+	cuStreamWriteValue64V1                                                         uintptr
 }
 
 func (d *driver) symbols() []dl.Symbol {
