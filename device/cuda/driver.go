@@ -53,7 +53,7 @@ type driver struct {
 	// Markers (markers.go): pinned host memory the device writes in stream
 	// order; 0 if the driver has none. cuStreamWriteValue64 is _v2 (CUDA
 	// 12's memory operations), else the original, whose support a device
-	// attribute of its own tells (writeValueV1).
+	// attribute of its own tells (markerBooks.init).
 	cuMemHostAlloc, cuMemFreeHost, cuMemHostGetDevicePointer, cuStreamWriteValue64 uintptr
 	cuStreamWriteValue64V1                                                         uintptr
 }
