@@ -2,6 +2,8 @@ package policy
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
 
 	"github.com/gpumem/gpumem/device/sim"
 	"github.com/gpumem/gpumem/internal/units"
@@ -77,8 +79,10 @@ func Fits(tr *trace.Trace, name string, capacity uint64, passes int) (bool, erro
 // For tf-bfc-prealloc, "fits" means on a GPU whose 75%, preallocated at
 // start, holds the program: XLA's default, a capacity 4/3 of what the pool
 // needs. With passes above 1 the trace must fit in every one of that
-// many passes on one allocator (Fits). progress, if set, is called after
-// each replay with the number done and an estimate of the total.
+// many passes on one allocator (Fits). progress, if set, is called with
+// the replays done and an estimate of the total: after each replay of the
+// bisection, after each batch of the window's (which run fitWorkers at a
+// time, with the answer of a scan one by one).
 func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int)) (FitResult, error) {
 	var res FitResult
 	total := 40
@@ -124,14 +128,40 @@ func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int
 	}
 	res.Least, res.Capacity = hi, hi
 	total = res.Replays + int(FitWindow(hi)/FitGranularity)
-	for c := hi + FitGranularity; c <= res.Capacity+FitWindow(res.Capacity) && c <= maxFitCapacity; c += FitGranularity {
-		ok, err := fits(c)
-		if err != nil {
-			return res, err
+	// The window's replays are independent: they run fitWorkers at a time,
+	// a batch of consecutive capacities, each batch within the window as it
+	// stands when the batch begins (a failure only moves it up). So the
+	// capacities replayed are those a scan one by one replays, and the
+	// answer and Replays are the same.
+	batch := make([]fitProbe, 0, fitWorkers)
+	for c := hi + FitGranularity; c <= res.Capacity+FitWindow(res.Capacity) && c <= maxFitCapacity; {
+		end := min(res.Capacity+FitWindow(res.Capacity), maxFitCapacity)
+		batch = batch[:0]
+		for ; c <= end && len(batch) < fitWorkers; c += FitGranularity {
+			batch = append(batch, fitProbe{capacity: c})
 		}
-		if !ok {
-			res.Capacity = c + FitGranularity
-			total = res.Replays + int(FitWindow(res.Capacity)/FitGranularity)
+		var wg sync.WaitGroup
+		for i := range batch {
+			wg.Add(1)
+			go func(b *fitProbe) {
+				defer wg.Done()
+				b.ok, b.err = Fits(tr, name, b.capacity, passes)
+			}(&batch[i])
+		}
+		wg.Wait()
+		for _, b := range batch {
+			res.Replays++
+			if b.err != nil {
+				return res, b.err
+			}
+			if !b.ok {
+				res.Capacity = b.capacity + FitGranularity
+				total = res.Replays + int(FitWindow(res.Capacity)/FitGranularity)
+			}
+		}
+		total = max(total, res.Replays+1)
+		if progress != nil {
+			progress(res.Replays, total)
 		}
 	}
 	if progress != nil {
@@ -139,3 +169,15 @@ func Fit(tr *trace.Trace, name string, passes int, progress func(done, total int
 	}
 	return res, nil
 }
+
+// A fitProbe is one replay of Fit's window: a capacity and its verdict.
+type fitProbe struct {
+	capacity uint64
+	ok       bool
+	err      error
+}
+
+// fitWorkers is how many of Fit's window replays run at once: the
+// machine's cores, at most 8 (each holds a simulated device, an allocator
+// and the replay's buffers).
+var fitWorkers = min(max(runtime.GOMAXPROCS(0), 1), 8)

@@ -52,8 +52,13 @@ func TestFitEmulations(t *testing.T) {
 	// tiny trace: 14 MiB live at the peak.
 	tr := mustTrace(t, "a 0 1048576 0 0\na 1 4194304 0 10\na 2 3000000 0 20\nf 1 30\na 3 4194304 0 40\nf 0 50\nf 2 60\na 4 10485760 0 70\n")
 	for _, n := range Names() {
-		calls := 0
-		f, err := Fit(tr, n, 1, func(done, total int) { calls++ })
+		calls, last, lastTotal := 0, 0, 0
+		f, err := Fit(tr, n, 1, func(done, total int) {
+			if done < last || total < done {
+				t.Errorf("%s: progress %d of %d after %d", n, done, total, last)
+			}
+			calls, last, lastTotal = calls+1, done, total
+		})
 		if err != nil {
 			t.Fatalf("%s: %v", n, err)
 		}
@@ -64,8 +69,10 @@ func TestFitEmulations(t *testing.T) {
 		if ok, _ := Fits(tr, n, f.Least-FitGranularity, 1); ok {
 			t.Errorf("%s: fits on %d too", n, f.Least-FitGranularity)
 		}
-		if calls != f.Replays+1 { // once per replay, and once at the end
-			t.Errorf("%s: progress reported %d times for %d replays", n, calls, f.Replays)
+		// Once per replay of the bisection, per batch of the window's, and
+		// once at the end with the whole count.
+		if calls < 2 || calls > f.Replays+1 || last != f.Replays || lastTotal != f.Replays {
+			t.Errorf("%s: progress reported %d times, last %d of %d, for %d replays", n, calls, last, lastTotal, f.Replays)
 		}
 		t.Logf("%s: %d MiB (least %d MiB)", n, c>>20, f.Least>>20)
 	}
@@ -104,11 +111,25 @@ func withPolicy(t *testing.T, name string, mk func(capacity uint64) (Allocator, 
 // 32 MiB and fits from 34 MiB up. Bisection from the doubling (14 MiB
 // fails, 28 fits) lands on 22 MiB; the answer is 34 MiB, the least above
 // which every capacity of the window fits.
+// The window's replays run fitWorkers at a time: with one, two, three or
+// eight the answer and the replays are the same.
 func TestFitNotMonotone(t *testing.T) {
 	withPolicy(t, "banded", func(c uint64) (Allocator, error) {
 		return &banded{Allocator: newTorchNative(c), refuse: c >= 30<<20 && c < 34<<20}, nil
 	})
 	tr := mustTrace(t, "a 0 1048576 0 0\na 1 4194304 0 10\na 2 3000000 0 20\nf 1 30\na 3 4194304 0 40\nf 0 50\nf 2 60\na 4 10485760 0 70\n")
+	saved := fitWorkers
+	t.Cleanup(func() { fitWorkers = saved })
+	for _, w := range []int{1, 2, 3, 8} {
+		fitWorkers = w
+		f, err := Fit(tr, "banded", 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Least != 22<<20 || f.Capacity != 34<<20 || f.Replays != 2+3+(50-22)/2 {
+			t.Fatalf("%d at a time: fit %d MiB, least %d MiB, %d replays; want 34, 22, %d", w, f.Capacity>>20, f.Least>>20, f.Replays, 2+3+(50-22)/2)
+		}
+	}
 	f, err := Fit(tr, "banded", 1, nil)
 	if err != nil {
 		t.Fatal(err)
