@@ -524,14 +524,20 @@ func (p *pool) advanceEpochs(si slot) {
 // epochPolls rounds within epochPollTime, about what a create costs,
 // whatever the number of streams. Streams that stay busy cost that much a
 // slow path; idle ones are found done. Markers are read, not queried: a
-// round is loads, so the rounds go on for the whole epochPollTime (at
-// least epochPolls of them), the GPU given as long to get there as with
-// events.
+// round is loads, so the rounds are spread over epochPollTime (round k
+// not before k/epochPolls of it), the GPU given as long to get there as
+// with events, and there are always epochPolls of them: on the simulated
+// device, whose GPU moves by reads (sim.Config.QueryLag), what a poll
+// finds does not depend on how fast the host ran.
 func (p *pool) pollEpochs() {
 	markers := p.mk != nil
 	t0 := time.Now()
-	for k := 0; ; k++ {
-		if k > 0 && (k >= epochPolls && !markers || time.Since(t0) >= epochPollTime) {
+	for k := 0; k < epochPolls; k++ {
+		if markers {
+			for time.Since(t0) < time.Duration(k)*epochPollTime/epochPolls {
+				// spin: round k waits for k/epochPolls of the poll time
+			}
+		} else if k > 0 && time.Since(t0) >= epochPollTime {
 			break // the first round always runs: a thread descheduled after t0 still polls once
 		}
 		left := false
