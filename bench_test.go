@@ -211,6 +211,53 @@ func sizeName(n uint64) string {
 // gpumem run (the shim answers them from Stats): an 80 GiB device, one live
 // 1 GiB buffer and a cached 256 MiB one, so that the arena's free tail spans
 // nearly all of its chunks.
+// manyBlocks fills a with 40,000 buffers of 64 KiB to 1 MiB and frees
+// every other one: 20,000 live blocks between 20,000 free ones, the
+// shape of a large model's parameters and activations.
+func manyBlocks(b *testing.B, a *gpumem.Allocator) {
+	b.Helper()
+	rng := rand.New(rand.NewSource(1))
+	bufs := make([]gpumem.Buffer, 40000)
+	for i := range bufs {
+		var err error
+		if bufs[i], err = a.Alloc(uint64(64<<10+rng.Intn(960<<10)), 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; i < len(bufs); i += 2 {
+		if err := a.Free(bufs[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStatsManyBlocks and BenchmarkUsage: what torch.cuda.memory_stats
+// and torch.cuda.memory_allocated cost under gpumem on a pool of 20,000
+// live and 20,000 free blocks (Stats walks them; Usage reads counts).
+func BenchmarkStatsManyBlocks(b *testing.B) {
+	a := benchAllocator(b, gpumem.ModeVirtual)
+	manyBlocks(b, a)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if s := a.Stats(); s.Active == 0 {
+			b.Fatal("nothing active")
+		}
+	}
+}
+
+func BenchmarkUsage(b *testing.B) {
+	a := benchAllocator(b, gpumem.ModeVirtual)
+	manyBlocks(b, a)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if u := a.Usage(); u.Active == 0 {
+			b.Fatal("nothing active")
+		}
+	}
+}
+
 func BenchmarkStats(b *testing.B) {
 	a := benchAllocator(b, gpumem.ModeVirtual)
 	keep, err := a.Alloc(1<<30, 0)

@@ -205,6 +205,15 @@ EXPORT gpumem_status gpumem_get_stats(int device, gpumem_stats *out, size_t size
 	return st;
 }
 
+EXPORT gpumem_status gpumem_get_usage(int device, gpumem_usage *out, size_t size) {
+	if (!out) return GPUMEM_ERROR_INVALID_VALUE;
+	gpumem_usage u;
+	memset(&u, 0, sizeof u);
+	gpumem_status st = gpumemGo_get_usage(device, &u);
+	memcpy(out, &u, size < sizeof u ? size : sizeof u);
+	return st;
+}
+
 EXPORT gpumem_status gpumem_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
 	uint64_t f = 0, t = 0;
 	gpumem_status st = gpumemGo_mem_info(device, &f, &t);

@@ -428,6 +428,20 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 	return 0
 }
 
+//export gpumemGo_get_usage
+func gpumemGo_get_usage(device C.int, out *C.gpumem_usage) C.gpumem_status {
+	u, err := theHost().Usage(int(device))
+	if err != nil {
+		return fail(err, device)
+	}
+	*out = C.gpumem_usage{
+		allocated: C.uint64_t(u.Allocated), peak_allocated: C.uint64_t(u.PeakAllocated),
+		active: C.uint64_t(u.Active), peak_active: C.uint64_t(u.PeakActive),
+		reserved: C.uint64_t(u.Reserved), peak_reserved: C.uint64_t(u.PeakReserved),
+	}
+	return 0
+}
+
 //export gpumemGo_mem_info
 func gpumemGo_mem_info(device C.int, free, total *C.uint64_t) C.gpumem_status {
 	f, t, err := theHost().MemInfo(int(device))

@@ -605,6 +605,33 @@ func (h *Host) ResetPeaks(ordinal int) {
 	}
 }
 
+// Usage returns device ordinal's Usage, its private pools' included, as
+// Stats counts them: the figures of Stats that need no walk of the pools'
+// blocks (torch.cuda.memory_allocated and the like, a CUDA pool's used
+// and reserved attributes). Zeros if nothing was allocated on it yet.
+func (h *Host) Usage(ordinal int) (gpumem.Usage, error) {
+	if ordinal < 0 || ordinal >= MaxDevices {
+		return gpumem.Usage{}, fmt.Errorf("%w: device %d: want 0 to %d", ErrInvalidDevice, ordinal, MaxDevices-1)
+	}
+	d := h.existing(ordinal)
+	if d == nil {
+		return gpumem.Usage{}, nil
+	}
+	u := d.Alloc.Usage()
+	d.pools.mu.Lock()
+	defer d.pools.mu.Unlock()
+	for _, p := range d.pools.byID {
+		pu := p.alloc.Usage()
+		u.Allocated += pu.Allocated
+		u.PeakAllocated += pu.PeakAllocated
+		u.Active += pu.Active
+		u.PeakActive += pu.PeakActive
+		u.Reserved += pu.Reserved
+	}
+	u.PeakReserved = max(d.Alloc.FamilyPeakReserved(), u.Reserved) // as poolStats
+	return u, nil
+}
+
 // Snapshot returns device ordinal's snapshot (an empty allocator's if
 // nothing was allocated on it yet): its allocator's segments, then each
 // private pool's, named by the pool (SegmentSnapshot.PrivatePool), with the

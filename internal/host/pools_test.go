@@ -964,3 +964,63 @@ func TestMemInfoAgreesWithStats(t *testing.T) {
 		t.Fatal("the private pool holds nothing: the test did not test it")
 	}
 }
+
+// TestUsageMatchesStats: Host.Usage, the figures of Stats kept as counts
+// (torch.cuda.memory_allocated and the like, the shim's pool attributes),
+// is Stats' own at every point: the device's allocator and a private
+// pool together, after allocations in both, frees, a trim and a reset of
+// the peaks.
+func TestUsageMatchesStats(t *testing.T) {
+	h := newSimHost(t, "")
+	same := func(when string) {
+		t.Helper()
+		u, err := h.Usage(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := h.Stats(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := gpumem.Usage{Allocated: s.Allocated, Active: s.Active, Reserved: s.Reserved,
+			PeakAllocated: s.PeakAllocated, PeakActive: s.PeakActive, PeakReserved: s.PeakReserved}
+		if u != want {
+			t.Errorf("%s: Usage %+v, Stats' %+v", when, u, want)
+		}
+	}
+	same("before any allocation")
+	a := mustAlloc(t, h, 5*miB, 0, 0)
+	id := PoolID{0, 1}
+	if err := h.RetainPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.BeginPool(0, id, RouteAll, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	p := mustAlloc(t, h, 7*miB+3, 0, 0)
+	if err := h.EndPool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	b := mustAlloc(t, h, 30*miB, 0, 0)
+	same("live in the allocator and in a pool")
+	if u, _ := h.Usage(0); u.Allocated != 42*miB+3 || u.Reserved == 0 || h.PoolReserved(0) == 0 {
+		t.Errorf("Usage %+v with 42 MiB + 3 live, %d bytes in the pool", u, h.PoolReserved(0))
+	}
+	mustFree(t, h, b)
+	same("after a free")
+	if err := h.Trim(0); err != nil {
+		t.Fatal(err)
+	}
+	same("after a trim")
+	h.ResetPeaks(0)
+	same("after the peaks' reset")
+	mustFree(t, h, p)
+	mustFree(t, h, a)
+	if err := h.ReleasePool(0, id); err != nil {
+		t.Fatal(err)
+	}
+	same("all freed")
+	if _, err := h.Usage(-1); err == nil {
+		t.Error("Usage of device -1: no error")
+	}
+}

@@ -121,6 +121,14 @@ class Stats(ctypes.Structure):
         return {name: getattr(self, name) for name, _ in self._fields_}
 
 
+class Usage(ctypes.Structure):
+    """gpumem_usage: the byte gauges of Stats and their peaks, read from
+    counts (gpumem_get_usage), without the walk of every block that
+    gpumem_get_stats makes."""
+    _fields_ = [(name, ctypes.c_uint64) for name in
+                ("allocated", "peak_allocated", "active", "peak_active", "reserved", "peak_reserved")]
+
+
 SITE_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_int)
 # gpumem_set_oom_callback's fn: device, request, limit (or the device's
 # memory), the driver's free memory.
@@ -159,6 +167,7 @@ _PROTOTYPES = {
 _PROTOTYPES["gpumem_serve"] = (ctypes.c_void_p, [ctypes.c_char_p])
 _PROTOTYPES["gpumem_import_snapshot"] = (_status, [ctypes.c_char_p, ctypes.c_char_p])
 _OPTIONAL = {  # functions of later versions, bound when present
+    "gpumem_get_usage": (_status, [ctypes.c_int, ctypes.POINTER(Usage), ctypes.c_size_t]),
     "gpumem_share": (_status, [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_u64), ctypes.POINTER(ctypes.c_int),
                                ctypes.POINTER(_u64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "gpumem_unshare": (_status, [ctypes.c_void_p, ctypes.c_int]),
@@ -310,6 +319,20 @@ class Library:
         s = Stats()
         self.check(self._c.gpumem_get_stats(device, ctypes.byref(s), ctypes.sizeof(s)))
         return s
+
+    def usage(self, device=0):
+        """Stats' byte gauges and peaks alone (a Usage), read from counts:
+        for code that asks often (torch.cuda.memory_allocated). From
+        gpumem_get_stats where the library is older than
+        gpumem_get_usage."""
+        u = Usage()
+        if not hasattr(self._c, "gpumem_get_usage"):
+            s = self.stats(device)
+            for name, _ in Usage._fields_:
+                setattr(u, name, getattr(s, name))
+            return u
+        self.check(self._c.gpumem_get_usage(device, ctypes.byref(u), ctypes.sizeof(u)))
+        return u
 
     def mem_info(self, device=0):
         free, total = _u64(), _u64()

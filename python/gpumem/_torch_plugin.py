@@ -57,17 +57,19 @@ def _patch(torch, lib):
         total = torch.cuda.get_device_properties(dev).total_memory
         return min(1.0, limit / total) if limit else 1.0
 
+    # These four read gpumem's counts (lib.usage): programs ask them at
+    # every step or layer, and the whole stats walk every block.
     def memory_allocated(device=None):
-        return lib.stats(_device(device)).active
+        return lib.usage(_device(device)).active
 
     def max_memory_allocated(device=None):
-        return lib.stats(_device(device)).peak_active
+        return lib.usage(_device(device)).peak_active
 
     def memory_reserved(device=None):
-        return lib.stats(_device(device)).reserved
+        return lib.usage(_device(device)).reserved
 
     def max_memory_reserved(device=None):
-        return lib.stats(_device(device)).peak_reserved
+        return lib.usage(_device(device)).peak_reserved
 
     def reset_peak_memory_stats(device=None):
         lib.reset_peaks(_device(device))

@@ -98,6 +98,10 @@ def test_allocate_free_stats():
         s = gpumem.stats(0)
         assert s["allocated"] == 8 << 20 and s["live_buffers"] == 8, s
         assert s["reserved"] >= 8 << 20
+        # the counts alone (gpumem_get_usage), as the stats give them
+        u = lib.usage(0)
+        assert {n: getattr(u, n) for n, _ in _lib.Usage._fields_} == {n: s[n] for n, _ in _lib.Usage._fields_}, (s, u)
+        assert u.allocated == 8 << 20 and u.active >= u.allocated and u.peak_reserved >= u.reserved > 0
         # the host time of the driver calls that grew it (the simulated device's)
         assert s["device_calls"] > 0 and s["driver_ns"] > 0 and s["wait_ns"] == 0, s
         assert s["misses"] > 0 and s["miss_ns"] >= s["driver_ns"], s

@@ -150,7 +150,7 @@ static struct {
 	gpumem_status (*mem_info)(int, uint64_t *, uint64_t *);
 	gpumem_status (*trim)(int);
 	gpumem_status (*reset_peaks)(int);
-	gpumem_status (*get_stats)(int, gpumem_stats *, size_t);
+	gpumem_status (*get_usage)(int, gpumem_usage *, size_t);
 	const char *(*last_error)(void);
 	void *base; /* load address of libgpumem.so: its own dlsym calls */
 } gm;
@@ -298,11 +298,11 @@ static void load_gpumem(void) {
 		gm.mem_info = real_dlsym(h, "gpumem_mem_info");
 		gm.trim = real_dlsym(h, "gpumem_trim");
 		gm.reset_peaks = real_dlsym(h, "gpumem_reset_peaks");
-		gm.get_stats = real_dlsym(h, "gpumem_get_stats");
+		gm.get_usage = real_dlsym(h, "gpumem_get_usage");
 		gm.last_error = real_dlsym(h, "gpumem_last_error");
 		if (!api || api() != GPUMEM_API_VERSION || !gm.allocate || !gm.deallocate_on || !gm.mem_info ||
-		    !gm.trim || !gm.reset_peaks || !gm.get_stats || !gm.last_error)
-			why = "not a gpumem library of this version (gpumem_api_version or gpumem_deallocate_on missing or different)";
+		    !gm.trim || !gm.reset_peaks || !gm.get_usage || !gm.last_error)
+			why = "not a gpumem library of this version (gpumem_api_version, gpumem_deallocate_on or gpumem_get_usage missing or different)";
 		Dl_info info;
 		if (!why && dladdr((void *)gm.allocate, &info)) gm.base = info.dli_fbase;
 	}
@@ -596,8 +596,8 @@ static CUresult w_cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value
 }
 
 /* cuMemPoolGetAttribute: gpumem's numbers. The release threshold and the
- * reuse flags are the shim's own and answered at once; only the byte
- * counts ask gpumem (its stats: a walk of its pools). */
+ * reuse flags are the shim's own and answered at once; the byte counts ask
+ * gpumem for its counts (gpumem_get_usage: no walk of its blocks). */
 static CUresult w_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
 	COUNT(K_cuMemPoolGetAttribute);
 	if (!is_pool(pool)) return REAL(cuMemPoolGetAttribute)(pool, attr, value);
@@ -615,8 +615,8 @@ static CUresult w_cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value
 	case CU_MEMPOOL_ATTR_USED_MEM_HIGH: break;
 	default: return CUDA_ERROR_INVALID_VALUE;
 	}
-	gpumem_stats s;
-	gpumem_status st = gm.get_stats(p->device, &s, sizeof s);
+	gpumem_usage s;
+	gpumem_status st = gm.get_usage(p->device, &s, sizeof s);
 	if (st != GPUMEM_SUCCESS) return cuda_error(st);
 	switch (attr) {
 	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *v = s.reserved; break;

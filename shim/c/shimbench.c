@@ -13,7 +13,7 @@
  *   capture check cuStreamIsCapturing, once
  *   ctx device    cuCtxGetDevice, once; ctx current: cuCtxGetCurrent, once
  *   pool used     cuMemPoolGetAttribute(USED_MEM_CURRENT) of the default
- *                 pool, once (through the shim: gpumem's stats)
+ *                 pool, once (through the shim: gpumem_get_usage)
  *   pool thresh.  cuMemPoolGetAttribute(RELEASE_THRESHOLD), once
  *   mem info      cuMemGetInfo, once
  *   gpumem pair   gpumem_allocate + gpumem_deallocate_on called directly
