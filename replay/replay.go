@@ -352,7 +352,7 @@ func runOn(tr *trace.Trace, a *gpumem.Allocator, streams map[uint64]device.Strea
 	if opt.AtPeak {
 		seen := before.PeakReserved
 		watch = func(n, i int) {
-			if a.Stats().PeakReserved <= seen {
+			if a.Usage().PeakReserved <= seen {
 				return
 			}
 			m := makeup(a.Snapshot())

@@ -375,7 +375,7 @@ func (d *Device) closeFreeable() (bool, error) {
 		switch {
 		case d.freeable(p):
 			done = append(done, p)
-		case p.uses == 0 && !d.routed(p) && p.alloc.Stats().Cached > 0:
+		case p.uses == 0 && !d.routed(p) && caches(p.alloc):
 			unused = append(unused, p)
 		}
 	}
@@ -391,11 +391,11 @@ func (d *Device) closeFreeable() (bool, error) {
 	}
 	gave := len(done) > 0
 	for _, p := range unused {
-		before := p.alloc.Stats().Reserved
+		before := p.alloc.Usage().Reserved
 		if err := p.alloc.ReleaseUnused(); err != nil {
 			errs = append(errs, fmt.Errorf("gpumem: private pool %v: %w", p.id, err))
 		}
-		gave = gave || p.alloc.Stats().Reserved < before
+		gave = gave || p.alloc.Usage().Reserved < before
 	}
 	return gave, errors.Join(errs...)
 }
@@ -575,4 +575,11 @@ func (h *Host) ReleaseCapture(ordinal int) error {
 	}
 	d.Alloc.EndCapture()
 	return nil
+}
+
+// caches reports whether a holds memory it does not use (Stats.Cached > 0),
+// from its counts.
+func caches(a *gpumem.Allocator) bool {
+	u := a.Usage()
+	return u.Reserved > u.Active
 }
