@@ -43,6 +43,17 @@ const (
 	scanBudget = 32 // blocks examined for a best fit within one bin
 )
 
+// binFloor is the least size of bin i (binOf(binFloor(i)) == i): every
+// block of a bin below i is smaller.
+func binFloor(i int) uint64 {
+	if i < subBins {
+		return uint64(i) << minShift
+	}
+	fl := i/subBins + subBits - 1
+	u := uint64(1)<<fl | uint64(i%subBins)<<(fl-subBits)
+	return u << minShift
+}
+
 // binOf maps a block size (a multiple of minBlock) to its bin.
 func binOf(size uint64) int {
 	u := size >> minShift

@@ -216,3 +216,16 @@ func TestBatchRunsStayOrdered(t *testing.T) {
 		t.Fatalf("the bin holds requests %d, %d; want 10, 20", h.id, h.fnext.id)
 	}
 }
+
+// TestBinFloor: binFloor(i) is the least size of bin i, for every bin.
+func TestBinFloor(t *testing.T) {
+	for i := 1; i < numBins; i++ {
+		f := binFloor(i)
+		if binOf(f) != i || binOf(f-minBlock) != i-1 {
+			t.Fatalf("bin %d: floor %d is in bin %d, %d below it in bin %d", i, f, binOf(f), f-minBlock, binOf(f-minBlock))
+		}
+	}
+	if binFloor(0) != 0 {
+		t.Errorf("binFloor(0) = %d", binFloor(0))
+	}
+}

@@ -7,11 +7,19 @@ import (
 	"github.com/gpumem/gpumem/device/sim"
 )
 
-// TestLargestFreeRuns checks largestFree, which steps over runs of ready
-// chunks a bitmap word at a time, against a walk of every chunk, over
+// TestLargestFreeRuns checks largestFree, which visits the free index's
+// bins from the largest down and steps over runs of ready chunks a bitmap
+// word at a time, against a walk of every chunk of every free block, over
 // random allocations and frees (some spans released, so that free blocks
-// hold ready and unmapped chunks in turn).
+// hold ready and unmapped chunks in turn): requests up to 24 MiB, then up
+// to 1 MiB (many small free blocks in many bins).
 func TestLargestFreeRuns(t *testing.T) {
+	for _, most := range []int{24 << 20, 1 << 20} {
+		testLargestFreeRuns(t, most)
+	}
+}
+
+func testLargestFreeRuns(t *testing.T, most int) {
 	dev, err := sim.New(sim.Config{Capacity: 4 << 30})
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +40,7 @@ func TestLargestFreeRuns(t *testing.T) {
 			}
 			live[k] = live[len(live)-1]
 			live = live[:len(live)-1]
-		} else if b, err := a.Alloc(uint64(1+rng.IntN(24<<20)), 0); err == nil {
+		} else if b, err := a.Alloc(uint64(1+rng.IntN(most)), 0); err == nil {
 			live = append(live, b)
 		}
 		if iter%97 == 0 {
@@ -47,7 +55,7 @@ func TestLargestFreeRuns(t *testing.T) {
 				h := &p.heaps[k]
 				if got, want := h.largestFree(), largestFreeByChunk(h); got != want {
 					p.mu.Unlock()
-					t.Fatalf("iter %d: largestFree = %d, a walk of every chunk says %d", iter, got, want)
+					t.Fatalf("requests up to %d, iter %d: largestFree = %d, a walk of every chunk says %d", most, iter, got, want)
 				}
 				checked++
 			}

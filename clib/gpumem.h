@@ -296,9 +296,10 @@ gpumem_status gpumem_reset_peaks(int device);
  * versions that add fields). Zeros for a device not used yet. */
 gpumem_status gpumem_get_stats(int device, gpumem_stats *out, size_t size);
 /* Fills *out (size: sizeof(gpumem_usage)) with gpumem_stats' gauges and
- * peaks of bytes alone: a read of counts, where gpumem_get_stats walks
- * every block of the device's pools (0.3-0.4 ms with 40,000 blocks) and
- * holds each pool while it does. For code that asks at every step or layer. */
+ * peaks of bytes alone: a read of counts (tens of nanoseconds), where
+ * gpumem_get_stats walks the device's segments, empty spans and largest
+ * free blocks (about a microsecond) and fills every field. For code that
+ * asks at every step or layer. */
 gpumem_status gpumem_get_usage(int device, gpumem_usage *out, size_t size);
 /* Memory as a program on gpumem should see it: *total is the limit, *free
  * what could still be allocated (the cache plus what the driver can still
