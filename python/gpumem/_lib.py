@@ -123,8 +123,8 @@ class Stats(ctypes.Structure):
 
 class Usage(ctypes.Structure):
     """gpumem_usage: the byte gauges of Stats and their peaks, read from
-    counts (gpumem_get_usage), without the walk of every block that
-    gpumem_get_stats makes."""
+    counts (gpumem_get_usage), without the walks of segments and free
+    blocks that gpumem_get_stats makes for its other fields."""
     _fields_ = [(name, ctypes.c_uint64) for name in
                 ("allocated", "peak_allocated", "active", "peak_active", "reserved", "peak_reserved")]
 

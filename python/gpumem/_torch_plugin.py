@@ -57,8 +57,8 @@ def _patch(torch, lib):
         total = torch.cuda.get_device_properties(dev).total_memory
         return min(1.0, limit / total) if limit else 1.0
 
-    # These four read gpumem's counts (lib.usage): programs ask them at
-    # every step or layer, and the whole stats walk every block.
+    # These four read gpumem's counts (lib.usage), as PyTorch's read its
+    # counters: programs ask them at every step or layer.
     def memory_allocated(device=None):
         return lib.usage(_device(device)).active
 
