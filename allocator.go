@@ -486,17 +486,12 @@ func (a *Allocator) addPool(s device.Stream) (*pool, slot, error) {
 func (a *Allocator) allPools() []*pool { return a.pools.Load().all }
 
 // Held returns what the allocator holds from the device and what its live
-// buffers' blocks take of it (Stats' Reserved and Active, exact when no
-// operation runs concurrently), locking each pool once but walking no
-// heap: for questions asked often (Host.MemInfo, which PyTorch's cacheInfo
-// asks at every cuDNN attention call).
+// buffers' blocks take of it (Usage's Reserved and Active, exact when no
+// operation runs concurrently): for questions asked often (Host.MemInfo,
+// which PyTorch's cacheInfo asks at every cuDNN attention call).
 func (a *Allocator) Held() (reserved, active uint64) {
-	for _, p := range a.allPools() {
-		p.mu.Lock()
-		active += p.active
-		p.mu.Unlock()
-	}
-	return a.reserved.Load(), active
+	u := a.Usage()
+	return u.Reserved, u.Active
 }
 
 // flushBytes is how far a pool's gauges may drift from the allocator's
