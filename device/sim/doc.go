@@ -1,6 +1,6 @@
 // Package sim is a simulated GPU: a deterministic, in-process backend that
 // implements every capability of package device (Device, VirtualMemory,
-// Events and Streams) with the same preconditions as the CUDA driver, checked
+// Events, Markers, Streams, Capture) with the same preconditions as the CUDA driver, checked
 // strictly, so that tests can run an allocator against it and capacity
 // planning can replay allocation traces without a GPU.
 //
@@ -56,6 +56,12 @@
 // therefore never block, which keeps single-goroutine tests deterministic and
 // free of deadlocks. A held stream stays held for work enqueued after a
 // Wait, SynchronizeStream or Synchronize; only Drain lifts the hold.
+//
+// A marker's write (Mark) lands as an event recorded at the same point
+// completes, and Reached sees it under the same rules as Query sees the
+// event, read for read (markers.go), so an allocator that reads markers
+// decides as one that queries events. Config.NoMarkers makes a device
+// without them.
 //
 // Stream 0 always exists and behaves like any other stream (like a
 // per-thread default stream: it does not implicitly synchronize with
