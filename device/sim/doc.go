@@ -1,8 +1,9 @@
 // Package sim is a simulated GPU: a deterministic, in-process backend that
 // implements every capability of package device (Device, VirtualMemory,
-// Events, Markers, Streams, Capture) with the same preconditions as the CUDA driver, checked
-// strictly, so that tests can run an allocator against it and capacity
-// planning can replay allocation traces without a GPU.
+// Events, Markers, Streams, Capture) with the same preconditions as the
+// CUDA driver, checked strictly, so that tests can run an allocator
+// against it and capacity planning can replay allocation traces without a
+// GPU.
 //
 // # What is simulated
 //
