@@ -125,6 +125,7 @@ type counters struct {
 	unmapNanos, releaseNanos               atomic.Uint64
 	misses, missNanos                      atomic.Uint64
 	eventCalls, eventNanos                 atomic.Uint64
+	markCalls, markNanos                   atomic.Uint64 // within eventCalls, eventNanos
 }
 
 // New makes an allocator over dev.

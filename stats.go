@@ -117,6 +117,11 @@ type Stats struct {
 	// made on misses (MissNanos includes them), the rest on frees that
 	// other streams used (Buffer.RecordStream) and in Trim.
 	EventCalls, EventNanos uint64
+	// MarkCalls and MarkNanos are the part of EventCalls and EventNanos
+	// that are markers' writes (device.Markers: an epoch's write, where
+	// events would record; creating and destroying markers too). Reading
+	// a marker is a load, in neither.
+	MarkCalls, MarkNanos uint64
 }
 
 // DeviceCalls is the number of memory-management calls made to the driver.
@@ -207,6 +212,9 @@ func (a *Allocator) Stats() Stats {
 	s.UnmapNanos, s.ReleaseNanos = c.unmapNanos.Load(), c.releaseNanos.Load()
 	s.DriverNanos, s.WaitNanos = c.driverNanos.Load(), c.waitNanos.Load()
 	s.Misses, s.MissNanos = c.misses.Load(), c.missNanos.Load()
+	// The markers' part before the events' total, which a write adds to
+	// first (timedMarkers.since): the part read never exceeds the total.
+	s.MarkCalls, s.MarkNanos = c.markCalls.Load(), c.markNanos.Load()
 	s.EventCalls, s.EventNanos = c.eventCalls.Load(), c.eventNanos.Load()
 	s.GateRefusals = c.gateRefusals.Load()
 	s.OOMs, s.Retries, s.Trims = c.ooms.Load(), c.retries.Load(), c.trims.Load()

@@ -321,6 +321,12 @@ func testStatsEventTime(t *testing.T, markers bool) {
 	if st.EventNanos < uint64(query) || st.MissNanos < st.EventNanos {
 		t.Errorf("EventCalls %d: EventNanos %v, MissNanos %v; want at least one query or mark (%v), within MissNanos", st.EventCalls, time.Duration(st.EventNanos), time.Duration(st.MissNanos), query)
 	}
+	// The writes' part: with markers the mark that stood for the record
+	// (it sleeps as a query does), none with events.
+	if markers && (st.MarkCalls == 0 || st.MarkCalls > st.EventCalls || st.MarkNanos < uint64(query) || st.MarkNanos > st.EventNanos) ||
+		!markers && st.MarkCalls+st.MarkNanos != 0 {
+		t.Errorf("markers %v: MarkCalls %d in %v of EventCalls %d in %v", markers, st.MarkCalls, time.Duration(st.MarkNanos), st.EventCalls, time.Duration(st.EventNanos))
+	}
 	if ds := dev.Stats(); markers && (ds.Marks == 0 || ds.MarkerReads == 0 || ds.Records+ds.Queries != 0) ||
 		!markers && (ds.Marks+ds.MarkerReads != 0 || ds.Records == 0 || ds.Queries == 0) {
 		t.Errorf("markers %v: the device saw %d records, %d queries, %d marks, %d marker reads", markers, ds.Records, ds.Queries, ds.Marks, ds.MarkerReads)

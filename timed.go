@@ -119,21 +119,31 @@ func (t timedEvents) StreamWait(s device.Stream, e device.Event) error {
 }
 
 // timedMarkers is the device's markers with each Mark, NewMarker and
-// DestroyMarker counted and timed as an event call is (timedEvents):
-// they stand for a record. Reached, a load, is neither.
+// DestroyMarker counted and timed as an event call is (timedEvents),
+// since they stand for a record, and in Stats.MarkCalls and MarkNanos
+// too. Reached, a load, is neither.
 type timedMarkers struct {
 	device.Markers
 	c *counters
 }
 
 func (t timedMarkers) since(t0 time.Time) {
-	t.c.eventNanos.Add(uint64(time.Since(t0)))
+	d := uint64(time.Since(t0))
+	t.c.eventNanos.Add(d) // the total first, the part after: see Stats
 	t.c.eventCalls.Add(1)
+	t.c.markNanos.Add(d)
+	t.c.markCalls.Add(1)
 }
 
+// NewMarker counts only where the device made one: a device without
+// markers says so at once (device.ErrUnsupported), with no driver call.
 func (t timedMarkers) NewMarker() (device.Marker, error) {
-	defer t.since(time.Now())
-	return t.Markers.NewMarker()
+	t0 := time.Now()
+	m, err := t.Markers.NewMarker()
+	if err == nil {
+		t.since(t0)
+	}
+	return m, err
 }
 
 func (t timedMarkers) DestroyMarker(m device.Marker) error {

@@ -424,6 +424,7 @@ func gpumemGo_get_stats(device C.int, out *C.gpumem_stats) C.gpumem_status {
 		set_access_ns: C.uint64_t(s.SetAccessNanos), unmap_ns: C.uint64_t(s.UnmapNanos),
 		release_ns:  C.uint64_t(s.ReleaseNanos),
 		event_calls: C.uint64_t(s.EventCalls), event_ns: C.uint64_t(s.EventNanos),
+		mark_calls: C.uint64_t(s.MarkCalls), mark_ns: C.uint64_t(s.MarkNanos),
 	}
 	return 0
 }

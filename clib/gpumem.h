@@ -189,6 +189,7 @@ typedef struct gpumem_stats {
 	 * misses (miss_ns includes them). Waits for an event are fences
 	 * (wait_ns). */
 	uint64_t event_calls, event_ns;
+	uint64_t mark_calls, mark_ns; /* the markers' writes among them */
 } gpumem_stats;
 
 /* The figures of gpumem_stats kept as running counts (gpumem.Usage):

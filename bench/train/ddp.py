@@ -129,7 +129,7 @@ def main():
     per_step = {"Creates": [], "Fences": [], "Orders": [], "Releases": [], "Maps": [], "Unmaps": [], "SetAccess": [],
                 "DriverNanos": [], "WaitNanos": [], "Misses": [], "MissNanos": [],
                 "CreateNanos": [], "MapNanos": [], "SetAccessNanos": [], "UnmapNanos": [], "ReleaseNanos": [],
-                "EventCalls": [], "EventNanos": []}
+                "EventCalls": [], "EventNanos": [], "MarkCalls": [], "MarkNanos": []}
     counts = (lambda: gpumem.library().stats_json(local)) if args.allocator == "gpumem" else None
     if counts:
         import json

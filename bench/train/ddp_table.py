@@ -144,8 +144,11 @@ def misses(rec):
         return None
     ss = steady(rec)
     med = lambda k, scale=1: statistics.median(per[k][i] for i in ss) / scale
-    return "%d misses in %.2f ms; %d event calls in %.2f ms; driver calls %.2f ms, fences %.2f ms" % (
-        med("Misses"), med("MissNanos", 1e6), med("EventCalls"), med("EventNanos", 1e6),
+    marks = ""
+    if "MarkNanos" in per:
+        marks = " (markers' writes %d in %.2f ms)" % (med("MarkCalls"), med("MarkNanos", 1e6))
+    return "%d misses in %.2f ms; %d event calls in %.2f ms%s; driver calls %.2f ms, fences %.2f ms" % (
+        med("Misses"), med("MissNanos", 1e6), med("EventCalls"), med("EventNanos", 1e6), marks,
         med("DriverNanos", 1e6), med("WaitNanos", 1e6))
 
 

@@ -378,6 +378,11 @@ func statsIdentities(st gpumem.Stats) error {
 		bad("CreateNanos %d + MapNanos %d + SetAccessNanos %d + UnmapNanos %d + ReleaseNanos %d > DriverNanos %d",
 			st.CreateNanos, st.MapNanos, st.SetAccessNanos, st.UnmapNanos, st.ReleaseNanos, st.DriverNanos)
 	}
+	// The markers' writes are among the event calls, their time within
+	// the events' (Stats reads the part first).
+	if st.MarkCalls > st.EventCalls || st.MarkNanos > st.EventNanos {
+		bad("MarkCalls %d in %d ns beyond EventCalls %d in %d ns", st.MarkCalls, st.MarkNanos, st.EventCalls, st.EventNanos)
+	}
 	// Every mapping the driver holds is a span's or a dormant one
 	// (Config.Compact); with no span mapped there is neither.
 	if st.Maps < st.Unmaps || uint64(max(st.DormantMappings, 0)) > st.Maps-st.Unmaps || st.DormantMappings < 0 {

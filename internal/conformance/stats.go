@@ -76,7 +76,7 @@ func testStatsIdentities(t *testing.T, s *suite) {
 var counters = []string{"Allocs", "Frees", "AllocBytes", "FreeBytes", "AllocRequested", "FreeRequested", "DeviceAllocs", "DeviceFrees", "Creates", "Releases", "Maps", "Unmaps",
 	"SetAccess", "Reserves", "Fences", "Handoffs", "Orders", "OOMs", "Retries", "Trims", "Revived", "SlackCreates",
 	"Splits", "Copies", "CopiedBytes", "SplitNanos", "GateRefusals", "DriverNanos", "WaitNanos", "Misses", "MissNanos",
-	"CreateNanos", "MapNanos", "SetAccessNanos", "UnmapNanos", "ReleaseNanos", "EventCalls", "EventNanos"}
+	"CreateNanos", "MapNanos", "SetAccessNanos", "UnmapNanos", "ReleaseNanos", "EventCalls", "EventNanos", "MarkCalls", "MarkNanos"}
 
 // gauges lists the gauge fields of Stats, checked by statsIdentities.
 var gauges = []string{"Allocated", "PeakAllocated", "Active", "PeakActive", "Reserved", "PeakReserved", "Cached", "Releasable",

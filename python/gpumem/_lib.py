@@ -115,7 +115,7 @@ class Stats(ctypes.Structure):
          "peak_live_buffers", "peak_segments", "fences", "gate_refusals",
          "driver_ns", "wait_ns", "misses", "miss_ns",
          "create_ns", "map_ns", "set_access_ns", "unmap_ns", "release_ns",
-         "event_calls", "event_ns")]
+         "event_calls", "event_ns", "mark_calls", "mark_ns")]
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_}

@@ -118,6 +118,8 @@ def test_allocate_free_stats():
         lib.trim(0)
         s = gpumem.stats(0)
         assert s["event_calls"] > 0 and s["event_ns"] > 0 and s["reserved"] == 0, s
+        # one stream: no other stream's epoch, so no marker's write
+        assert s["mark_calls"] == 0 and s["mark_ns"] == 0, s
         # free by pointer alone
         p = lib.allocate(4096, 0, 7)
         lib.deallocate(p, -1)
