@@ -15,7 +15,8 @@
 // change what the allocator does. Markers are the exception, being
 // optional on a GPU too: NewMarker says whether the device has them
 // (device.ErrUnsupported if not), here as on the device. Methods that only
-// read a property (Info, Granularity) and Reached (a load) are not timed. Timing a call costs two clock reads
+// read a property (Info, Granularity) and Reached (a load) are not timed.
+// Timing a call costs two clock reads
 // (tens of nanoseconds), nothing beside a driver call of microseconds;
 // on the simulated device, whose calls cost about as much, the times say
 // little and ns per event rises.
