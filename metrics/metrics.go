@@ -119,7 +119,7 @@ var metricsList = []metric{
 	counter("misses_total", "Allocations the cache could not serve at once (the slow path).", func(s gpumem.Stats) uint64 { return s.Misses }),
 	{prometheus.NewDesc("gpumem_miss_seconds_total", "Host time spent in allocations the cache could not serve at once (misses_total), driver calls and waits included.", labels, nil),
 		prometheus.CounterValue, func(s gpumem.Stats, _ *gpumem.Allocator) float64 { return float64(s.MissNanos) / 1e9 }},
-	counter("event_calls_total", "Calls to the device's events that keep the streams' order (queries, records, stream waits).", func(s gpumem.Stats) uint64 { return s.EventCalls }),
+	counter("event_calls_total", "Calls to the device's events and markers that keep the streams' order (queries, records or markers' writes, stream waits).", func(s gpumem.Stats) uint64 { return s.EventCalls }),
 	{prometheus.NewDesc("gpumem_event_seconds_total", "Host time spent in those event calls (event_calls_total).", labels, nil),
 		prometheus.CounterValue, func(s gpumem.Stats, _ *gpumem.Allocator) float64 { return float64(s.EventNanos) / 1e9 }},
 	{prometheus.NewDesc("gpumem_fragmentation_ratio", "1 - largest_free_bytes / cached_bytes: 0 when the cache is one piece.", labels, nil),
