@@ -136,14 +136,15 @@ const maxStreams = 1 << 15
 // which no span they emptied is unmapped. epochEv is the event recorded
 // last, after the frees up to epochSeq (advanceEpoch); with markers
 // (pool.mk) epochMk is written epochSeq there instead, and done once
-// it reads at least that.
+// it reads at least that (a stream whose marker could not be made keeps
+// to events).
 // after[j] says how far this stream's future work is ordered after stream
 // j's (orderAfter): j's frees stamped up to after[j] are behind an event
 // this stream waits for on the GPU, so their memory is this stream's too.
 // Invariants: last, safe, epochSeq <= pool.freeSeq; fenced <= safe (a
 // fence may pass a pending epoch: safe only grows); every after[j] <=
-// pool.freeSeq; a pending epoch has its event, or its marker where the
-// allocator uses markers (and only there has a stream one).
+// pool.freeSeq; a pending epoch has its event or its marker, never both,
+// and a stream has a marker only where the pool uses markers.
 type streamState struct {
 	s                         device.Stream
 	live                      bool
@@ -590,18 +591,18 @@ func (p *pool) advanceEpoch(st *streamState) (fresh bool) {
 	if st.last <= st.safe {
 		return false
 	}
-	if p.mk != nil && !st.haveEpochMk {
+	if p.mk != nil && !st.haveEpochMk && !st.haveEpochEv {
 		m, err := p.mk.NewMarker()
 		switch {
+		case err == nil:
+			st.epochMk, st.haveEpochMk = m, true
 		case errors.Is(err, device.ErrUnsupported) && !p.anyMarker():
 			p.mk = nil // events, as the device's type had no markers
-		case err != nil:
-			return false
-		default:
-			st.epochMk, st.haveEpochMk = m, true
 		}
+		// Another failure (pinned host memory refused): this stream's
+		// epochs are events, so that its frees still reach other streams.
 	}
-	if p.mk != nil {
+	if st.haveEpochMk {
 		// freeSeq > the last epochSeq (last > safe): the values grow.
 		if p.mk.Mark(st.epochMk, st.s, p.freeSeq) != nil {
 			return false
@@ -625,7 +626,7 @@ func (p *pool) advanceEpoch(st *streamState) (fresh bool) {
 // epochDone reports whether st's pending epoch is done: its marker reads
 // epochSeq (a load), or its event has completed (a driver call).
 func (p *pool) epochDone(st *streamState) (bool, error) {
-	if p.mk != nil {
+	if st.haveEpochMk {
 		return p.mk.Reached(st.epochMk) >= st.epochSeq, nil
 	}
 	return p.a.ev.Query(st.epochEv)

@@ -636,3 +636,55 @@ func mustAllocOn(t *testing.T, a *gpumem.Allocator, size uint64, s device.Stream
 	}
 	return b
 }
+
+// TestStreamsMarkerRefusedUsesEvents: where the device refuses a stream a
+// marker (pinned host memory refused; here an injected fault), that
+// stream's epochs are events: the memory it freed still serves another
+// stream without growth, the device saw a record and no mark, and nothing
+// is left live after Close.
+func TestStreamsMarkerRefusedUsesEvents(t *testing.T) {
+	dev := sim.MustNew(sim.Config{Capacity: 8 << 30})
+	a := newAlloc(t, dev, gpumem.Config{Mode: gpumem.ModeVirtual})
+	sa, _ := dev.NewStream()
+	sb, _ := dev.NewStream()
+	keep, err := a.Alloc(64*miB, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := a.Alloc(96*miB, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := a.Alloc(miB, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(x); err != nil {
+		t.Fatal(err)
+	}
+	dev.FailNth("NewMarker", 1)
+	before, records := a.Stats(), dev.Stats().Records
+	y, err := a.Alloc(96*miB, sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, ds := a.Stats(), dev.Stats()
+	if ds.Injected != 1 || ds.Marks != 0 || ds.Records == records {
+		t.Errorf("%d faults fired, %d marks, records %d -> %d; want the refused marker, no mark, a record", ds.Injected, ds.Marks, records, ds.Records)
+	}
+	if after.Reserved != before.Reserved || y.Ptr() != x.Ptr() || after.Orders != before.Orders {
+		t.Errorf("stream b got 0x%x, reserved %d -> %d, stream waits %d -> %d; want a's free 0x%x through an epoch's event: no growth, no wait",
+			y.Ptr(), before.Reserved, after.Reserved, before.Orders, after.Orders, x.Ptr())
+	}
+	for _, b := range []gpumem.Buffer{keep, y, own} {
+		if err := a.Free(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := dev.Stats(); st.LiveMarkers+st.LiveEvents != 0 {
+		t.Errorf("after Close: %d markers and %d events live", st.LiveMarkers, st.LiveEvents)
+	}
+}
