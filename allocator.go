@@ -21,7 +21,7 @@ type Allocator struct {
 	dev   device.Device
 	vm    device.VirtualMemory // nil in ModePlain
 	ev    device.Events        // nil when the device has no events
-	mk    device.Markers       // nil without events, markers (by type) or with Config.NoMarkers; pool.mk
+	mk    device.Markers       // nil without events, markers (by type) or with Config.NoMarkers
 	mode  Mode
 	cfg   Config
 	gran  uint64 // chunk size, the device's granularity (ModeVirtual), or segmentRound

@@ -127,9 +127,9 @@ func (p *pool) check() error {
 			bad("stream %d (slot %d): horizons out of order: last %d, safe %d, fenced %d, epoch %d (pending %v), frees %d",
 				st.s, i, st.last, st.safe, st.fenced, st.epochSeq, st.epochPending, p.freeSeq)
 		}
-		if st.epochPending && !(st.haveEpochEv || st.haveEpochMk) || st.haveEpochMk && (p.mk == nil || st.haveEpochEv) {
+		if st.epochPending && !(st.haveEpochEv || st.haveEpochMk) || st.haveEpochMk && (p.a.mk == nil || st.haveEpochEv) {
 			bad("stream %d (slot %d): an epoch pending (%v) without its event (%v) or marker (%v; markers in use %v)",
-				st.s, i, st.epochPending, st.haveEpochEv, st.haveEpochMk, p.mk != nil)
+				st.s, i, st.epochPending, st.haveEpochEv, st.haveEpochMk, p.a.mk != nil)
 		}
 		for j, after := range st.after {
 			if after > p.freeSeq {

@@ -92,10 +92,6 @@ type pool struct {
 	live        int // live slots
 	freeSeq     uint64
 	spareEvents []device.Event
-	// mk is the allocator's markers until the device says it can make
-	// none (a GPU without 64-bit stream memory operations): then nil, and
-	// the epochs are events. Invariant: no stream has a marker while nil.
-	mk device.Markers
 
 	// sites counts the allocations of each call stack since the pool
 	// began (Config.RecordSites only; keyed by stackKey): the alloc_*
@@ -135,7 +131,7 @@ const maxStreams = 1 << 15
 // fence); those up to fenced were covered by a host wait (a fence), before
 // which no span they emptied is unmapped. epochEv is the event recorded
 // last, after the frees up to epochSeq (advanceEpoch); with markers
-// (pool.mk) epochMk is written epochSeq there instead, and done once
+// (Allocator.mk) epochMk is written epochSeq there instead, and done once
 // it reads at least that (a stream whose marker could not be made keeps
 // to events).
 // after[j] says how far this stream's future work is ordered after stream
@@ -191,7 +187,7 @@ type segment struct {
 }
 
 func newPool(a *Allocator, s device.Stream) *pool {
-	p := &pool{a: a, stream: s, empty: spanList{head: -1, tail: -1}, spanLimit: a.spanChunks, mk: a.mk}
+	p := &pool{a: a, stream: s, empty: spanList{head: -1, tail: -1}, spanLimit: a.spanChunks}
 	for k := range p.heaps {
 		p.heaps[k] = heap{pool: p, kind: k}
 	}
@@ -531,7 +527,7 @@ func (p *pool) advanceEpochs(si slot) {
 // device, whose GPU moves by reads (sim.Config.QueryLag), what a poll
 // finds does not depend on how fast the host ran.
 func (p *pool) pollEpochs() {
-	markers := p.mk != nil
+	markers := p.a.mk != nil
 	t0 := time.Now()
 	for k := 0; k < epochPolls; k++ {
 		if markers {
@@ -591,20 +587,17 @@ func (p *pool) advanceEpoch(st *streamState) (fresh bool) {
 	if st.last <= st.safe {
 		return false
 	}
-	if p.mk != nil && !st.haveEpochMk && !st.haveEpochEv {
-		m, err := p.mk.NewMarker()
-		switch {
-		case err == nil:
+	if mk := p.a.mk; mk != nil && !st.haveEpochMk && !st.haveEpochEv {
+		// A stream's first epoch: a marker, or, where the device makes
+		// none (no 64-bit stream memory operations, pinned host memory
+		// refused), events for this stream from now on.
+		if m, err := mk.NewMarker(); err == nil {
 			st.epochMk, st.haveEpochMk = m, true
-		case errors.Is(err, device.ErrUnsupported) && !p.anyMarker():
-			p.mk = nil // events, as the device's type had no markers
 		}
-		// Another failure (pinned host memory refused): this stream's
-		// epochs are events, so that its frees still reach other streams.
 	}
 	if st.haveEpochMk {
 		// freeSeq > the last epochSeq (last > safe): the values grow.
-		if p.mk.Mark(st.epochMk, st.s, p.freeSeq) != nil {
+		if p.a.mk.Mark(st.epochMk, st.s, p.freeSeq) != nil {
 			return false
 		}
 	} else {
@@ -627,19 +620,9 @@ func (p *pool) advanceEpoch(st *streamState) (fresh bool) {
 // epochSeq (a load), or its event has completed (a driver call).
 func (p *pool) epochDone(st *streamState) (bool, error) {
 	if st.haveEpochMk {
-		return p.mk.Reached(st.epochMk) >= st.epochSeq, nil
+		return p.a.mk.Reached(st.epochMk) >= st.epochSeq, nil
 	}
 	return p.a.ev.Query(st.epochEv)
-}
-
-// anyMarker reports whether a stream of the pool has a marker.
-func (p *pool) anyMarker() bool {
-	for i := range p.streams {
-		if p.streams[i].haveEpochMk {
-			return true
-		}
-	}
-	return false
 }
 
 // epochPolls and epochPollTime bound pollEpochs.
@@ -1359,7 +1342,7 @@ func (p *pool) teardown() error {
 	}
 	if a.ev != nil {
 		for i := range p.streams {
-			errs = append(errs, p.streams[i].dropEvents(a.ev, p.mk))
+			errs = append(errs, p.streams[i].dropEvents(a.ev, a.mk))
 		}
 		for _, e := range p.spareEvents {
 			errs = append(errs, a.ev.DestroyEvent(e))
@@ -1451,7 +1434,7 @@ func (p *pool) dropStream(si slot) error {
 	}
 	var err error
 	if ev := p.a.ev; ev != nil {
-		err = st.dropEvents(ev, p.mk)
+		err = st.dropEvents(ev, p.a.mk)
 	}
 	s := st.s
 	*st = streamState{}
