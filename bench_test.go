@@ -231,31 +231,28 @@ func manyBlocks(b *testing.B, a *gpumem.Allocator) {
 	}
 }
 
-// BenchmarkStatsManyBlocks and BenchmarkUsage: what torch.cuda.memory_stats
-// and torch.cuda.memory_allocated cost under gpumem on a pool of 20,000
-// live and 20,000 free blocks (Stats walks them; Usage reads counts).
-func BenchmarkStatsManyBlocks(b *testing.B) {
+// BenchmarkManyBlocks: what torch.cuda.memory_stats (Stats) and
+// torch.cuda.memory_allocated (Usage) cost under gpumem on a pool of
+// 20,000 live and 20,000 free blocks.
+func BenchmarkManyBlocks(b *testing.B) {
 	a := benchAllocator(b, gpumem.ModeVirtual)
 	manyBlocks(b, a)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if s := a.Stats(); s.Active == 0 {
-			b.Fatal("nothing active")
+	b.Run("Stats", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if s := a.Stats(); s.Active == 0 {
+				b.Fatal("nothing active")
+			}
 		}
-	}
-}
-
-func BenchmarkUsage(b *testing.B) {
-	a := benchAllocator(b, gpumem.ModeVirtual)
-	manyBlocks(b, a)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if u := a.Usage(); u.Active == 0 {
-			b.Fatal("nothing active")
+	})
+	b.Run("Usage", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if u := a.Usage(); u.Active == 0 {
+				b.Fatal("nothing active")
+			}
 		}
-	}
+	})
 }
 
 func BenchmarkStats(b *testing.B) {

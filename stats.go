@@ -229,7 +229,7 @@ func (a *Allocator) Stats() Stats {
 // the visit stops at the first bin none of whose blocks could hold a run
 // longer than the best found: a few bins' blocks, where a walk of every
 // segment visited every live and free block (0.33-0.38 ms with 40,000
-// blocks, BenchmarkStatsManyBlocks before; TestLargestFreeRuns checks it
+// blocks, BenchmarkManyBlocks/Stats before; TestLargestFreeRuns checks it
 // against a walk of every chunk).
 func (h *heap) largestFree() uint64 {
 	if !h.anyVirtual() {
@@ -319,7 +319,7 @@ type Usage struct {
 // counts, where Stats walks the segments, the empty spans and the largest
 // free blocks (LargestFree, Releasable, Segments) with each pool locked:
 // 21-28 ns against Stats' 0.9-1.0 us with 20,000 live and 20,000 free
-// blocks on the dev machine (BenchmarkUsage, BenchmarkStatsManyBlocks;
+// blocks on the dev machine (BenchmarkManyBlocks;
 // Stats was 330-380 us there while LargestFree walked every block).
 func (a *Allocator) Usage() Usage {
 	var u Usage
