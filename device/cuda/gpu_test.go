@@ -517,33 +517,39 @@ func TestGPUEventsAndSpin(t *testing.T) {
 	}
 }
 
+// holdRig gives a test of holds a zeroed flag word (for HoldUntil), a
+// stream to hold, another to release it from, and an event, all given back
+// when the test ends.
+func holdRig(t *testing.T, d *Device) (flag device.Ptr, held, ctrl device.Stream, e device.Event) {
+	t.Helper()
+	var err error
+	if flag, err = d.Alloc(2 * MiB); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Free(flag) })
+	if err := d.Memset8(flag, 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	if held, err = d.NewStream(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.DestroyStream(held) })
+	if ctrl, err = d.NewStream(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.DestroyStream(ctrl) })
+	if e, err = d.NewEvent(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.DestroyEvent(e) })
+	return flag, held, ctrl, e
+}
+
 // TestGPUHoldUntil: HoldUntil keeps a stream's work pending until its flag
 // is written from another stream, and no longer than its cycle bound.
 func TestGPUHoldUntil(t *testing.T) {
 	d := openGPU(t)
-	flag, err := d.Alloc(2 * MiB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(flag)
-	if err := d.Memset8(flag, 0, 8); err != nil {
-		t.Fatal(err)
-	}
-	a, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.DestroyStream(a)
-	ctrl, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.DestroyStream(ctrl)
-	e, err := d.NewEvent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.DestroyEvent(e)
+	flag, a, ctrl, e := holdRig(t, d)
 
 	if err := d.HoldUntil(a, flag, 100*spinCycles); err != nil {
 		t.Fatalf("HoldUntil: %v", err)
@@ -863,29 +869,7 @@ func TestGPUMarkers(t *testing.T) {
 		t.Skipf("%s has no 64-bit stream memory operations (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS %d, its _V1 %d): markers are not used here",
 			d.Info().Name, d.attribute(cuDeviceAttrStreamMemOps64), d.attribute(cuDeviceAttrStreamMemOps64V1))
 	}
-	flag, err := d.Alloc(2 * MiB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(flag)
-	if err := d.Memset8(flag, 0, 8); err != nil {
-		t.Fatal(err)
-	}
-	a, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.DestroyStream(a)
-	ctrl, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.DestroyStream(ctrl)
-	e, err := d.NewEvent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.DestroyEvent(e)
+	flag, a, ctrl, e := holdRig(t, d)
 	m, err := d.NewMarker()
 	if err != nil {
 		t.Fatal(err)
